@@ -1,0 +1,57 @@
+"""One error tree for the whole tool; the CLI maps each branch to an exit code.
+
+Library exceptions (pyroute2, pynvml, aiohttp, ruamel) are converted at the boundary with
+``raise OurError("sentence a user can act on") from exc``.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_SLO_BROKEN = 1
+EXIT_SCENARIO = 2
+EXIT_ENVIRONMENT = 3
+EXIT_REVERT_FAILED = 4
+
+
+class StreamquakeError(Exception):
+    """Base of every error streamquake raises on purpose."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+class ScenarioError(StreamquakeError):
+    """The scenario file or the command line is wrong. Carries every problem found."""
+
+    exit_code = EXIT_SCENARIO
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class PreflightError(StreamquakeError):
+    """The environment cannot run this scenario (no capability, target unreachable...)."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+    def __init__(self, problems: list[str] | str) -> None:
+        self.problems = [problems] if isinstance(problems, str) else list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+class TargetError(StreamquakeError):
+    """The target (embedded or remote) could not be started or reached."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+class InjectorError(StreamquakeError):
+    """A fault could not be applied."""
+
+    exit_code = EXIT_ENVIRONMENT
+
+
+class RevertError(InjectorError):
+    """A fault could not be reverted: the system may still be degraded."""
+
+    exit_code = EXIT_REVERT_FAILED

@@ -1,0 +1,57 @@
+"""What the runner tells the load process to do, written as JSON to ``$STREAMQUAKE_LOAD_PLAN``.
+
+Header values stay as templates (``Bearer ${OPENAI_API_KEY}``): the load process expands them
+from its own environment, so secrets are never written to disk.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from streamquake.target.config import Protocol
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class RequestClassPlan(_Frozen):
+    name: str = "default"
+    weight: float = 1.0
+    prompts: list[str] = Field(default_factory=lambda: ["Say something."])
+    max_tokens: int = 64
+    body: dict[str, Any] | None = None     # full request body; overrides prompts/max_tokens
+
+
+class ClosedLoop(_Frozen):
+    mode: Literal["closed"] = "closed"
+    think_time_min_s: float = 0.0
+    think_time_max_s: float = 0.0
+
+
+class OpenLoop(_Frozen):
+    mode: Literal["open"] = "open"
+    rate_per_s: float                      # total arrival rate across all users
+    process: Literal["constant", "poisson"] = "poisson"
+    max_inflight: int = 1000               # beyond this, arrivals queue client-side (and it shows)
+
+
+class LoadPlan(_Frozen):
+    base_url: str                          # where requests go: the target, or the proxy before it
+    protocol: Protocol
+    model: str = "sim-1"
+    path: str | None = None                # override the protocol's default request path
+    headers: dict[str, str] = Field(default_factory=dict)  # values may hold ${ENV_VAR}
+    verify_tls: bool = True
+    timeout_s: float = 60.0                # per request, whole stream
+    connect_timeout_s: float = 5.0
+    stall_threshold_ms: float = 250.0
+    users: int = 1
+    spawn_rate: float = 1.0
+    arrival: ClosedLoop | OpenLoop = Field(default_factory=ClosedLoop, discriminator="mode")
+    classes: list[RequestClassPlan] = Field(default_factory=lambda: [RequestClassPlan()])
+    samples_path: str                      # JSONL of RequestSample, appended by every user
+    seed: int = 0
+    end_at: float                          # epoch s: no request is sent after this

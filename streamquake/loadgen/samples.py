@@ -1,0 +1,45 @@
+"""The one record that crosses from the load process to the runner: one line per request."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+ErrorKind = Literal["connect", "timeout", "http_status", "protocol", "truncated"]
+ERROR_KINDS: tuple[str, ...] = ("connect", "timeout", "http_status", "protocol", "truncated")
+
+
+@dataclass
+class RequestSample:
+    """Everything measured about one streamed request. Times are epoch seconds / milliseconds."""
+
+    cls: str                              # request class name
+    sent: float                           # epoch s when the request was actually sent
+    scheduled: float | None = None        # epoch s it was due (open loop); None in closed loop
+    ttfb_ms: float | None = None          # send -> first response byte
+    ttft_ms: float | None = None          # send -> first event carrying generated text
+    e2e_ms: float | None = None           # send -> end of stream (or error)
+    itl_ms: list[float] = field(default_factory=list)  # one gap per content event after first
+    content_events: int = 0               # events that carried generated text
+    output_tokens: int = 0                # server usage when present, else content_events
+    usage_tokens: int | None = None       # what the server's usage said, if it said
+    missing_events: int = 0               # gaps in SSE ``id:`` sequence numbers (chunk loss)
+    expected_events: int = 0              # events the server sent, by ids/usage (0 = unknown)
+    stalls: int = 0                       # inter-event gaps above the stall threshold
+    status: int | None = None             # HTTP status
+    error: ErrorKind | None = None
+    error_detail: str | None = None
+
+    @property
+    def queue_delay_ms(self) -> float | None:
+        if self.scheduled is None:
+            return None
+        return max(0.0, (self.sent - self.scheduled) * 1000.0)
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RequestSample:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})

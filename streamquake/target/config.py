@@ -1,0 +1,78 @@
+"""Configuration of the embedded target: how fast, how long, how flaky the simulated LLM is."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from streamquake.units import parse_duration_ms, parse_fraction
+
+Protocol = Literal["gemini", "openai", "anthropic", "sse"]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Fixed(_Frozen):
+    dist: Literal["fixed"] = "fixed"
+    value_ms: float = Field(alias="value")
+
+    _v = field_validator("value_ms", mode="before")(lambda v: parse_duration_ms(v))
+
+
+class Normal(_Frozen):
+    """Normal, truncated at zero."""
+
+    dist: Literal["normal"]
+    mean_ms: float = Field(alias="mean")
+    stddev_ms: float = Field(alias="stddev")
+
+    _v = field_validator("mean_ms", "stddev_ms", mode="before")(lambda v: parse_duration_ms(v))
+
+
+class LogNormal(_Frozen):
+    """Lognormal with the given median; ``sigma`` is the shape (std-dev of the log)."""
+
+    dist: Literal["lognormal"]
+    median_ms: float = Field(alias="median")
+    sigma: float = Field(ge=0.0, le=3.0)
+
+    _v = field_validator("median_ms", mode="before")(lambda v: parse_duration_ms(v))
+
+
+Delay = Annotated[Fixed | Normal | LogNormal, Field(discriminator="dist")]
+
+
+def _coerce_delay(v: object) -> object:
+    # "200ms" is shorthand for {dist: fixed, value: 200ms}.
+    if isinstance(v, str | int | float) and not isinstance(v, bool):
+        return {"dist": "fixed", "value": v}
+    return v
+
+
+class OutputLength(_Frozen):
+    """Tokens to generate: uniform in [min, max]; a request's own max_tokens caps it."""
+
+    min: int = Field(default=64, ge=1)
+    max: int = Field(default=64, ge=1)
+
+
+class TargetConfig(_Frozen):
+    protocols: list[Protocol] = Field(default_factory=lambda: ["gemini", "openai", "anthropic", "sse"])
+    ttft: Delay = Field(default_factory=lambda: Fixed(value="200ms"))
+    itl: Delay = Field(default_factory=lambda: Fixed(value="20ms"))
+    output_tokens: OutputLength = Field(default_factory=OutputLength)
+    capacity: int = Field(default=256, ge=1, description="streams served at once; more wait")
+    error_rate: float = Field(default=0.0, description="fraction answered 500 before streaming")
+    seed: int = 0
+    gpu_clock_scale: bool = Field(
+        default=False,
+        description="scale TTFT/ITL by max_sm_clock / current_sm_clock read through NVML",
+    )
+    tls_cert: str | None = None
+    tls_key: str | None = None
+
+    _d = field_validator("ttft", "itl", mode="before")(lambda v: _coerce_delay(v))
+    _e = field_validator("error_rate", mode="before")(lambda v: parse_fraction(v))
