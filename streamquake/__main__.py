@@ -1,0 +1,3 @@
+from streamquake.cli import main
+
+main()

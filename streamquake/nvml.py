@@ -1,0 +1,340 @@
+"""NVML at the boundary: loading the driver library, choosing GPUs, and turning pynvml's errors
+into sentences a user can act on.
+
+``pynvml`` (the nvidia-ml-py distribution) is imported only inside functions: importing
+streamquake must work, and stay silent, on hosts without an NVIDIA driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from streamquake.errors import InjectorError
+
+GpuSelector = Literal["all"] | list[int | str]
+Operation = Literal[
+    "init",
+    "query",
+    "lock_sm_clocks",
+    "reset_sm_clocks",
+    "lock_mem_clocks",
+    "reset_mem_clocks",
+    "set_power_limit",
+]
+
+# NVML return codes we explain (pynvml's NVML_ERROR_* values; stable across driver versions).
+_NO_PERMISSION = 4
+_NOT_SUPPORTED = 3
+_INVALID_ARGUMENT = 2
+_NOT_FOUND = 6
+_DRIVER_NOT_LOADED = 9
+_LIBRARY_NOT_FOUND = 12
+_FUNCTION_NOT_FOUND = 13
+_GPU_IS_LOST = 15
+
+ARCH_VOLTA = 5
+ARCH_AMPERE = 7
+_ARCH_NAMES = {
+    2: "Kepler", 3: "Maxwell", 4: "Pascal", 5: "Volta", 6: "Turing", 7: "Ampere", 8: "Ada",
+    9: "Hopper", 10: "Blackwell",
+}
+
+_REASON_NAMES = {
+    0x1: "gpu_idle",
+    0x2: "applications_clocks_setting",
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x10: "sync_boost",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+    0x100: "display_clock_setting",
+    0x200: "board_limit",
+    0x400: "reliability",
+}
+REASON_APPLICATIONS_CLOCKS = 0x2
+
+_ACTIONS: dict[Operation, str] = {
+    "init": "loading NVML",
+    "query": "reading GPU state",
+    "lock_sm_clocks": "locking SM clocks",
+    "reset_sm_clocks": "resetting locked SM clocks",
+    "lock_mem_clocks": "locking memory clocks",
+    "reset_mem_clocks": "resetting locked memory clocks",
+    "set_power_limit": "setting the power limit",
+}
+
+_NOT_SUPPORTED_WHY: dict[Operation, str] = {
+    "lock_sm_clocks": "locked GPU clocks (nvmlDeviceSetGpuLockedClocks) need a Volta or newer GPU",
+    "reset_sm_clocks": "locked GPU clocks need a Volta or newer GPU",
+    "lock_mem_clocks": (
+        "locked memory clocks (nvmlDeviceSetMemoryLockedClocks) need an Ampere or newer GPU"
+    ),
+    "reset_mem_clocks": "locked memory clocks need an Ampere or newer GPU",
+    "set_power_limit": (
+        "power limits can be set on most datacenter GPUs (Tesla, A-, H-, L-series) but often "
+        "not on GeForce, laptop or vGPU devices"
+    ),
+}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU as NVML numbers it (like ``nvidia-smi``; CUDA_VISIBLE_DEVICES does not apply)."""
+
+    index: int
+    uuid: str
+    name: str
+    handle: Any
+
+    @property
+    def label(self) -> str:
+        return f"GPU {self.index} ({self.uuid})"
+
+
+def error_code(exc: BaseException) -> int | None:
+    """The NVML return code of a pynvml error, else None."""
+    value = getattr(exc, "value", None)
+    return value if isinstance(value, int) else None
+
+
+def is_nvml_error(exc: BaseException) -> bool:
+    import pynvml
+
+    return isinstance(exc, pynvml.NVMLError)
+
+
+def arch_name(arch: int | None) -> str:
+    return _ARCH_NAMES.get(arch or -1, f"architecture #{arch}")
+
+
+def explain(
+    exc: BaseException,
+    operation: Operation,
+    gpu: Gpu | None = None,
+    nv: Any = None,
+    requested: str = "",
+) -> str:
+    """One sentence saying what failed, why, and what to do about it."""
+    code = error_code(exc)
+    where = f" on {gpu.label}" if gpu else ""
+    action = _ACTIONS[operation] + (f" to {requested}" if requested else "")
+    if code == _LIBRARY_NOT_FOUND:
+        return (
+            "No NVIDIA driver on this host: libnvidia-ml.so.1 could not be loaded. Install the "
+            "NVIDIA driver (`nvidia-smi` must work), or start the container with the NVIDIA "
+            "Container Toolkit (`docker run --gpus all ...`)."
+        )
+    if code == _DRIVER_NOT_LOADED:
+        return (
+            "The NVIDIA kernel driver is not loaded (NVML_ERROR_DRIVER_NOT_LOADED): load it "
+            "(`modprobe nvidia`) and check that `nvidia-smi` lists the GPUs."
+        )
+    if code == _NO_PERMISSION:
+        return (
+            f"{action.capitalize()}{where} needs root (NVML_ERROR_NO_PERMISSION): run streamquake "
+            "as root (sudo), or in a container as root with --privileged; the NVIDIA driver "
+            "refuses clock and power changes to other users."
+        )
+    if code == _NOT_SUPPORTED:
+        why = _NOT_SUPPORTED_WHY.get(operation, "this GPU or driver does not report it")
+        model = f" ({gpu.name}{_arch_suffix(nv, gpu)})" if gpu else ""
+        return (
+            f"{action.capitalize()}{where}{model} is not supported (NVML_ERROR_NOT_SUPPORTED): "
+            f"{why}. Remove that setting from the fault or choose other GPUs."
+        )
+    if code == _INVALID_ARGUMENT:
+        supported = _supported_range_text(operation, gpu, nv)
+        return (
+            f"{action.capitalize()}{where} was refused as out of range "
+            f"(NVML_ERROR_INVALID_ARGUMENT){supported}. Choose values inside that range."
+        )
+    if code == _GPU_IS_LOST:
+        return (
+            f"{gpu.label if gpu else 'A GPU'} fell off the bus (NVML_ERROR_GPU_IS_LOST) while "
+            f"{action}: the driver lost contact with it (see `dmesg` for an Xid 79). It needs "
+            "a GPU reset or a reboot before it can be used or its settings restored."
+        )
+    if code == _FUNCTION_NOT_FOUND:
+        return (
+            f"The installed NVIDIA driver is too old for {action} (NVML_ERROR_FUNCTION_NOT_FOUND):"
+            " update the driver."
+        )
+    return f"{action.capitalize()}{where} failed: NVML said {exc} (code {code})."
+
+
+def _arch_suffix(nv: Any, gpu: Gpu) -> str:
+    arch = read_or_none(nv, "nvmlDeviceGetArchitecture", gpu.handle) if nv else None
+    return f", {arch_name(arch)}" if arch is not None else ""
+
+
+def _supported_range_text(operation: Operation, gpu: Gpu | None, nv: Any) -> str:
+    if gpu is None or nv is None:
+        return ""
+    if operation in ("lock_sm_clocks", "reset_sm_clocks"):
+        rng = supported_sm_range(nv, gpu.handle)
+        return f"; it supports SM clocks {rng[0]}-{rng[1]} MHz" if rng else ""
+    if operation in ("lock_mem_clocks", "reset_mem_clocks"):
+        clocks = supported_mem_clocks(nv, gpu.handle)
+        listed = ", ".join(str(c) for c in clocks)
+        return f"; it supports memory clocks {listed} MHz" if clocks else ""
+    if operation == "set_power_limit":
+        lim = power_limit_range_w(nv, gpu.handle)
+        return f"; it accepts power limits {lim[0]:g}-{lim[1]:g} W" if lim else ""
+    return ""
+
+
+@contextlib.contextmanager
+def nvml_session() -> Iterator[Any]:
+    """Initialise NVML for the block and yield the ``pynvml`` module; shut it down after.
+
+    Raises ``InjectorError`` with an actionable sentence when the driver is missing.
+    """
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError as exc:
+        raise InjectorError(explain(exc, "init")) from exc
+    try:
+        yield pynvml
+    finally:
+        with contextlib.suppress(pynvml.NVMLError):
+            pynvml.nvmlShutdown()
+
+
+def nvml_available() -> bool:
+    """True when the NVIDIA driver library loads and initialises. Changes nothing."""
+    try:
+        with nvml_session():
+            return True
+    except InjectorError:
+        return False
+
+
+def is_emulated(nv: Any) -> bool:
+    """True when the loaded library is streamquake's test shim rather than a real driver."""
+    return hasattr(nv.nvmlLib, "fakeNvmlIsEmulated")
+
+
+def select_gpus(nv: Any, selector: GpuSelector) -> tuple[list[Gpu], list[str]]:
+    """Resolve ``all`` / indices / UUIDs to GPUs; returns (gpus, problems), problems as sentences."""
+    problems: list[str] = []
+    try:
+        count = int(nv.nvmlDeviceGetCount())
+    except nv.NVMLError as exc:
+        return [], [explain(exc, "query")]
+    if count == 0:
+        return [], ["NVML sees no GPUs on this host: `nvidia-smi -L` should list at least one."]
+    wanted: list[int | str] = list(range(count)) if selector == "all" else list(selector)
+    gpus: list[Gpu] = []
+    seen: set[str] = set()
+    for want in wanted:
+        try:
+            gpu = _one_gpu(nv, want, count)
+        except InjectorError as exc:
+            problems.append(str(exc))
+            continue
+        if gpu.uuid not in seen:
+            seen.add(gpu.uuid)
+            gpus.append(gpu)
+    return gpus, problems
+
+
+def _one_gpu(nv: Any, want: int | str, count: int) -> Gpu:
+    try:
+        if isinstance(want, int):
+            if not 0 <= want < count:
+                raise InjectorError(
+                    f"GPU index {want} does not exist: this host has {count} GPU(s), indices "
+                    f"0-{count - 1} as `nvidia-smi -L` numbers them (CUDA_VISIBLE_DEVICES does "
+                    "not apply to NVML)."
+                )
+            handle = nv.nvmlDeviceGetHandleByIndex(want)
+            index = want
+        else:
+            handle = nv.nvmlDeviceGetHandleByUUID(want)
+            index = int(nv.nvmlDeviceGetIndex(handle))
+        return Gpu(
+            index=index,
+            uuid=_text(nv.nvmlDeviceGetUUID(handle)),
+            name=_text(nv.nvmlDeviceGetName(handle)),
+            handle=handle,
+        )
+    except nv.NVMLError as exc:
+        if error_code(exc) == _NOT_FOUND:
+            raise InjectorError(
+                f"No GPU with UUID {want} on this host: `nvidia-smi -L` lists the UUIDs."
+            ) from exc
+        label = f"GPU {want}"
+        raise InjectorError(explain(exc, "query", requested="") .replace(
+            "A GPU", label, 1)) from exc
+
+
+def gpu_by_uuid(nv: Any, uuid: str) -> Gpu | None:
+    """The GPU with this UUID, or None when the host has none (other errors propagate)."""
+    try:
+        handle = nv.nvmlDeviceGetHandleByUUID(uuid)
+    except nv.NVMLError as exc:
+        if error_code(exc) == _NOT_FOUND:
+            return None
+        raise
+    return Gpu(
+        index=int(nv.nvmlDeviceGetIndex(handle)),
+        uuid=uuid,
+        name=_text(nv.nvmlDeviceGetName(handle)),
+        handle=handle,
+    )
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def read_or_none(nv: Any, fn_name: str, *args: Any) -> Any:
+    """Call ``nv.<fn_name>(*args)``; None when the GPU or driver cannot answer."""
+    try:
+        return getattr(nv, fn_name)(*args)
+    except nv.NVMLError:
+        return None
+
+
+def supported_mem_clocks(nv: Any, handle: Any) -> list[int]:
+    return sorted(read_or_none(nv, "nvmlDeviceGetSupportedMemoryClocks", handle) or [],
+                  reverse=True)
+
+
+def supported_sm_range(nv: Any, handle: Any) -> tuple[int, int] | None:
+    """(lowest, highest) SM clock in MHz the GPU lists at its top memory clock."""
+    mem = supported_mem_clocks(nv, handle)
+    if not mem:
+        return None
+    clocks = read_or_none(nv, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem[0])
+    return (min(clocks), max(clocks)) if clocks else None
+
+
+def power_limit_range_w(nv: Any, handle: Any) -> tuple[float, float] | None:
+    lim = read_or_none(nv, "nvmlDeviceGetPowerManagementLimitConstraints", handle)
+    return (lim[0] / 1000.0, lim[1] / 1000.0) if lim else None
+
+
+def clock_event_reasons(nv: Any, handle: Any) -> int:
+    """The current clock-event (formerly "throttle") reason bits; older drivers lack the new name."""
+    try:
+        return int(nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
+    except nv.NVMLError as exc:
+        if error_code(exc) != _FUNCTION_NOT_FOUND:
+            raise
+    return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
+
+
+def decode_reasons(bits: int) -> list[str]:
+    """Reason bits as names (``sw_power_cap``...); unknown bits as ``unknown_0x...``."""
+    names = [name for bit, name in _REASON_NAMES.items() if bits & bit]
+    unknown = bits & ~sum(_REASON_NAMES)
+    if unknown:
+        names.append(f"unknown_{unknown:#x}")
+    return names

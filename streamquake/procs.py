@@ -1,0 +1,69 @@
+"""Child processes that never outlive us, and the ``LISTENING <url>`` handshake."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from streamquake.errors import TargetError
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    # The kernel sends SIGTERM to the child when the thread that forked it dies, even by SIGKILL.
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    # Own process group, so a terminal's Ctrl-C reaches the runner first and the runner decides.
+    os.setpgrp()
+
+
+def spawn(cmd: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
+    """Start ``cmd`` as a child that is sent SIGTERM if this process dies."""
+    return subprocess.Popen(list(cmd), preexec_fn=_die_with_parent, **popen_kwargs)
+
+
+def python_module_cmd(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]
+
+
+def read_listening_line(proc: subprocess.Popen[bytes], timeout_s: float, what: str) -> str:
+    """Wait for the child's ``LISTENING <url>`` line on stdout; return the URL."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    buf = b""
+    fd = proc.stdout.fileno()
+    while time.monotonic() < deadline:
+        if proc.poll() is not None and not select.select([fd], [], [], 0)[0]:
+            raise TargetError(f"{what} exited with code {proc.returncode} before it was ready")
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            continue
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            proc.wait(timeout=5)
+            raise TargetError(f"{what} exited with code {proc.returncode} before it was ready")
+        buf += chunk
+        for line in buf.splitlines():
+            if line.startswith(b"LISTENING "):
+                return line.split(b" ", 1)[1].decode().strip()
+    raise TargetError(f"{what} did not report ready within {timeout_s:.0f} s")
+
+
+def stop(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> int | None:
+    """SIGTERM, then SIGKILL after ``timeout_s``. Safe to call twice."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=timeout_s)
+    return proc.returncode

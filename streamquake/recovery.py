@@ -1,0 +1,26 @@
+"""``streamquake recover``: undo what the journal says a killed run left behind."""
+
+from __future__ import annotations
+
+from streamquake.injectors.base import injector_class
+from streamquake.journal import Journal
+
+
+def recover_all(journal: Journal | None = None) -> tuple[list[str], bool]:
+    """Revert every journalled fault, idempotently. Returns (lines to print, any failed)."""
+    journal = journal or Journal()
+    entries = journal.entries()
+    if not entries:
+        return [f"nothing to recover: the journal {journal.path} lists no applied fault"], False
+    lines, failed = [], False
+    for entry in entries:
+        label = f"{entry['name']} ({entry['type']}, applied by pid {entry['pid']})"
+        try:
+            said = injector_class(entry["type"]).recover(entry.get("state", {}))
+        except Exception as exc:  # noqa: BLE001 - keep going; the entry stays for a retry
+            failed = True
+            lines.append(f"FAILED {label}: {exc}")
+            continue
+        journal.remove(entry["id"])
+        lines.append(f"recovered {label}: {said}")
+    return lines, failed

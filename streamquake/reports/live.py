@@ -1,0 +1,43 @@
+"""A running log of the run for people watching a terminal (game days, CI logs)."""
+
+from __future__ import annotations
+
+import json
+import time
+
+from rich.console import Console
+
+from streamquake.events import Events
+from streamquake.result import FaultRecord
+
+
+def _short(data: object, limit: int = 160) -> str:
+    text = json.dumps(data, separators=(",", ":"), default=str)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def attach_live_log(events: Events, console: Console) -> None:
+    t_start = time.monotonic()
+
+    def stamp() -> str:
+        return f"[dim]{time.monotonic() - t_start:6.1f}s[/]"
+
+    def on_message(text: str) -> None:
+        console.print(f"{stamp()} {text}", highlight=False)
+
+    def on_phase(phase: str, duration_s: float) -> None:
+        console.print(f"{stamp()} [bold]phase {phase}[/] ({duration_s:g} s)", highlight=False)
+
+    def on_applied(record: FaultRecord) -> None:
+        console.print(f"{stamp()} [yellow]fault applied[/] {record.name} ({record.type}): "
+                      f"{_short(record.applied)}", highlight=False, markup=True)
+
+    def on_reverted(record: FaultRecord) -> None:
+        state = f"[red]{record.error}[/]" if record.error else _short(record.reverted)
+        console.print(f"{stamp()} [green]fault reverted[/] {record.name}: {state}",
+                      highlight=False)
+
+    events.on("message", on_message)
+    events.on("phase_started", on_phase)
+    events.on("fault_applied", on_applied)
+    events.on("fault_reverted", on_reverted)

@@ -1,0 +1,74 @@
+"""The verdict grid and phase summary as plain rows, shared by the terminal and Markdown."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from streamquake.result import Check, RunResult
+
+PHASE_COLUMNS = ("baseline", "fault", "recovery")
+SUMMARY_METRICS = (
+    ("requests", "requests", None),
+    ("errors", "error_rate", None),
+    ("TTFB p95 ms", "ttfb_ms", "p95"),
+    ("TTFT p50 ms", "ttft_ms", "p50"),
+    ("TTFT p95 ms", "ttft_ms", "p95"),
+    ("ITL p50 ms", "itl_ms", "p50"),
+    ("ITL p95 ms", "itl_ms", "p95"),
+    ("E2E p95 ms", "e2e_ms", "p95"),
+    ("tokens/s p50", "output_tokens_per_s", "p50"),
+    ("stall rate", "stall_rate", None),
+    ("chunk loss", "chunk_loss", None),
+)
+
+
+@dataclass
+class Cell:
+    text: str
+    passed: bool | None      # None: not evaluated here
+    gating: bool
+
+
+def fmt_value(metric: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if metric in ("error_rate", "stall_rate", "chunk_loss"):
+        return f"{value * 100:.1f}%"
+    if metric == "requests":
+        return f"{int(value)}"
+    return f"{value:.1f}"
+
+
+def verdict_rows(result: RunResult) -> list[tuple[str, dict[str, Cell]]]:
+    rows: dict[str, dict[str, Cell]] = {}
+    for check in result.checks:
+        label = check.name + (f" [{check.cls}]" if check.cls else "")
+        rows.setdefault(label, {})[check.phase] = _cell(check)
+    return list(rows.items())
+
+
+def _cell(check: Check) -> Cell:
+    return Cell(text=fmt_value(check.metric, check.observed), passed=check.passed,
+                gating=check.gating)
+
+
+def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
+    by_phase = {p.name: p.stats for p in result.phases}
+    rows = []
+    for label, metric, stat in SUMMARY_METRICS:
+        cells = {}
+        for phase in PHASE_COLUMNS:
+            stats: dict[str, Any] = by_phase.get(phase, {})
+            value = stats.get(metric)
+            if stat is not None:
+                value = value.get(stat) if isinstance(value, dict) else None
+            cells[phase] = fmt_value(metric, value)
+        rows.append((label, cells))
+    return rows
+
+
+def verdict_word(result: RunResult) -> str:
+    if result.interrupted:
+        return f"INTERRUPTED ({result.interrupted})"
+    return "SLO BROKEN" if result.broken else "ALL SLOs MET"

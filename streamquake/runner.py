@@ -1,0 +1,437 @@
+"""The runner owns time: it starts the parts, walks warm-up, baseline, fault and recovery,
+applies and reverts faults at phase edges, and asks ``slo`` for verdicts.
+
+Every fault's revert is pushed on an ExitStack *before* its apply starts (so a partial apply is
+undone too), and the journal records it on disk, so success, SLO failure, exceptions, Ctrl-C,
+SIGTERM and even SIGKILL (through ``streamquake recover``) all end with nothing left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+from typing import Any
+from urllib.parse import urlsplit
+
+from streamquake import __version__
+from streamquake.errors import (
+    EXIT_ENVIRONMENT,
+    EXIT_OK,
+    EXIT_REVERT_FAILED,
+    EXIT_SLO_BROKEN,
+    InjectorError,
+    PreflightError,
+    RevertError,
+    StreamquakeError,
+)
+from streamquake.events import Events
+from streamquake.injectors.base import RunContext, injector_class
+from streamquake.journal import Journal
+from streamquake.loadgen.metrics import Stats
+from streamquake.loadgen.samples import RequestSample
+from streamquake.result import FaultRecord, PhaseResult, RunResult
+from streamquake.scenario import PHASE_ORDER, Scenario
+from streamquake.slo import evaluate
+
+STARTUP_LEAD_S = 3.0        # time the load process gets to import Locust and spawn users
+REVERT_TIMEOUT_S = 30.0
+
+
+class Interrupted(Exception):
+    def __init__(self, signame: str) -> None:
+        super().__init__(f"interrupted by {signame}")
+        self.signame = signame
+
+
+@dataclass(frozen=True)
+class PhaseWindow:
+    name: str
+    start: float
+    end: float
+
+
+def plan_windows(scenario: Scenario, t0: float) -> list[PhaseWindow]:
+    windows, t = [], t0
+    for phase in PHASE_ORDER:
+        d = scenario.phases.duration_s(phase)
+        if d > 0:
+            windows.append(PhaseWindow(phase, t, t + d))
+            t += d
+    return windows
+
+
+def assign_phases(
+    samples: list[RequestSample], windows: list[PhaseWindow]
+) -> dict[str, list[RequestSample]]:
+    """A request belongs to the phase in which it was due (scheduled) or, closed loop, sent."""
+    out: dict[str, list[RequestSample]] = {w.name: [] for w in windows}
+    for s in samples:
+        t = s.scheduled if s.scheduled is not None else s.sent
+        for w in windows:
+            if w.start <= t < w.end:
+                out[w.name].append(s)
+                break
+    return out
+
+
+class _Signals:
+    """SIGINT/SIGTERM become ``Interrupted`` once; after that (and while reverting) they are
+    only noted, so a second Ctrl-C cannot cancel a revert."""
+
+    def __init__(self, events: Events) -> None:
+        self.events = events
+        self.shielded = False
+        self.received: str | None = None
+        self._old: dict[int, Any] = {}
+
+    def _handle(self, signum: int, frame: FrameType | None) -> None:
+        name = signal.Signals(signum).name
+        if self.shielded:
+            self.events.emit("message", f"{name} received: still reverting faults, please wait")
+            return
+        self.shielded = True
+        self.received = name
+        raise Interrupted(name)
+
+    def __enter__(self) -> _Signals:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+
+
+class Runner:
+    def __init__(
+        self,
+        scenario: Scenario,
+        scenario_file: str,
+        out_dir: Path,
+        events: Events | None = None,
+        journal: Journal | None = None,
+    ) -> None:
+        self.scenario = scenario
+        self.scenario_file = scenario_file
+        self.out_dir = out_dir
+        self.work_dir = out_dir / "run"
+        self.events = events or Events()
+        self.journal = journal or Journal()
+        self.records: list[FaultRecord] = []
+        self.errors: list[str] = []
+        self.revert_failed = False
+        self.target_info: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ entry point
+
+    def run(self) -> RunResult:
+        self._refuse_if_journal_pending()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        windows: list[PhaseWindow] = []
+        load = None
+        telemetry: dict[str, Any] = {}
+        interrupted: str | None = None
+        failure: StreamquakeError | None = None
+        with _Signals(self.events) as signals:
+            try:
+                with contextlib.ExitStack() as stack:
+                    stack.callback(lambda: setattr(signals, "shielded", True))
+                    ctx = self._start_parts(stack)
+                    injectors = self._build_injectors(ctx)
+                    sampler = self._start_telemetry(stack, telemetry)
+                    del sampler
+                    self.events.emit("run_started", self.scenario, self.out_dir)
+                    t0 = time.time() + STARTUP_LEAD_S
+                    windows = plan_windows(self.scenario, t0)
+                    load = self._start_load(stack, ctx, t0, windows[-1].end)
+                    self._walk(windows, injectors, load, signals)
+                    self._finish_load(load)
+            except Interrupted as exc:
+                interrupted = exc.signame
+                self.events.emit("message", f"{exc}: faults reverted, writing a partial report")
+            except StreamquakeError as exc:
+                if load is None:
+                    raise  # nothing measured yet: the CLI reports it and exits with its code
+                failure = exc
+                self.errors.append(str(exc))
+        samples = load.samples() if load is not None else []
+        result = self._result(started, windows, samples, interrupted, telemetry)
+        if failure is not None and result.exit_code in (EXIT_OK, EXIT_SLO_BROKEN):
+            result.exit_code = failure.exit_code
+        return result
+
+    # ------------------------------------------------------------------ parts
+
+    def _refuse_if_journal_pending(self) -> None:
+        pending = self.journal.entries()
+        if pending:
+            names = ", ".join(f"{e['name']} ({e['type']}, pid {e['pid']})" for e in pending)
+            raise PreflightError(
+                f"the fault journal {self.journal.path} lists {len(pending)} fault(s) that were "
+                f"never reverted: {names}; run `streamquake recover` first"
+            )
+
+    def _start_parts(self, stack: contextlib.ExitStack) -> RunContext:
+        spec = self.scenario.target
+        netns: str | None = None
+        cmd_prefix: list[str] | None = None
+        bind_host = "127.0.0.1"
+        if self.scenario.network.mode == "namespace":
+            from streamquake.netns import NamespaceTopology
+
+            if spec.embedded is None:
+                raise PreflightError(
+                    "network mode 'namespace' runs the embedded target in its own namespace; "
+                    "with a 'url' target use mode 'host' and a scope"
+                )
+            topo = stack.enter_context(NamespaceTopology.for_run(self.scenario.network))
+            netns, cmd_prefix, bind_host = topo.name, topo.cmd_prefix(), topo.target_addr
+        if spec.embedded is not None:
+            from streamquake.target.process import start_target
+
+            self.events.emit("message", "starting the embedded target")
+            target = stack.enter_context(
+                start_target(
+                    spec.embedded,
+                    host=bind_host,
+                    cmd_prefix=cmd_prefix,
+                    log_path=self.work_dir / "target.log",
+                )
+            )
+            target_url = target.url
+            self.target_info = {"kind": "embedded", "url": target_url,
+                                "config": spec.embedded.model_dump(mode="json")}
+        else:
+            assert spec.url is not None
+            target_url = spec.url
+            self._check_reachable(target_url, spec.connect_timeout_s)
+            self.target_info = {"kind": "url", "url": target_url}
+        parts = urlsplit(target_url)
+        host = parts.hostname or "127.0.0.1"
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        proxy_control = None
+        self.load_url = target_url
+        if any(f.type == "sse_proxy" for f in self.scenario.faults):
+            from streamquake.injectors.proxy_server import start_proxy
+
+            self.events.emit("message", "starting the SSE fault proxy")
+            proxy = stack.enter_context(
+                start_proxy(
+                    target_url,
+                    seed=self.scenario.load.seed,
+                    insecure=not spec.verify_tls,
+                    log_path=self.work_dir / "proxy.log",
+                )
+            )
+            proxy_control = proxy.control_url
+            self.load_url = proxy.url
+            self.target_info["proxy_url"] = proxy.url
+        return RunContext(
+            target_host=host,
+            target_port=port,
+            run_dir=self.work_dir,
+            proxy_control_url=proxy_control,
+            target_netns=netns,
+        )
+
+    @staticmethod
+    def _check_reachable(url: str, timeout_s: float) -> None:
+        parts = urlsplit(url)
+        port = parts.port or (443 if parts.scheme == "https" else 80)
+        try:
+            with socket.create_connection((parts.hostname or "", port), timeout=timeout_s):
+                pass
+        except OSError as exc:
+            raise PreflightError(
+                f"target {parts.scheme}://{parts.hostname}:{port} is unreachable "
+                f"({exc.strerror or exc}); is it running, and is the URL right?"
+            ) from exc
+
+    def _build_injectors(self, ctx: RunContext) -> list[tuple[Any, Any]]:
+        built = []
+        problems: list[str] = []
+        for spec in self.scenario.faults:
+            inj = injector_class(spec.type)(spec, ctx)
+            problems += [f"fault '{spec.label}' ({spec.type}): {p}" for p in inj.preflight()]
+            built.append((spec, inj))
+        if problems:
+            raise PreflightError(problems)
+        return built
+
+    def _start_telemetry(self, stack: contextlib.ExitStack, telemetry: dict[str, Any]) -> Any:
+        from streamquake.gpu_telemetry import GpuSampler
+
+        if not GpuSampler.available():
+            telemetry["gpu"] = {"available": False}
+            return None
+        sampler = GpuSampler(interval_s=1.0)
+        sampler.start()
+
+        def _stop() -> None:
+            telemetry["gpu"] = {"available": True, "samples": sampler.stop()}
+
+        stack.callback(_stop)
+        return sampler
+
+    def _start_load(
+        self, stack: contextlib.ExitStack, ctx: RunContext, t0: float, end_at: float
+    ) -> Any:
+        from streamquake.loadgen.launcher import start_load
+
+        self.events.emit("message", "starting the load generator (Locust)")
+        run = start_load(
+            self.scenario,
+            base_url=self.load_url,
+            work_dir=self.work_dir,
+            end_at=end_at,
+            run_time_s=end_at - time.time(),
+        )
+        stack.callback(run.stop)
+        return run
+
+    # ------------------------------------------------------------------ time
+
+    def _walk(self, windows: list[PhaseWindow], injectors: list[tuple[Any, Any]], load: Any,
+              signals: _Signals) -> None:
+        for w in windows:
+            self._sleep_until(w.start, load)
+            self.events.emit("phase_started", w.name, w.end - w.start)
+            with contextlib.ExitStack() as phase_stack:
+                phase_stack.callback(lambda: setattr(signals, "shielded", True))
+                for spec, inj in injectors:
+                    if spec.phase == w.name:
+                        self._apply(phase_stack, spec, inj)
+                self._sleep_until(w.end, load)
+            signals.shielded = signals.received is not None
+
+    def _sleep_until(self, deadline: float, load: Any) -> None:
+        while (left := deadline - time.time()) > 0:
+            if not load.alive():
+                raise StreamquakeError(
+                    f"the load generator stopped early (code {load.returncode()}); "
+                    f"see {self.work_dir / 'locust.log'}"
+                )
+            time.sleep(min(0.2, left))
+
+    def _apply(self, stack: contextlib.ExitStack, spec: Any, inj: Any) -> None:
+        record = FaultRecord(name=spec.label, type=spec.type, phase=spec.phase,
+                             configured=inj.describe())
+        self.records.append(record)
+        entry = self.journal.add(spec.type, spec.label)
+        stack.callback(self._revert, record, inj, entry)
+        try:
+            record.applied = inj.apply(entry)
+        except InjectorError as exc:
+            record.error = f"apply failed: {exc}"
+            raise
+        record.applied_at = time.time()
+        self.events.emit("fault_applied", record)
+
+    def _revert(self, record: FaultRecord, inj: Any, entry: Any) -> None:
+        try:
+            record.reverted = _with_timeout(inj.revert, REVERT_TIMEOUT_S)
+        except Exception as exc:  # noqa: BLE001 - a failed revert must never stop other reverts
+            self.revert_failed = True
+            record.error = (record.error + "; " if record.error else "") + f"revert failed: {exc}"
+            self.errors.append(
+                f"fault '{record.name}' may still be in place ({exc}); "
+                "run `streamquake recover` to retry"
+            )
+            self.events.emit("fault_reverted", record)
+            return
+        record.reverted_at = time.time()
+        entry.done()
+        self.events.emit("fault_reverted", record)
+
+    def _finish_load(self, load: Any) -> None:
+        self.events.emit("message", "waiting for in-flight requests to finish")
+        load.wait()
+
+    # ------------------------------------------------------------------ verdicts
+
+    def _result(self, started: float, windows: list[PhaseWindow], samples: list[RequestSample],
+                interrupted: str | None, telemetry: dict[str, Any]) -> RunResult:
+        by_phase = assign_phases(samples, windows)
+        phase_stats: dict[str, Stats] = {}
+        class_stats: dict[str, dict[str, Stats]] = {}
+        phases = []
+        for w in windows:
+            phase_samples = by_phase[w.name]
+            phase_stats[w.name] = Stats.from_samples(phase_samples)
+            class_stats[w.name] = {
+                rc.name: Stats.from_samples([s for s in phase_samples if s.cls == rc.name])
+                for rc in self.scenario.load.classes
+            }
+            phases.append(
+                PhaseResult(
+                    name=w.name, start=w.start, end=w.end,
+                    stats=phase_stats[w.name].to_dict(),
+                    classes={k: v.to_dict() for k, v in class_stats[w.name].items()},
+                )
+            )
+        scored = {k: v for k, v in phase_stats.items() if k != "warmup"}
+        checks = evaluate(self.scenario, scored, class_stats)
+        result = RunResult(
+            scenario_name=self.scenario.name,
+            scenario_file=self.scenario_file,
+            scenario_echo=redacted_echo(self.scenario),
+            tool_version=__version__,
+            started_at=started,
+            finished_at=time.time(),
+            interrupted=interrupted,
+            phases=phases,
+            checks=checks,
+            faults=self.records,
+            target=self.target_info,
+            telemetry=telemetry,
+            errors=self.errors,
+        )
+        result.exit_code = exit_code_for(result, self.revert_failed)
+        self.events.emit("run_finished", result)
+        return result
+
+
+def exit_code_for(result: RunResult, revert_failed: bool) -> int:
+    if revert_failed:
+        return EXIT_REVERT_FAILED
+    if result.interrupted:
+        return 130 if result.interrupted == "SIGINT" else 143
+    if any(f.error for f in result.faults):
+        return EXIT_ENVIRONMENT
+    return EXIT_SLO_BROKEN if result.broken else EXIT_OK
+
+
+def redacted_echo(scenario: Scenario) -> dict[str, Any]:
+    """The scenario as run, with every header value hidden: they carry credentials."""
+    echo = scenario.model_dump(mode="json", by_alias=True)
+    echo["target"]["headers"] = {k: "<redacted>" for k in echo["target"].get("headers", {})}
+    return echo
+
+
+def _with_timeout(fn: Any, timeout_s: float) -> Any:
+    """Run a revert under its own deadline; a hung netlink or NVML call must not hang us."""
+    import threading
+
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
+            box["error"] = exc
+
+    th = threading.Thread(target=target, name="revert", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        raise RevertError(f"revert did not finish within {timeout_s:.0f} s")
+    if "error" in box:
+        raise box["error"]
+    return box.get("value")

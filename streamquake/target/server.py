@@ -1,0 +1,215 @@
+"""The embedded target: an aiohttp app that streams simulated tokens in real wire formats."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import ssl
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from aiohttp import web
+
+from streamquake.errors import TargetError
+from streamquake.target.config import TargetConfig
+from streamquake.target.formats import (
+    FORMATS,
+    TOKEN_JSON,
+    BadRequest,
+    Completion,
+    StreamEncoder,
+    WireFormat,
+)
+from streamquake.target.timing import DelaySampler, ResponsePlan, plan_response
+
+SSE_HEADERS = {
+    "Content-Type": "text/event-stream",
+    "Cache-Control": "no-cache",
+    # Tells nginx-like proxies in front of us not to buffer the stream.
+    "X-Accel-Buffering": "no",
+}
+_GPU_FACTOR_TTL_S = 0.05
+
+
+@dataclass
+class TargetState:
+    """Per-process state shared by all handlers."""
+
+    config: TargetConfig
+    slots: asyncio.Semaphore
+    scale: Callable[[], float] | None
+    requests: int = 0
+
+    def next_index(self) -> int:
+        self.requests += 1
+        return self.requests
+
+
+STATE_KEY = web.AppKey("streamquake_target_state", TargetState)
+
+
+def _gpu_scale() -> Callable[[], float]:
+    """``slowdown_factor`` read at most every 50 ms: NVML calls are too slow to make per token."""
+    from streamquake.target.gpu_speed import slowdown_factor  # only when the flag asks for it
+
+    cached = [slowdown_factor(), time.monotonic()]
+
+    def scale() -> float:
+        now = time.monotonic()
+        if now - cached[1] > _GPU_FACTOR_TTL_S:
+            cached[0], cached[1] = slowdown_factor(), now
+        return float(cached[0])
+
+    return scale
+
+
+def _json_error(fmt: WireFormat, status: int, message: str) -> web.Response:
+    return web.json_response(fmt.error_body(status, message), status=status)
+
+
+async def _read_json(request: web.Request) -> object:
+    raw = await request.read()
+    try:
+        return json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRequest(f"the request body is not valid JSON: {exc}") from None
+
+
+async def _generate(
+    resp: web.StreamResponse, enc: StreamEncoder, plan: ResponsePlan, delays: DelaySampler
+) -> None:
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    opening = enc.opening()
+    if opening:
+        await resp.write(opening)
+    # Absolute deadlines: a late wake-up shortens the next gap instead of shifting the rest.
+    deadline = start + delays.ttft_s()
+    for i, tok in enumerate(plan.tokens):
+        if i:
+            deadline += delays.itl_s()
+        wait = deadline - loop.time()
+        if wait > 0:
+            await asyncio.sleep(wait)
+        await resp.write(enc.token(TOKEN_JSON[tok]))
+    await resp.write(enc.closing(Completion(len(plan.tokens), plan.truncated)))
+    await resp.write_eof()
+
+
+async def _stream(request: web.Request, fmt: WireFormat, model: str | None) -> web.StreamResponse:
+    state = request.app[STATE_KEY]
+    cfg = state.config
+    try:
+        gen = fmt.parse(await _read_json(request), model)
+    except BadRequest as exc:
+        return _json_error(fmt, 400, str(exc))
+    index = state.next_index()
+    plan, rng = plan_response(cfg, index, gen.max_tokens)
+    if plan.fail:
+        return _json_error(fmt, 500, "simulated server error (error_rate)")
+    resp = web.StreamResponse(headers={**SSE_HEADERS, "X-Streamquake-Request": str(index)})
+    try:
+        await resp.prepare(request)
+        # Queue wait counts toward TTFT: the clock for the first token starts at admission.
+        async with state.slots:
+            delays = DelaySampler(cfg.ttft, cfg.itl, rng, state.scale)
+            await _generate(resp, fmt.encoder(gen, cfg.sse_event_ids), plan, delays)
+    except ConnectionResetError:
+        pass  # the client left mid-stream; leaving the semaphore block freed its slot
+    return resp
+
+
+def _stream_handler(fmt: WireFormat) -> Callable[[web.Request], Any]:
+    async def handle(request: web.Request) -> web.StreamResponse:
+        return await _stream(request, fmt, None)
+
+    return handle
+
+
+async def _gemini(request: web.Request) -> web.StreamResponse:
+    fmt = FORMATS["gemini"]
+    model, _, method = request.match_info["target"].partition(":")
+    if method == "generateContent":
+        return _json_error(
+            fmt, 400, "this target only simulates streaming: call :streamGenerateContent?alt=sse"
+        )
+    if method != "streamGenerateContent" or not model:
+        return _json_error(fmt, 404, f"unknown method {request.path!r}")
+    if request.query.get("alt") != "sse":
+        return _json_error(
+            fmt, 400, "this target only streams server-sent events: add ?alt=sse to the URL"
+        )
+    return await _stream(request, fmt, model)
+
+
+async def _healthz(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def build_app(config: TargetConfig) -> web.Application:
+    """The aiohttp application serving the protocols named in ``config.protocols``."""
+    app = web.Application()
+    scale = _gpu_scale() if config.gpu_clock_scale else None
+    app[STATE_KEY] = TargetState(
+        config=config, slots=asyncio.Semaphore(config.capacity), scale=scale
+    )
+    app.router.add_get("/healthz", _healthz)
+    enabled = set(config.protocols)
+    if "openai" in enabled:
+        app.router.add_post("/v1/chat/completions", _stream_handler(FORMATS["openai"]))
+    if "anthropic" in enabled:
+        app.router.add_post("/v1/messages", _stream_handler(FORMATS["anthropic"]))
+    if "sse" in enabled:
+        app.router.add_post("/v1/stream", _stream_handler(FORMATS["sse"]))
+    if "gemini" in enabled:
+        # google-genai calls /v1beta/ or /v1/ depending on its version and options.
+        app.router.add_post("/{version:v1beta|v1}/models/{target}", _gemini)
+    return app
+
+
+def ssl_context(config: TargetConfig) -> ssl.SSLContext | None:
+    if not (config.tls_cert and config.tls_key):
+        return None
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    try:
+        ctx.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise TargetError(
+            f"cannot load TLS certificate {config.tls_cert!r} / key {config.tls_key!r}: {exc}"
+        ) from exc
+    return ctx
+
+
+def url_for(scheme: str, host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{shown}:{port}"
+
+
+async def start_server(
+    config: TargetConfig, host: str, port: int
+) -> tuple[web.AppRunner, str]:
+    """Bind and serve; returns the runner (``await runner.cleanup()`` to stop) and the URL."""
+    tls = ssl_context(config)
+    # handler_cancellation: a client that hangs up cancels its handler, so a queued or
+    # generating stream gives its capacity slot back at once. No access log: it would print
+    # query strings, and ?key= carries an API key.
+    runner = web.AppRunner(
+        build_app(config), handler_cancellation=True, access_log=None, shutdown_timeout=1.0
+    )
+    await runner.setup()
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        await runner.cleanup()
+        raise TargetError(f"cannot listen on {host}:{port}: {exc}") from exc
+    site = web.SockSite(runner, sock, ssl_context=tls, backlog=1024)
+    await site.start()
+    bound_port = sock.getsockname()[1]
+    return runner, url_for("https" if tls else "http", host, bound_port)

@@ -1,0 +1,112 @@
+"""Conformance of the incremental SSE parser with the WHATWG event-stream interpretation.
+
+Every case is fed whole, byte by byte, and split at every single position, because a parser
+that passes on whole buffers can still break on the read boundaries a socket produces.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from streamquake.loadgen.sse import SSEEvent, SSEParser
+
+E = SSEEvent
+
+CASES: dict[str, tuple[bytes, list[SSEEvent]]] = {
+    # The four examples of the spec's "Parsing an event stream" section.
+    "spec-multiline-data": (b"data: YHOO\ndata: +2\ndata: 10\n\n", [E(data="YHOO\n+2\n10")]),
+    "spec-ids-and-comment": (
+        b": test stream\n\ndata: first event\nid: 1\n\ndata:second event\nid\n\n"
+        b"data:  third event\n\n",
+        [E(data="first event", id="1"), E(data="second event"), E(data=" third event")],
+    ),
+    "spec-empty-data": (b"data\n\ndata\ndata\n\ndata:", [E(data=""), E(data="\n")]),
+    "spec-space-after-colon": (b"data:test\n\ndata: test\n\n", [E(data="test"), E(data="test")]),
+    # Line ends.
+    "cr-only": (b"data: a\rdata: b\r\r", [E(data="a\nb")]),
+    "crlf": (b"data: a\r\ndata: b\r\n\r\n", [E(data="a\nb")]),
+    "mixed-line-ends": (b"data: a\r\ndata: b\rdata: c\n\r\n", [E(data="a\nb\nc")]),
+    "lf-cr-is-two-line-ends": (b"data: a\n\r", [E(data="a")]),
+    # Fields.
+    "event-type": (b"event: add\ndata: 73857293\n\n", [E(event="add", data="73857293")]),
+    "empty-event-type-is-message": (b"event:\ndata: x\n\n", [E(data="x")]),
+    "event-type-reset-after-dispatch": (
+        b"event: a\ndata: 1\n\ndata: 2\n\n", [E(event="a", data="1"), E(data="2")]),
+    "event-type-reset-by-empty-block": (b"event: a\n\ndata: 2\n\n", [E(data="2")]),
+    "id-persists": (b"id: 5\ndata: a\n\ndata: b\n\n", [E(data="a", id="5"), E(data="b", id="5")]),
+    "id-with-nul-ignored": (
+        b"id: 1\ndata: a\n\nid: 2\x003\ndata: b\n\n", [E(data="a", id="1"), E(data="b", id="1")]),
+    "id-set-without-data-applies-later": (b"id: 7\n\ndata: a\n\n", [E(data="a", id="7")]),
+    "retry": (b"retry: 1000\ndata: a\n\n", [E(data="a", retry=1000)]),
+    "retry-not-digits-ignored": (b"retry: 10a\ndata: a\n\nretry\ndata: b\n\n",
+                                 [E(data="a"), E(data="b")]),
+    "comments": (b": hi\ndata: a\n:again\n\n", [E(data="a")]),
+    "unknown-field-ignored": (b"foo: bar\ndata: a\n\n", [E(data="a")]),
+    "space-before-colon-is-part-of-name": (b"data : x\ndata: y\n\n", [E(data="y")]),
+    "only-one-space-removed": (b"data:  two\n\n", [E(data=" two")]),
+    "colon-in-value": (b"data: a:b\n\n", [E(data="a:b")]),
+    "empty-data-value-dispatches": (b"data:\n\n", [E(data="")]),
+    "no-dispatch-without-data": (b"event: x\nid: 3\n\n\n\n", []),
+    "unterminated-event-discarded": (b"data: a\n\ndata: b\n", [E(data="a")]),
+    "nul-in-data-kept": (b"data: a\x00b\n\n", [E(data="a\x00b")]),
+    # Encoding.
+    "bom-stripped": (b"\xef\xbb\xbfdata: a\n\n", [E(data="a")]),
+    "second-bom-kept": (b"\xef\xbb\xbf\xef\xbb\xbfdata: a\n\ndata: b\n\n", [E(data="b")]),
+    "utf8-multibyte": (b"data: \xe2\x82\xac \xf0\x9f\x98\x80\n\n", [E(data="\u20ac \U0001f600")]),
+    "invalid-utf8-replaced": (b"data: \xff\xe2\x82\n\n", [E(data="\ufffd\ufffd")]),
+}
+
+
+def _parse_in_pieces(pieces: list[bytes]) -> list[SSEEvent]:
+    parser = SSEParser()
+    events: list[SSEEvent] = []
+    for piece in pieces:
+        events.extend(parser.feed(piece))
+    events.extend(parser.close())
+    return events
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", list(CASES))
+def test_conformance_whole_and_byte_by_byte(name: str) -> None:
+    stream, expected = CASES[name]
+    assert _parse_in_pieces([stream]) == expected
+    assert _parse_in_pieces([stream[i:i + 1] for i in range(len(stream))]) == expected
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", list(CASES))
+def test_conformance_every_split_point(name: str) -> None:
+    stream, expected = CASES[name]
+    for cut in range(len(stream) + 1):
+        assert _parse_in_pieces([stream[:cut], stream[cut:]]) == expected, f"cut at {cut}"
+
+
+@pytest.mark.timeout(10)
+def test_cr_ending_a_read_dispatches_at_once_and_pairs_with_next_lf() -> None:
+    parser = SSEParser()
+    # The event is complete the moment its CR arrives: a timing client must see it now.
+    assert parser.feed(b"data: a\r\r") == [E(data="a")]
+    assert parser.feed(b"\ndata: b\r\n\r\n") == [E(data="b")]
+    assert not parser.pending
+
+
+@pytest.mark.timeout(10)
+def test_events_come_out_of_the_read_that_completes_them() -> None:
+    parser = SSEParser()
+    assert parser.feed(b"id: 1\ndata: {\"a\"") == []
+    assert parser.pending
+    assert parser.feed(b":1}\n") == []
+    assert parser.feed(b"\nid: 2\ndata: x\n\nid") == [E(data='{"a":1}', id="1"), E(data="x", id="2")]
+    assert parser.pending
+    assert parser.close() == []
+    assert not parser.pending
+
+
+@pytest.mark.timeout(10)
+def test_close_resets_for_a_new_stream() -> None:
+    parser = SSEParser()
+    parser.feed(b"\xef\xbb\xbfid: 4\ndata: half")
+    parser.close()
+    # A new stream may start with its own BOM, and does not inherit the old last event ID.
+    assert parser.feed(b"\xef\xbb\xbfdata: new\n\n") == [E(data="new")]
