@@ -85,7 +85,8 @@ def main() -> None:
             rows[name] = secs
             print(f"  {label:20s} {name:12s} {total / secs / 1e6:8.1f} MB/s "
                   f"{count / secs / 1e3:8.0f} k events/s")
-        print(f"  {label:20s} SSEParser / naive throughput: {rows['naive split'] / rows['SSEParser']:.2f}")
+        ratio = rows["naive split"] / rows["SSEParser"]
+        print(f"  {label:20s} SSEParser / naive throughput: {ratio:.2f}")
 
 
 if __name__ == "__main__":

@@ -51,15 +51,17 @@ def _fail(exc: StreamquakeError) -> None:
 @app.command(epilog=EXIT_CODES_HELP)
 def run(
     scenario_file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
-    out: Annotated[Path, typer.Option("--out", help="Directory for report.json, junit.xml, summary.md.")] = Path("out"),
+    out: Annotated[
+        Path, typer.Option("--out", help="Directory for report.json, junit.xml, summary.md.")
+    ] = Path("out"),
 ) -> None:
     """Run a scenario: baseline, fault, recovery; print verdicts; write reports."""
+    from streamquake.events import Events
     from streamquake.reports.json_report import write_json
     from streamquake.reports.junit import write_junit
     from streamquake.reports.live import attach_live_log
     from streamquake.reports.markdown import write_markdown
     from streamquake.reports.terminal import print_result
-    from streamquake.events import Events
     from streamquake.runner import Runner
     from streamquake.scenario import load_scenario
 
@@ -112,10 +114,18 @@ def recover() -> None:
 
 @target_app.command("serve")
 def target_serve(
-    protocol: Annotated[list[str] | None, typer.Option("--protocol", help="Serve only this wire format (repeatable): gemini, openai, anthropic, sse.")] = None,
+    protocol: Annotated[
+        list[str] | None,
+        typer.Option("--protocol", help="Serve only this wire format (repeatable): "
+                     "gemini, openai, anthropic, sse."),
+    ] = None,
     host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
     port: Annotated[int, typer.Option(help="Port to bind (0 = any free port).")] = 8000,
-    config: Annotated[Path | None, typer.Option(help="YAML/JSON file with the target settings (the scenario's target.embedded).")] = None,
+    config: Annotated[
+        Path | None,
+        typer.Option(help="YAML/JSON file with the target settings (a scenario's "
+                     "target.embedded)."),
+    ] = None,
 ) -> None:
     """Run the embedded simulated LLM server in the foreground."""
     import os

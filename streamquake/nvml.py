@@ -55,7 +55,6 @@ _REASON_NAMES = {
     0x200: "board_limit",
     0x400: "reliability",
 }
-REASON_APPLICATIONS_CLOCKS = 0x2
 
 _ACTIONS: dict[Operation, str] = {
     "init": "loading NVML",
@@ -101,12 +100,6 @@ def error_code(exc: BaseException) -> int | None:
     return value if isinstance(value, int) else None
 
 
-def is_nvml_error(exc: BaseException) -> bool:
-    import pynvml
-
-    return isinstance(exc, pynvml.NVMLError)
-
-
 def arch_name(arch: int | None) -> str:
     return _ARCH_NAMES.get(arch or -1, f"architecture #{arch}")
 
@@ -117,10 +110,16 @@ def explain(
     gpu: Gpu | None = None,
     nv: Any = None,
     requested: str = "",
+    label: str | None = None,
 ) -> str:
-    """One sentence saying what failed, why, and what to do about it."""
+    """One sentence saying what failed, why, and what to do about it.
+
+    ``nv`` (the pynvml module) lets it look up the supported range for an out-of-range value;
+    ``label`` names the GPU when there is no ``Gpu`` yet (e.g. its handle could not be had).
+    """
     code = error_code(exc)
-    where = f" on {gpu.label}" if gpu else ""
+    label = gpu.label if gpu else label
+    where = f" on {label}" if label else ""
     action = _ACTIONS[operation] + (f" to {requested}" if requested else "")
     if code == _LIBRARY_NOT_FOUND:
         return (
@@ -135,26 +134,17 @@ def explain(
         )
     if code == _NO_PERMISSION:
         return (
-            f"{action.capitalize()}{where} needs root (NVML_ERROR_NO_PERMISSION): run streamquake "
+            f"{_cap(action)}{where} needs root (NVML_ERROR_NO_PERMISSION): run streamquake "
             "as root (sudo), or in a container as root with --privileged; the NVIDIA driver "
             "refuses clock and power changes to other users."
         )
     if code == _NOT_SUPPORTED:
-        why = _NOT_SUPPORTED_WHY.get(operation, "this GPU or driver does not report it")
-        model = f" ({gpu.name}{_arch_suffix(nv, gpu)})" if gpu else ""
-        return (
-            f"{action.capitalize()}{where}{model} is not supported (NVML_ERROR_NOT_SUPPORTED): "
-            f"{why}. Remove that setting from the fault or choose other GPUs."
-        )
+        return not_supported_message(operation, gpu, nv, requested, label)
     if code == _INVALID_ARGUMENT:
-        supported = _supported_range_text(operation, gpu, nv)
-        return (
-            f"{action.capitalize()}{where} was refused as out of range "
-            f"(NVML_ERROR_INVALID_ARGUMENT){supported}. Choose values inside that range."
-        )
+        return out_of_range_message(operation, gpu, nv, requested, label)
     if code == _GPU_IS_LOST:
         return (
-            f"{gpu.label if gpu else 'A GPU'} fell off the bus (NVML_ERROR_GPU_IS_LOST) while "
+            f"{label or 'A GPU'} fell off the bus (NVML_ERROR_GPU_IS_LOST) while "
             f"{action}: the driver lost contact with it (see `dmesg` for an Xid 79). It needs "
             "a GPU reset or a reboot before it can be used or its settings restored."
         )
@@ -163,7 +153,49 @@ def explain(
             f"The installed NVIDIA driver is too old for {action} (NVML_ERROR_FUNCTION_NOT_FOUND):"
             " update the driver."
         )
-    return f"{action.capitalize()}{where} failed: NVML said {exc} (code {code})."
+    return f"{_cap(action)}{where} failed: NVML said {exc} (code {code})."
+
+
+def _cap(text: str) -> str:
+    return text[:1].upper() + text[1:]
+
+
+def not_supported_message(
+    operation: Operation,
+    gpu: Gpu | None,
+    nv: Any = None,
+    requested: str = "",
+    label: str | None = None,
+) -> str:
+    """The sentence for NVML_ERROR_NOT_SUPPORTED (also used by preflight's generation check)."""
+    if gpu:
+        where = f" on GPU {gpu.index} ({gpu.uuid}, {gpu.name}{_arch_suffix(nv, gpu)})"
+    else:
+        where = f" on {label}" if label else ""
+    action = _ACTIONS[operation] + (f" to {requested}" if requested else "")
+    why = _NOT_SUPPORTED_WHY.get(operation, "this GPU or driver does not report it")
+    return (
+        f"{_cap(action)}{where} is not supported (NVML_ERROR_NOT_SUPPORTED): "
+        f"{why}. Remove that setting from the fault or choose other GPUs."
+    )
+
+
+def out_of_range_message(
+    operation: Operation,
+    gpu: Gpu | None,
+    nv: Any = None,
+    requested: str = "",
+    label: str | None = None,
+) -> str:
+    """The sentence for NVML_ERROR_INVALID_ARGUMENT, with the range the GPU does support."""
+    label = gpu.label if gpu else label
+    where = f" on {label}" if label else ""
+    action = _ACTIONS[operation] + (f" to {requested}" if requested else "")
+    supported = _supported_range_text(operation, gpu, nv)
+    return (
+        f"{_cap(action)}{where} is out of range (NVML_ERROR_INVALID_ARGUMENT)"
+        f"{supported}. Choose values inside that range."
+    )
 
 
 def _arch_suffix(nv: Any, gpu: Gpu) -> str:
@@ -221,7 +253,7 @@ def is_emulated(nv: Any) -> bool:
 
 
 def select_gpus(nv: Any, selector: GpuSelector) -> tuple[list[Gpu], list[str]]:
-    """Resolve ``all`` / indices / UUIDs to GPUs; returns (gpus, problems), problems as sentences."""
+    """Resolve ``all`` / indices / UUIDs to GPUs. Returns (gpus, problems as sentences)."""
     problems: list[str] = []
     try:
         count = int(nv.nvmlDeviceGetCount())
@@ -269,9 +301,7 @@ def _one_gpu(nv: Any, want: int | str, count: int) -> Gpu:
             raise InjectorError(
                 f"No GPU with UUID {want} on this host: `nvidia-smi -L` lists the UUIDs."
             ) from exc
-        label = f"GPU {want}"
-        raise InjectorError(explain(exc, "query", requested="") .replace(
-            "A GPU", label, 1)) from exc
+        raise InjectorError(explain(exc, "query", label=f"GPU {want}")) from exc
 
 
 def gpu_by_uuid(nv: Any, uuid: str) -> Gpu | None:
@@ -322,7 +352,7 @@ def power_limit_range_w(nv: Any, handle: Any) -> tuple[float, float] | None:
 
 
 def clock_event_reasons(nv: Any, handle: Any) -> int:
-    """The current clock-event (formerly "throttle") reason bits; older drivers lack the new name."""
+    """Current clock-event (formerly "throttle") reason bits; old drivers lack the new name."""
     try:
         return int(nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
     except nv.NVMLError as exc:

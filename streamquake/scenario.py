@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -37,8 +38,8 @@ PHASE_ORDER: tuple[PhaseName, ...] = ("warmup", "baseline", "fault", "recovery")
 
 HistogramMetric = Literal["ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
 RateMetric = Literal["error_rate", "stall_rate", "chunk_loss"]
-HISTOGRAM_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s")
-RATE_METRICS: tuple[str, ...] = ("error_rate", "stall_rate", "chunk_loss")
+HISTOGRAM_METRICS: tuple[str, ...] = typing.get_args(HistogramMetric)
+RATE_METRICS: tuple[str, ...] = typing.get_args(RateMetric)
 # Metrics where a bigger number is the better one.
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"output_tokens_per_s"})
 
@@ -71,7 +72,9 @@ class TargetSpec(_Model):
     @classmethod
     def _url_scheme(cls, v: str | None) -> str | None:
         if v is not None and not re.match(r"^https?://[^/]+", v):
-            raise ValueError("must start with http:// or https:// and name a host, e.g. http://127.0.0.1:8000")
+            raise ValueError(
+                "must start with http:// or https:// and name a host, e.g. http://127.0.0.1:8000"
+            )
         return v.rstrip("/") if v else v
 
     @field_validator("headers")
@@ -341,72 +344,54 @@ def _format_errors(exc: ValidationError, doc: Any, filename: str) -> list[str]:
             hint = f"add '{missing}:' here"
         elif kind == "extra_forbidden":
             msg = "unknown field"
-            hint = _spelling_hint(exc, loc)
+            hint = _spelling_hint(loc)
         else:
             msg = str(err["msg"]).removeprefix("Value error, ")
             hint = _hint_for(kind, err)
-        problems.append(f"{filename}:{line}:{col}: {field}: {msg}" + (f" (hint: {hint})" if hint else ""))
+        suffix = f" (hint: {hint})" if hint else ""
+        problems.append(f"{filename}:{line}:{col}: {field}: {msg}{suffix}")
     return problems
 
 
-def _spelling_hint(exc: ValidationError, loc: tuple[Any, ...]) -> str:
+def _spelling_hint(loc: tuple[Any, ...]) -> str:
     model = _model_at(Scenario, loc[:-1])
     if model is None:
         return "remove it"
-    allowed = sorted(
-        (f.alias or n) for n, f in model.model_fields.items()
-    ) + (["type"] if "type" in model.model_fields else [])
-    allowed = sorted(set(allowed))
+    allowed = sorted(_field_names(model))
     close = difflib.get_close_matches(str(loc[-1]), allowed, n=1)
     if close:
         return f"did you mean '{close[0]}'? allowed here: {', '.join(allowed)}"
     return f"remove it; allowed here: {', '.join(allowed)}"
 
 
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
-    """The pydantic model class found by following ``loc`` from ``model`` (best effort)."""
-    import typing
+def _field_names(model: type[BaseModel]) -> dict[str, str]:
+    """YAML key -> python attribute name."""
+    return {(f.alias or name): name for name, f in model.model_fields.items()}
 
+
+def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model class an error location points into (union tags and list indexes skipped)."""
     current: Any = model
     for part in loc:
-        if isinstance(part, int):
-            continue
-        if isinstance(current, type) and issubclass(current, BaseModel):
-            fields = {(f.alias or n): f for n, f in current.model_fields.items()}
-            if part in fields:
-                current = fields[part].annotation
-                continue
-        # Union tag, or descend through Optional/list/Annotated.
         candidates = _models_in(current)
         tagged = [m for m in candidates if _tag_of(m) == part]
         if tagged:
             current = tagged[0]
             continue
-        fitting = [m for m in candidates if part in {(f.alias or n) for n, f in m.model_fields.items()}]
-        if not fitting:
-            return None
-        current = fitting[0].model_fields[
-            next(n for n, f in fitting[0].model_fields.items() if (f.alias or n) == part)
-        ].annotation
+        owners = [m for m in candidates if part in _field_names(m)]
+        if owners:
+            current = owners[0].model_fields[_field_names(owners[0])[part]].annotation
     found = _models_in(current)
-    del typing
     return found[0] if found else None
 
 
 def _models_in(tp: Any) -> list[type[BaseModel]]:
-    import typing
-
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return [tp]
-    out: list[type[BaseModel]] = []
-    for arg in typing.get_args(tp):
-        out.extend(_models_in(arg))
-    return out
+    return [m for arg in typing.get_args(tp) for m in _models_in(arg)]
 
 
 def _tag_of(model: type[BaseModel]) -> str | None:
-    import typing
-
     for key in ("type", "dist", "mode"):
         f = model.model_fields.get(key)
         if f is not None:

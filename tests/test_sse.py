@@ -97,7 +97,8 @@ def test_events_come_out_of_the_read_that_completes_them() -> None:
     assert parser.feed(b"id: 1\ndata: {\"a\"") == []
     assert parser.pending
     assert parser.feed(b":1}\n") == []
-    assert parser.feed(b"\nid: 2\ndata: x\n\nid") == [E(data='{"a":1}', id="1"), E(data="x", id="2")]
+    events = parser.feed(b"\nid: 2\ndata: x\n\nid")
+    assert events == [E(data='{"a":1}', id="1"), E(data="x", id="2")]
     assert parser.pending
     assert parser.close() == []
     assert not parser.pending

@@ -17,6 +17,7 @@ import argparse
 import asyncio
 import json
 import logging
+import os
 import random
 import re
 import signal
@@ -36,6 +37,7 @@ from multidict import CIMultiDict
 from pydantic import ValidationError
 from yarl import URL
 
+import streamquake
 from streamquake.injectors.sse_proxy import CONTROL_PREFIX, SSEProxyFault, fault_from_params
 from streamquake.procs import python_module_cmd, read_listening_line, spawn, stop
 from streamquake.units import parse_duration_s
@@ -173,7 +175,12 @@ def corrupt_event(raw: bytes) -> bytes:
 
 @dataclass
 class Stats:
-    """What the proxy did; per fault, and in total (each action counted once there)."""
+    """What the proxy did; per fault, and in total (each action counted once there).
+
+    Per fault, ``requests``/``events_seen``/``content_events``/``events_forwarded``/``bytes``
+    count what passed while the fault was active, so ``events_dropped / content_events`` is the
+    drop rate injected and ``first_event_delays`` the streams whose first event it held back.
+    """
 
     requests: int = 0
     events_seen: int = 0
@@ -254,7 +261,7 @@ PROXY = web.AppKey("proxy", ProxyState)
 
 # --- one proxied SSE stream ---------------------------------------------------------------------
 
-_CONTINUE, _END, _RESET = "continue", "end", "reset"
+_CONTINUE, _END, _RESET, _BROKEN = "continue", "end", "reset", "broken"
 
 
 class _Stream:
@@ -270,7 +277,7 @@ class _Stream:
 
     def faults(self) -> list[FaultStream]:
         active = self.proxy.faults
-        if not active and not self._mine:
+        if not active:
             return []
         out = []
         for af in active.values():
@@ -379,19 +386,19 @@ _EOF = object()
 
 
 async def _pump(upstream: aiohttp.ClientResponse, queue: asyncio.Queue[Any]) -> None:
-    """Read the upstream as fast as it sends, stamping each block with its arrival time."""
+    """Read the upstream as fast as it sends; queue each chunk's blocks with their arrival time."""
     loop = asyncio.get_running_loop()
     framer = SSEFramer()
     try:
         async for chunk in upstream.content.iter_any():
-            now = loop.time()
-            for raw in framer.feed(chunk):
-                await queue.put((now, raw, False))
+            blocks = framer.feed(chunk)
+            if blocks:
+                await queue.put((loop.time(), blocks, False))
         rest = framer.flush()
         if rest:
-            await queue.put((loop.time(), rest, True))
+            await queue.put((loop.time(), [rest], True))
         await queue.put(_EOF)
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except (TimeoutError, aiohttp.ClientError) as exc:
         await queue.put(exc)
 
 
@@ -406,50 +413,82 @@ def _reset_connection(request: web.Request) -> None:
     transport.abort()
 
 
-async def _relay_sse(request: web.Request, resp: web.StreamResponse,
-                     upstream: aiohttp.ClientResponse, stream: _Stream) -> str:
-    loop = asyncio.get_running_loop()
-    queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=4096)
-    pump = asyncio.create_task(_pump(upstream, queue))
-    try:
-        outcome = stream.limits_reached(stream.faults())
-        while outcome == _CONTINUE:
-            item = await queue.get()
-            if item is _EOF:
-                return _END
-            if isinstance(item, BaseException):
-                stream.proxy.totals.upstream_errors += 1
-                stream.proxy.log_upstream_error(f"upstream failed mid-stream: {item!r}")
-                return "broken"
-            arrived, raw, tail = item
-            faults = stream.faults()
-            ev = None if tail else parse_event(raw)
-            if ev is not None:
-                out = stream.decide(ev, raw, faults)
-                if out is None:
-                    continue
-                raw = out
-            wait = arrived + stream.lag_s - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            budget = stream.byte_budget(faults)
-            if budget is not None and budget < len(raw):
-                raw = raw[:budget]
-            if raw:
-                await resp.write(raw)
-            stream.count_forwarded(faults, len(raw), ev is not None)
-            outcome = stream.limits_reached(faults)
-        return outcome
-    finally:
-        pump.cancel()
-        await asyncio.gather(pump, return_exceptions=True)
+class _SSERelay:
+    """Moves one stream's events from the upstream queue to the client, faults applied.
+
+    Each event goes out as soon as it is due. Events that are due together (they came in one
+    upstream read, or the client fell behind) leave in one write: nothing waits for that.
+    """
+
+    def __init__(self, resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
+                 stream: _Stream) -> None:
+        self.resp = resp
+        self.upstream = upstream
+        self.stream = stream
+        self.loop = asyncio.get_running_loop()
+        self.pending: list[bytes] = []
+
+    async def run(self) -> str:
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
+        pump = asyncio.create_task(_pump(self.upstream, queue))
+        try:
+            outcome = self.stream.limits_reached(self.stream.faults())
+            while outcome == _CONTINUE:
+                if queue.empty():
+                    await self._flush()
+                item = await queue.get()
+                if item is _EOF:
+                    outcome = _END
+                    break
+                if isinstance(item, BaseException):
+                    self.stream.proxy.totals.upstream_errors += 1
+                    self.stream.proxy.log_upstream_error(f"upstream failed mid-stream: {item!r}")
+                    outcome = _BROKEN
+                    break
+                arrived, blocks, tail = item
+                for raw in blocks:
+                    outcome = await self._step(arrived, raw, tail)
+                    if outcome != _CONTINUE:
+                        break
+            await self._flush()
+            return outcome
+        finally:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def _flush(self) -> None:
+        if self.pending:
+            data = b"".join(self.pending)
+            self.pending.clear()
+            await self.resp.write(data)
+
+    async def _step(self, arrived: float, raw: bytes, tail: bool) -> str:
+        stream = self.stream
+        faults = stream.faults()
+        ev = None if tail else parse_event(raw)
+        if ev is not None:
+            out = stream.decide(ev, raw, faults)
+            if out is None:
+                return _CONTINUE
+            raw = out
+        wait = arrived + stream.lag_s - self.loop.time()
+        if wait > 0:
+            await self._flush()
+            await asyncio.sleep(wait)
+        budget = stream.byte_budget(faults)
+        if budget is not None and budget < len(raw):
+            raw = raw[:budget]
+        if raw:
+            self.pending.append(raw)
+        stream.count_forwarded(faults, len(raw), ev is not None)
+        return stream.limits_reached(faults)
 
 
 # --- HTTP plumbing ------------------------------------------------------------------------------
 
 
 def _connection_listed(headers: Any) -> set[str]:
-    listed = set()
+    listed: set[str] = set()
     for value in headers.getall("Connection", []):
         listed.update(v.strip().lower() for v in value.split(","))
     return listed
@@ -502,7 +541,7 @@ async def _open_upstream(request: web.Request, proxy: ProxyState
             request.method, url, headers=_request_headers(request), data=body or None,
             allow_redirects=False,
         )
-    except asyncio.TimeoutError as exc:
+    except TimeoutError as exc:
         proxy.totals.upstream_errors += 1
         message = (f"the upstream {proxy.upstream.host}:{proxy.upstream.port} did not answer "
                    f"{where} in time ({type(exc).__name__})")
@@ -531,34 +570,44 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if isinstance(opened, web.Response):
         return opened
     upstream = opened
-    outcome = _END
+    resp: web.StreamResponse | None = None
     try:
         sse = upstream.content_type == "text/event-stream"
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                   headers=_response_headers(upstream, sse))
         await resp.prepare(request)
-        if sse:
-            outcome = await _relay_sse(request, resp, upstream, stream)
-        else:
-            async for chunk in upstream.content.iter_any():
-                await resp.write(chunk)
-                proxy.totals.bytes += len(chunk)
+        outcome = await (_SSERelay(resp, upstream, stream).run() if sse
+                         else _relay_raw(resp, upstream, proxy))
         if outcome == _RESET:
             _reset_connection(request)
-        elif outcome == "broken" and request.transport is not None:
+        elif outcome == _BROKEN and request.transport is not None:
             # A clean end would tell the client the stream was complete; it was not.
             request.transport.abort()
         else:
             await resp.write_eof()
         return resp
-    except (aiohttp.ClientError, asyncio.TimeoutError) as exc:
+    except ConnectionResetError:
+        # The client went away; nothing to tell it.
+        return resp if resp is not None else web.Response(status=499)
+    except (TimeoutError, aiohttp.ClientError) as exc:
         proxy.totals.upstream_errors += 1
         proxy.log_upstream_error(f"upstream failed during {request.method} {request.path}: {exc!r}")
+        if resp is None:
+            return _error(502, f"the upstream failed: {exc!r}",
+                          **{"X-Streamquake-Proxy": "upstream-error"})
         if request.transport is not None:
             request.transport.abort()
-        return web.Response(status=502)
+        return resp
     finally:
         upstream.close()
+
+
+async def _relay_raw(resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
+                     proxy: ProxyState) -> str:
+    async for chunk in upstream.content.iter_any():
+        await resp.write(chunk)
+        proxy.totals.bytes += len(chunk)
+    return _END
 
 
 # --- control API --------------------------------------------------------------------------------
@@ -630,7 +679,7 @@ def build_app(state: ProxyState) -> web.Application:
     app[PROXY] = state
 
     async def client_session(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=0, ssl=False if state.insecure else True)
+        connector = aiohttp.TCPConnector(limit=0, ssl=not state.insecure)
         timeout = aiohttp.ClientTimeout(total=None, connect=state.connect_timeout_s,
                                         sock_read=state.read_timeout_s)
         async with aiohttp.ClientSession(
@@ -719,7 +768,11 @@ class ProxyProcess:
         return self.url + CONTROL_PREFIX
 
     def stop(self) -> int | None:
-        return stop(self.proc)
+        """SIGTERM, then SIGKILL; safe to call twice."""
+        code = stop(self.proc)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code
 
     def __enter__(self) -> ProxyProcess:
         return self
@@ -728,26 +781,35 @@ class ProxyProcess:
         self.stop()
 
 
+def _child_env() -> dict[str, str]:
+    env = dict(os.environ)
+    # The child must import this very package even when it runs from a source checkout.
+    root = str(Path(streamquake.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
 def start_proxy(upstream_url: str, seed: int = 0, ready_timeout_s: float = 15.0, *,
-                host: str = "127.0.0.1", port: int = 0, upstream_insecure: bool = False,
+                host: str = "127.0.0.1", port: int = 0, insecure: bool = False,
                 connect_timeout: str = "10s", read_timeout: str = "120s",
                 log_path: Path | None = None) -> ProxyProcess:
     """Start the proxy as a child that dies with us; returns once it is listening."""
     args = ["--upstream", upstream_url, "--host", host, "--port", str(port), "--seed", str(seed),
             "--connect-timeout", connect_timeout, "--read-timeout", read_timeout]
-    if upstream_insecure:
+    if insecure:
         args.append("--upstream-insecure")
     cmd = python_module_cmd("streamquake.injectors.proxy_server", *args)
     log_file = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
     try:
-        proc = spawn(cmd, stdout=subprocess.PIPE, stderr=log_file)
+        proc = spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
+                     env=_child_env())
     finally:
         if log_file is not None:
             log_file.close()
     try:
         url = read_listening_line(proc, ready_timeout_s, "the SSE proxy")
     except BaseException:
-        stop(proc)
+        ProxyProcess(proc, "").stop()
         raise
     return ProxyProcess(proc, url)
 

@@ -56,7 +56,9 @@ def _fraction(v: Any) -> float:
 def _positive_ms(v: Any) -> float:
     ms = parse_duration_ms(v)
     if ms <= 0:
-        raise ValueError(f"must be a positive duration like '200ms', got {v!r}; leave it out instead")
+        raise ValueError(
+            f"must be a positive duration like '200ms', got {v!r}; leave it out instead"
+        )
     return ms
 
 
@@ -159,7 +161,10 @@ class SSEProxyFault(FaultSpec):
 
     def proxy_params(self) -> dict[str, Any]:
         """The parameters as the proxy's control API takes them (explicit units, no envelope)."""
-        return self.model_dump(mode="json", exclude=_ENVELOPE, exclude_none=True)
+        params = self.model_dump(mode="json", exclude=_ENVELOPE, exclude_none=True)
+        if self.delay_ms is None:
+            params.pop("delay_probability")  # a default that means nothing without a delay
+        return params
 
 
 def fault_from_params(params: dict[str, Any]) -> SSEProxyFault:
@@ -186,7 +191,9 @@ def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) 
             return answer
     except urllib.error.HTTPError as exc:
         detail = exc.read().decode(errors="replace")[:500]
-        raise InjectorError(f"the SSE proxy answered {exc.code} to {method} {url}: {detail}") from exc
+        raise InjectorError(
+            f"the SSE proxy answered {exc.code} to {method} {url}: {detail}"
+        ) from exc
     except urllib.error.URLError as exc:
         if isinstance(exc.reason, ConnectionRefusedError | FileNotFoundError):
             raise ProxyUnreachable(str(exc.reason)) from exc
@@ -196,7 +203,9 @@ def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) 
             ) from exc
         raise InjectorError(f"cannot reach the SSE proxy at {url}: {exc.reason}") from exc
     except TimeoutError as exc:
-        raise InjectorError(f"the SSE proxy at {url} did not answer within {timeout_s:.0f} s") from exc
+        raise InjectorError(
+            f"the SSE proxy at {url} did not answer within {timeout_s:.0f} s"
+        ) from exc
     except ConnectionResetError as exc:
         raise ProxyUnreachable(str(exc)) from exc
 

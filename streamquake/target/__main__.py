@@ -25,9 +25,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     src.add_argument("--config", type=Path, help="file holding TargetConfig as JSON")
     p.add_argument(
         "--protocol",
-        action="append",
+        action="extend",
+        nargs="+",
         choices=get_args(Protocol),
-        help="serve only this protocol (repeatable); default: those in the config",
+        help="serve only these protocols (repeatable); default: those in the config",
     )
     return p.parse_args(argv)
 

@@ -60,7 +60,9 @@ class OutputLength(_Frozen):
 
 
 class TargetConfig(_Frozen):
-    protocols: list[Protocol] = Field(default_factory=lambda: ["gemini", "openai", "anthropic", "sse"])
+    protocols: list[Protocol] = Field(
+        default_factory=lambda: ["gemini", "openai", "anthropic", "sse"]
+    )
     ttft: Delay = Field(default_factory=lambda: Fixed(value="200ms"))
     itl: Delay = Field(default_factory=lambda: Fixed(value="20ms"))
     output_tokens: OutputLength = Field(default_factory=OutputLength)

@@ -122,14 +122,11 @@ class StreamEncoder(ABC):
 
     def _event(self, data: bytes, event: bytes | None = None) -> bytes:
         eol = self._eol
-        parts = []
+        head = b"" if event is None else b"event: " + event + eol
         if self._ids:
             self._seq += 1
-            parts.append(b"id: %d%s" % (self._seq, eol))
-        if event is not None:
-            parts.append(b"event: " + event + eol)
-        parts.append(b"data: " + data + eol + eol)
-        return b"".join(parts)
+            head = b"id: %d%s%s" % (self._seq, eol, head)
+        return b"%sdata: %s%s%s" % (head, data, eol, eol)
 
     def opening(self) -> bytes:
         """Events sent once generation is admitted, before the first token."""
@@ -247,7 +244,7 @@ class AnthropicEncoder(StreamEncoder):
         )
 
     def opening(self) -> bytes:
-        message = {
+        message: dict[str, Any] = {
             "id": self._id,
             "type": "message",
             "role": "assistant",
@@ -353,7 +350,7 @@ def _gemini_text(obj: dict[str, Any]) -> str:
         parts = content.get("parts") if isinstance(content, dict) else None
         if not isinstance(parts, list):
             raise BadRequest(f"contents[{i}].parts must be a list")
-        texts.extend(p["text"] for p in parts if isinstance(p, dict) and isinstance(p.get("text"), str))
+        texts.extend(p.get("text", "") for p in parts if isinstance(p, dict))
     system = obj.get("systemInstruction")
     if isinstance(system, dict) and isinstance(system.get("parts"), list):
         texts.extend(p.get("text", "") for p in system["parts"] if isinstance(p, dict))

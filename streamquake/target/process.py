@@ -85,7 +85,9 @@ def wait_healthy(url: str, timeout_s: float) -> None:
     while True:
         left = deadline - time.monotonic()
         if left <= 0:
-            raise TargetError(f"the target at {url} did not answer /healthz within {timeout_s:.0f} s")
+            raise TargetError(
+                f"the target at {url} did not answer /healthz within {timeout_s:.0f} s"
+            )
         if _healthy(url, min(2.0, left)):
             return
         time.sleep(0.05)

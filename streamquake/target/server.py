@@ -6,7 +6,6 @@ import asyncio
 import json
 import socket
 import ssl
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +30,6 @@ SSE_HEADERS = {
     # Tells nginx-like proxies in front of us not to buffer the stream.
     "X-Accel-Buffering": "no",
 }
-_GPU_FACTOR_TTL_S = 0.05
 
 
 @dataclass
@@ -52,18 +50,10 @@ STATE_KEY = web.AppKey("streamquake_target_state", TargetState)
 
 
 def _gpu_scale() -> Callable[[], float]:
-    """``slowdown_factor`` read at most every 50 ms: NVML calls are too slow to make per token."""
-    from streamquake.target.gpu_speed import slowdown_factor  # only when the flag asks for it
+    """The live GPU slowdown; imported only when the flag asks, since it loads NVML."""
+    from streamquake.target.gpu_speed import slowdown_factor  # caches its NVML reads itself
 
-    cached = [slowdown_factor(), time.monotonic()]
-
-    def scale() -> float:
-        now = time.monotonic()
-        if now - cached[1] > _GPU_FACTOR_TTL_S:
-            cached[0], cached[1] = slowdown_factor(), now
-        return float(cached[0])
-
-    return scale
+    return slowdown_factor
 
 
 def _json_error(fmt: WireFormat, status: int, message: str) -> web.Response:

@@ -46,6 +46,10 @@ class DelaySampler:
         self._itl = itl
         self._rng = rng
         self._scale = scale
+        # The common case, a fixed gap at full speed, skips the per-token sampling call.
+        self._fixed_itl_s = (
+            itl.value_ms / 1000.0 if isinstance(itl, Fixed) and scale is None else None
+        )
 
     def _scaled_s(self, ms: float) -> float:
         factor = self._scale() if self._scale is not None else 1.0
@@ -55,6 +59,8 @@ class DelaySampler:
         return self._scaled_s(sample_ms(self._ttft, self._rng))
 
     def itl_s(self) -> float:
+        if self._fixed_itl_s is not None:
+            return self._fixed_itl_s
         return self._scaled_s(sample_ms(self._itl, self._rng))
 
 
@@ -78,5 +84,5 @@ def plan_response(
     truncated = max_tokens is not None and length > max_tokens
     if truncated and max_tokens is not None:
         length = max_tokens
-    tokens = tuple(rng.randrange(VOCABULARY_SIZE) for _ in range(length))
+    tokens = tuple(rng.choices(range(VOCABULARY_SIZE), k=length))
     return ResponsePlan(fail=fail, tokens=tokens, truncated=truncated), rng

@@ -278,10 +278,13 @@ static nvmlReturn_t may_set(const kv_t *kv, int idx) {
     return NVML_SUCCESS;
 }
 
+/* One parse buffer per thread, shared by the API calls (none of which nest). */
+static __thread kv_t g_kv;
+
 #define ENTER(dev, name)                                  \
-    static __thread kv_t kv;                              \
+    kv_t *const kv = &g_kv;                               \
     int idx;                                              \
-    nvmlReturn_t rc_ = enter((dev), (name), &kv, &idx);   \
+    nvmlReturn_t rc_ = enter((dev), (name), kv, &idx);    \
     if (rc_ != NVML_SUCCESS) return rc_
 
 /* ---- the API ----------------------------------------------------------------------------- */
@@ -291,9 +294,9 @@ int fakeNvmlIsEmulated(void) { return 1; }
 nvmlReturn_t nvmlInitWithFlags(unsigned int flags) {
     (void)flags;
     if (!state_path()) return NVML_ERROR_DRIVER_NOT_LOADED;
-    static __thread kv_t kv;
-    kv_load(&kv);
-    nvmlReturn_t rc = forced_failure(&kv, -1, "nvmlInit");
+    kv_t *const kv = &g_kv;
+    kv_load(kv);
+    nvmlReturn_t rc = forced_failure(kv, -1, "nvmlInit");
     if (rc != NVML_SUCCESS) return rc;
     for (int i = 0; i < MAX_GPUS; i++) g_devices[i].index = i;
     __atomic_add_fetch(&g_initialized, 1, __ATOMIC_SEQ_CST);
@@ -336,9 +339,9 @@ nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
 nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *count) {
     if (!g_initialized) return NVML_ERROR_UNINITIALIZED;
     if (!count) return NVML_ERROR_INVALID_ARGUMENT;
-    static __thread kv_t kv;
-    kv_load(&kv);
-    long long n = kv_int(&kv, -1, "gpu_count", 1);
+    kv_t *const kv = &g_kv;
+    kv_load(kv);
+    long long n = kv_int(kv, -1, "gpu_count", 1);
     *count = (unsigned)(n < 0 ? 0 : n > MAX_GPUS ? MAX_GPUS : n);
     return NVML_SUCCESS;
 }
@@ -348,10 +351,10 @@ nvmlReturn_t nvmlDeviceGetCount(unsigned int *count) { return nvmlDeviceGetCount
 nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int index, nvmlDevice_t *device) {
     if (!g_initialized) return NVML_ERROR_UNINITIALIZED;
     if (!device || index >= MAX_GPUS) return NVML_ERROR_INVALID_ARGUMENT;
-    static __thread kv_t kv;
-    kv_load(&kv);
-    if (index >= (unsigned)kv_int(&kv, -1, "gpu_count", 1)) return NVML_ERROR_INVALID_ARGUMENT;
-    if (kv_int(&kv, (int)index, "lost", 0)) return NVML_ERROR_GPU_IS_LOST;
+    kv_t *const kv = &g_kv;
+    kv_load(kv);
+    if (index >= (unsigned)kv_int(kv, -1, "gpu_count", 1)) return NVML_ERROR_INVALID_ARGUMENT;
+    if (kv_int(kv, (int)index, "lost", 0)) return NVML_ERROR_GPU_IS_LOST;
     *device = &g_devices[index];
     return NVML_SUCCESS;
 }
@@ -367,14 +370,14 @@ static void uuid_of(const kv_t *kv, int idx, char *out, size_t len) {
 nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *device) {
     if (!g_initialized) return NVML_ERROR_UNINITIALIZED;
     if (!uuid || !device) return NVML_ERROR_INVALID_ARGUMENT;
-    static __thread kv_t kv;
-    kv_load(&kv);
-    int n = (int)kv_int(&kv, -1, "gpu_count", 1);
+    kv_t *const kv = &g_kv;
+    kv_load(kv);
+    int n = (int)kv_int(kv, -1, "gpu_count", 1);
     char u[LINE_LEN];
     for (int i = 0; i < n && i < MAX_GPUS; i++) {
-        uuid_of(&kv, i, u, sizeof u);
+        uuid_of(kv, i, u, sizeof u);
         if (strcmp(u, uuid) == 0) {
-            if (kv_int(&kv, i, "lost", 0)) return NVML_ERROR_GPU_IS_LOST;
+            if (kv_int(kv, i, "lost", 0)) return NVML_ERROR_GPU_IS_LOST;
             *device = &g_devices[i];
             return NVML_SUCCESS;
         }
@@ -391,7 +394,7 @@ nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t dev, unsigned int *index) {
 
 nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length) {
     ENTER(dev, "nvmlDeviceGetName");
-    const char *n = kv_get(&kv, idx, "name");
+    const char *n = kv_get(kv, idx, "name");
     if (!n) n = "NVIDIA H100 80GB HBM3 (emulated)";
     if (!name || length <= strlen(n)) return NVML_ERROR_INSUFFICIENT_SIZE;
     snprintf(name, length, "%s", n);
@@ -401,7 +404,7 @@ nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t dev, char *name, unsigned int length
 nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length) {
     ENTER(dev, "nvmlDeviceGetUUID");
     char u[LINE_LEN];
-    uuid_of(&kv, idx, u, sizeof u);
+    uuid_of(kv, idx, u, sizeof u);
     if (!uuid || length <= strlen(u)) return NVML_ERROR_INSUFFICIENT_SIZE;
     snprintf(uuid, length, "%s", u);
     return NVML_SUCCESS;
@@ -410,7 +413,7 @@ nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t dev, char *uuid, unsigned int length
 nvmlReturn_t nvmlDeviceGetArchitecture(nvmlDevice_t dev, unsigned int *arch) {
     ENTER(dev, "nvmlDeviceGetArchitecture");
     if (!arch) return NVML_ERROR_INVALID_ARGUMENT;
-    *arch = (unsigned)kv_int(&kv, idx, "arch", ARCH_HOPPER);
+    *arch = (unsigned)kv_int(kv, idx, "arch", ARCH_HOPPER);
     return NVML_SUCCESS;
 }
 
@@ -418,12 +421,12 @@ nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t dev, int type, unsigned int *cl
     ENTER(dev, "nvmlDeviceGetClockInfo");
     if (!clock) return NVML_ERROR_INVALID_ARGUMENT;
     model_t m;
-    model_load(&kv, idx, &m);
+    model_load(kv, idx, &m);
     switch (type) {
     case NVML_CLOCK_GRAPHICS:
-    case NVML_CLOCK_SM: *clock = current_sm(&kv, &m); return NVML_SUCCESS;
-    case NVML_CLOCK_MEM: *clock = current_mem(&kv, &m); return NVML_SUCCESS;
-    case NVML_CLOCK_VIDEO: *clock = current_sm(&kv, &m) * 9 / 10; return NVML_SUCCESS;
+    case NVML_CLOCK_SM: *clock = current_sm(kv, &m); return NVML_SUCCESS;
+    case NVML_CLOCK_MEM: *clock = current_mem(kv, &m); return NVML_SUCCESS;
+    case NVML_CLOCK_VIDEO: *clock = current_sm(kv, &m) * 9 / 10; return NVML_SUCCESS;
     default: return NVML_ERROR_INVALID_ARGUMENT;
     }
 }
@@ -432,7 +435,7 @@ nvmlReturn_t nvmlDeviceGetMaxClockInfo(nvmlDevice_t dev, int type, unsigned int 
     ENTER(dev, "nvmlDeviceGetMaxClockInfo");
     if (!clock) return NVML_ERROR_INVALID_ARGUMENT;
     model_t m;
-    model_load(&kv, idx, &m);
+    model_load(kv, idx, &m);
     switch (type) {
     case NVML_CLOCK_GRAPHICS:
     case NVML_CLOCK_SM: *clock = m.max_sm; return NVML_SUCCESS;
@@ -457,7 +460,7 @@ static nvmlReturn_t fill(unsigned *count, unsigned *out, const unsigned *values,
 nvmlReturn_t nvmlDeviceGetSupportedMemoryClocks(nvmlDevice_t dev, unsigned *count, unsigned *out) {
     ENTER(dev, "nvmlDeviceGetSupportedMemoryClocks");
     model_t m;
-    model_load(&kv, idx, &m);
+    model_load(kv, idx, &m);
     return fill(count, out, m.mem_clocks, (unsigned)m.n_mem);
 }
 
@@ -465,7 +468,7 @@ nvmlReturn_t nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t dev, unsigned mem
                                                   unsigned *count, unsigned *out) {
     ENTER(dev, "nvmlDeviceGetSupportedGraphicsClocks");
     model_t m;
-    model_load(&kv, idx, &m);
+    model_load(kv, idx, &m);
     int known = 0;
     for (int i = 0; i < m.n_mem; i++) known |= m.mem_clocks[i] == mem_mhz;
     if (!known) return NVML_ERROR_NOT_FOUND;
@@ -479,11 +482,11 @@ nvmlReturn_t nvmlDeviceGetSupportedGraphicsClocks(nvmlDevice_t dev, unsigned mem
 
 nvmlReturn_t nvmlDeviceSetGpuLockedClocks(nvmlDevice_t dev, unsigned lo, unsigned hi) {
     ENTER(dev, "nvmlDeviceSetGpuLockedClocks");
-    if (kv_int(&kv, idx, "arch", ARCH_HOPPER) < ARCH_VOLTA) return NVML_ERROR_NOT_SUPPORTED;
-    nvmlReturn_t rc = may_set(&kv, idx);
+    if (kv_int(kv, idx, "arch", ARCH_HOPPER) < ARCH_VOLTA) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t rc = may_set(kv, idx);
     if (rc != NVML_SUCCESS) return rc;
     model_t m;
-    model_load(&kv, idx, &m);
+    model_load(kv, idx, &m);
     if (lo > hi || lo < m.min_sm || hi > m.max_sm) return NVML_ERROR_INVALID_ARGUMENT;
     char v[64];
     snprintf(v, sizeof v, "%u,%u", lo, hi);
@@ -492,19 +495,19 @@ nvmlReturn_t nvmlDeviceSetGpuLockedClocks(nvmlDevice_t dev, unsigned lo, unsigne
 
 nvmlReturn_t nvmlDeviceResetGpuLockedClocks(nvmlDevice_t dev) {
     ENTER(dev, "nvmlDeviceResetGpuLockedClocks");
-    if (kv_int(&kv, idx, "arch", ARCH_HOPPER) < ARCH_VOLTA) return NVML_ERROR_NOT_SUPPORTED;
-    nvmlReturn_t rc = may_set(&kv, idx);
+    if (kv_int(kv, idx, "arch", ARCH_HOPPER) < ARCH_VOLTA) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t rc = may_set(kv, idx);
     if (rc != NVML_SUCCESS) return rc;
     return state_update(idx, "sm_lock", NULL);
 }
 
 nvmlReturn_t nvmlDeviceSetMemoryLockedClocks(nvmlDevice_t dev, unsigned lo, unsigned hi) {
     ENTER(dev, "nvmlDeviceSetMemoryLockedClocks");
-    if (kv_int(&kv, idx, "arch", ARCH_HOPPER) < ARCH_AMPERE) return NVML_ERROR_NOT_SUPPORTED;
-    nvmlReturn_t rc = may_set(&kv, idx);
+    if (kv_int(kv, idx, "arch", ARCH_HOPPER) < ARCH_AMPERE) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t rc = may_set(kv, idx);
     if (rc != NVML_SUCCESS) return rc;
     model_t m;
-    model_load(&kv, idx, &m);
+    model_load(kv, idx, &m);
     if (lo > hi || lo < min_mem(&m) || hi > max_mem(&m)) return NVML_ERROR_INVALID_ARGUMENT;
     char v[64];
     snprintf(v, sizeof v, "%u,%u", lo, hi);
@@ -513,8 +516,8 @@ nvmlReturn_t nvmlDeviceSetMemoryLockedClocks(nvmlDevice_t dev, unsigned lo, unsi
 
 nvmlReturn_t nvmlDeviceResetMemoryLockedClocks(nvmlDevice_t dev) {
     ENTER(dev, "nvmlDeviceResetMemoryLockedClocks");
-    if (kv_int(&kv, idx, "arch", ARCH_HOPPER) < ARCH_AMPERE) return NVML_ERROR_NOT_SUPPORTED;
-    nvmlReturn_t rc = may_set(&kv, idx);
+    if (kv_int(kv, idx, "arch", ARCH_HOPPER) < ARCH_AMPERE) return NVML_ERROR_NOT_SUPPORTED;
+    nvmlReturn_t rc = may_set(kv, idx);
     if (rc != NVML_SUCCESS) return rc;
     return state_update(idx, "mem_lock", NULL);
 }
@@ -526,21 +529,21 @@ static long long power_limit(const kv_t *kv, int idx) {
 nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t dev, unsigned *limit) {
     ENTER(dev, "nvmlDeviceGetPowerManagementLimit");
     if (!limit) return NVML_ERROR_INVALID_ARGUMENT;
-    *limit = (unsigned)power_limit(&kv, idx);
+    *limit = (unsigned)power_limit(kv, idx);
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t dev, unsigned *limit) {
     ENTER(dev, "nvmlDeviceGetEnforcedPowerLimit");
     if (!limit) return NVML_ERROR_INVALID_ARGUMENT;
-    *limit = (unsigned)power_limit(&kv, idx);
+    *limit = (unsigned)power_limit(kv, idx);
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetPowerManagementDefaultLimit(nvmlDevice_t dev, unsigned *limit) {
     ENTER(dev, "nvmlDeviceGetPowerManagementDefaultLimit");
     if (!limit) return NVML_ERROR_INVALID_ARGUMENT;
-    *limit = (unsigned)kv_int(&kv, idx, "default_power_mw", 700000);
+    *limit = (unsigned)kv_int(kv, idx, "default_power_mw", 700000);
     return NVML_SUCCESS;
 }
 
@@ -548,19 +551,19 @@ nvmlReturn_t nvmlDeviceGetPowerManagementLimitConstraints(nvmlDevice_t dev, unsi
                                                           unsigned *hi) {
     ENTER(dev, "nvmlDeviceGetPowerManagementLimitConstraints");
     if (!lo || !hi) return NVML_ERROR_INVALID_ARGUMENT;
-    *lo = (unsigned)kv_int(&kv, idx, "min_power_mw", 200000);
-    *hi = (unsigned)kv_int(&kv, idx, "max_power_mw", 700000);
+    *lo = (unsigned)kv_int(kv, idx, "min_power_mw", 200000);
+    *hi = (unsigned)kv_int(kv, idx, "max_power_mw", 700000);
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t dev, unsigned limit) {
     ENTER(dev, "nvmlDeviceSetPowerManagementLimit");
-    nvmlReturn_t rc = may_set(&kv, idx);
+    nvmlReturn_t rc = may_set(kv, idx);
     if (rc != NVML_SUCCESS) return rc;
-    long long lo = kv_int(&kv, idx, "min_power_mw", 200000);
-    long long hi = kv_int(&kv, idx, "max_power_mw", 700000);
+    long long lo = kv_int(kv, idx, "min_power_mw", 200000);
+    long long hi = kv_int(kv, idx, "max_power_mw", 700000);
     if ((long long)limit < lo || (long long)limit > hi) return NVML_ERROR_INVALID_ARGUMENT;
-    if ((long long)limit == kv_int(&kv, idx, "default_power_mw", 700000))
+    if ((long long)limit == kv_int(kv, idx, "default_power_mw", 700000))
         return state_update(idx, "power_mw", NULL); /* back to default: as if never set */
     char v[32];
     snprintf(v, sizeof v, "%u", limit);
@@ -570,8 +573,8 @@ nvmlReturn_t nvmlDeviceSetPowerManagementLimit(nvmlDevice_t dev, unsigned limit)
 nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned *mw) {
     ENTER(dev, "nvmlDeviceGetPowerUsage");
     if (!mw) return NVML_ERROR_INVALID_ARGUMENT;
-    long long draw = kv_int(&kv, idx, "power_draw_mw", 350000);
-    long long lim = power_limit(&kv, idx);
+    long long draw = kv_int(kv, idx, "power_draw_mw", 350000);
+    long long lim = power_limit(kv, idx);
     *mw = (unsigned)(draw < lim ? draw : lim);
     return NVML_SUCCESS;
 }
@@ -579,15 +582,15 @@ nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t dev, unsigned *mw) {
 nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t dev, int sensor, unsigned *temp) {
     ENTER(dev, "nvmlDeviceGetTemperature");
     if (!temp || sensor != 0) return NVML_ERROR_INVALID_ARGUMENT;
-    *temp = (unsigned)kv_int(&kv, idx, "temp_c", 45);
+    *temp = (unsigned)kv_int(kv, idx, "temp_c", 45);
     return NVML_SUCCESS;
 }
 
 nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t dev, nvmlUtilization_t *u) {
     ENTER(dev, "nvmlDeviceGetUtilizationRates");
     if (!u) return NVML_ERROR_INVALID_ARGUMENT;
-    u->gpu = (unsigned)kv_int(&kv, idx, "util_gpu", 37);
-    u->memory = (unsigned)kv_int(&kv, idx, "util_mem", 12);
+    u->gpu = (unsigned)kv_int(kv, idx, "util_gpu", 37);
+    u->memory = (unsigned)kv_int(kv, idx, "util_mem", 12);
     return NVML_SUCCESS;
 }
 
@@ -601,7 +604,7 @@ static void memory_of(const kv_t *kv, int idx, unsigned long long *total,
 nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem) {
     ENTER(dev, "nvmlDeviceGetMemoryInfo");
     if (!mem) return NVML_ERROR_INVALID_ARGUMENT;
-    memory_of(&kv, idx, &mem->total, &mem->used);
+    memory_of(kv, idx, &mem->total, &mem->used);
     mem->free = mem->total - mem->used;
     return NVML_SUCCESS;
 }
@@ -609,7 +612,7 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t dev, nvmlMemory_t *mem) {
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t dev, nvmlMemory_v2_t *mem) {
     ENTER(dev, "nvmlDeviceGetMemoryInfo_v2");
     if (!mem) return NVML_ERROR_INVALID_ARGUMENT;
-    memory_of(&kv, idx, &mem->total, &mem->used);
+    memory_of(kv, idx, &mem->total, &mem->used);
     mem->reserved = 0;
     mem->free = mem->total - mem->used;
     return NVML_SUCCESS;
@@ -619,13 +622,13 @@ static nvmlReturn_t reasons(nvmlDevice_t dev, const char *fn, unsigned long long
     ENTER(dev, fn);
     if (!out) return NVML_ERROR_INVALID_ARGUMENT;
     model_t m;
-    model_load(&kv, idx, &m);
-    unsigned long long r = (unsigned long long)kv_int(&kv, idx, "reasons", 0);
+    model_load(kv, idx, &m);
+    unsigned long long r = (unsigned long long)kv_int(kv, idx, "reasons", 0);
     unsigned lo, hi;
-    if (kv_pair(&kv, idx, "sm_lock", &lo, &hi) || kv_pair(&kv, idx, "mem_lock", &lo, &hi))
+    if (kv_pair(kv, idx, "sm_lock", &lo, &hi) || kv_pair(kv, idx, "mem_lock", &lo, &hi))
         r |= REASON_APP_CLOCKS;
-    if (kv_int(&kv, idx, "power_draw_mw", 350000) > power_limit(&kv, idx)) r |= REASON_SW_POWER_CAP;
-    if (kv_int(&kv, idx, "util_gpu", 37) == 0) r |= REASON_GPU_IDLE;
+    if (kv_int(kv, idx, "power_draw_mw", 350000) > power_limit(kv, idx)) r |= REASON_SW_POWER_CAP;
+    if (kv_int(kv, idx, "util_gpu", 37) == 0) r |= REASON_GPU_IDLE;
     *out = r;
     return NVML_SUCCESS;
 }

@@ -1,0 +1,169 @@
+"""Start Locust in its own process(es) with a load plan, and collect the samples it writes.
+
+Imported by the runner, so it must never import locust or gevent (locust monkey-patches the
+standard library at import). Locust's own master/worker mode spreads users over processes;
+each process appends its samples to ``<samples dir>/samples-<pid>.jsonl``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import socket
+import subprocess
+import time
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+import streamquake
+from streamquake import procs
+from streamquake.errors import StreamquakeError
+from streamquake.loadgen.plan import LoadPlan
+from streamquake.loadgen.samples import RequestSample
+
+if TYPE_CHECKING:
+    from streamquake.scenario import Scenario
+
+PLAN_ENV = "STREAMQUAKE_LOAD_PLAN"
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+_WORKERS_MAX_WAIT_S = 30
+_WAIT_GRACE_S = 30.0
+
+
+class LocustRun:
+    """Locust processes of one run: the first is the standalone or master process."""
+
+    def __init__(self, processes: list[subprocess.Popen[bytes]], logs: list[IO[bytes]],
+                 samples_dir: Path, expected_end: float) -> None:
+        self._processes = processes
+        self._logs = logs
+        self.samples_dir = samples_dir
+        self.expected_end = expected_end    # when Locust's --run-time and --stop-timeout expire
+
+    @property
+    def pids(self) -> list[int]:
+        return [p.pid for p in self._processes]
+
+    def alive(self) -> bool:
+        return self._processes[0].poll() is None
+
+    def returncode(self) -> int | None:
+        return self._processes[0].poll()
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        """Wait for Locust to finish on its own; stop it if it has not after ``timeout`` s.
+
+        The default allows its run time, stop timeout and a grace. Returns the exit code of the
+        standalone or master process.
+        """
+        if timeout is None:
+            timeout = max(0.0, self.expected_end - time.time()) + _WAIT_GRACE_S
+        deadline = time.time() + timeout
+        # The master first; its workers may still be finishing their last streams after it.
+        for proc in self._processes:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=max(0.0, deadline - time.time()))
+        self.stop()
+        return self._processes[0].returncode
+
+    def stop(self) -> None:
+        """SIGTERM (Locust stops its users and prints its summary), then SIGKILL. Idempotent."""
+        for proc in self._processes:   # the master first: it tells its workers to quit
+            procs.stop(proc, timeout_s=10.0)
+        for log in self._logs:
+            log.close()
+
+    def samples(self) -> list[RequestSample]:
+        """Every sample written so far, from all processes; a torn last line is skipped."""
+        out: list[RequestSample] = []
+        for path in sorted(self.samples_dir.glob("samples-*.jsonl")):
+            with open(path, encoding="utf-8") as f:
+                for line in f:
+                    try:
+                        out.append(RequestSample.from_dict(json.loads(line)))
+                    except ValueError:
+                        continue   # only a process killed mid-write leaves such a line
+        return out
+
+
+def start_locust(
+    plan: LoadPlan,
+    run_dir: Path,
+    run_time_s: float,
+    *,
+    workers: int = 0,
+    stop_timeout_s: float | None = None,
+) -> LocustRun:
+    """Start ``locust --headless`` (or a master and ``workers`` workers) on ``plan``.
+
+    The plan goes to ``run_dir/load-plan.json`` (header values stay ``${VAR}`` templates: the
+    load process expands them), logs to ``run_dir/locust.log`` (and ``locust-worker-N.log``).
+    ``stop_timeout_s`` (default: the plan's request timeout) is how long Locust lets in-flight
+    streams finish once its run time is up.
+    """
+    run_dir.mkdir(parents=True, exist_ok=True)
+    samples_dir = Path(plan.samples_path)
+    samples_dir.mkdir(parents=True, exist_ok=True)
+    plan_path = run_dir / "load-plan.json"
+    plan_path.write_text(plan.model_dump_json(indent=2))
+    stop_timeout = plan.timeout_s if stop_timeout_s is None else stop_timeout_s
+    run_time = max(1, math.ceil(run_time_s))
+    common = ["-f", str(LOCUSTFILE)]
+    main = [
+        *common, "--headless", "-u", str(plan.users), "-r", f"{plan.spawn_rate:g}",
+        "--run-time", f"{run_time}s", "--stop-timeout", f"{stop_timeout:g}",
+        "--only-summary", "--exit-code-on-error", "0",
+    ]
+    env = _child_env(plan_path)
+    launches: list[tuple[list[str], Path]] = []
+    if workers > 0:
+        port = _free_port()
+        main += ["--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+                 "--expect-workers", str(workers),
+                 "--expect-workers-max-wait", str(_WORKERS_MAX_WAIT_S)]
+        launches.append((main, run_dir / "locust.log"))
+        worker = [*common, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port)]
+        launches += [(worker, run_dir / f"locust-worker-{i}.log") for i in range(workers)]
+    else:
+        launches.append((main, run_dir / "locust.log"))
+    run = LocustRun([], [], samples_dir, time.time() + run_time + stop_timeout)
+    try:
+        for args, log_path in launches:
+            log = open(log_path, "ab")  # noqa: SIM115 - closed by LocustRun.stop
+            run._logs.append(log)
+            run._processes.append(procs.spawn(
+                procs.python_module_cmd("locust", *args),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, env=env,
+            ))
+    except OSError as exc:
+        run.stop()
+        raise StreamquakeError(f"cannot start Locust ({exc}); is it installed?") from exc
+    return run
+
+
+def start_load(
+    scenario: Scenario, *, base_url: str, work_dir: Path, end_at: float, run_time_s: float
+) -> LocustRun:
+    """The runner's entry: a scenario's load against ``base_url`` until ``end_at``."""
+    from streamquake.loadplan import load_plan_for
+
+    plan = load_plan_for(scenario, base_url, work_dir / "samples", end_at)
+    return start_locust(plan, work_dir, run_time_s, workers=scenario.load.workers)
+
+
+def _child_env(plan_path: Path) -> dict[str, str]:
+    env = {**os.environ, PLAN_ENV: str(plan_path)}
+    # Locust imports the locustfile by path; its imports of streamquake must find this very
+    # package even when it runs from a source checkout.
+    root = str(Path(streamquake.__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _free_port() -> int:
+    # Locust's master cannot bind port 0 and report it, so pick a free one just before.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

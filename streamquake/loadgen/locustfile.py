@@ -1,0 +1,186 @@
+"""The Locust side of streamquake: one SSE user class, loaded only by ``locust -f``.
+
+Importing locust monkey-patches the standard library for gevent, so nothing in the CLI or the
+runner imports this module; ``launcher.py`` starts it in its own process with the plan's path in
+``$STREAMQUAKE_LOAD_PLAN``.
+
+The user is a plain ``User`` driving :class:`StreamClient`, not a ``FastHttpUser``:
+FastHttpUser's ``iter_lines()`` reads in blocks and handed the events of a stream over only at
+its end, so every event got the same timestamp. Locust's request event is still fired per
+request (and per TTFT) so that its summary means something; verdicts come from our samples.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+from typing import IO, Any
+
+import gevent
+from gevent.lock import BoundedSemaphore
+from gevent.pool import Group
+from locust import User, events, task
+from locust.env import Environment
+from locust.runners import LocalRunner, MasterRunner, Runner
+
+from streamquake.errors import EXIT_SCENARIO, ScenarioError
+from streamquake.loadgen.client import StreamClient, expand_headers
+from streamquake.loadgen.launcher import PLAN_ENV
+from streamquake.loadgen.plan import LoadPlan, OpenLoop
+from streamquake.loadgen.samples import RequestSample
+
+_IDLE_S = 3600.0        # a user past end_at waits; Locust kills waiting users at once on stop
+
+
+class StreamFailure(Exception):
+    """What Locust's summary shows for a failed request: ``kind: detail``."""
+
+
+class _Process:
+    """What the users of this one load process share."""
+
+    plan: LoadPlan | None = None
+    sink: IO[str] | None = None
+    user_numbers = itertools.count()
+
+
+def _plan() -> LoadPlan:
+    if _Process.plan is None:
+        path = os.environ.get(PLAN_ENV)
+        if not path:
+            raise RuntimeError(f"{PLAN_ENV} is not set: start this locustfile through "
+                               "streamquake.loadgen.launcher")
+        _Process.plan = LoadPlan.model_validate_json(Path(path).read_text())
+    return _Process.plan
+
+
+def _write(sample: RequestSample) -> None:
+    if _Process.sink is None:
+        directory = Path(_plan().samples_path)
+        directory.mkdir(parents=True, exist_ok=True)
+        _Process.sink = open(directory / f"samples-{os.getpid()}.jsonl", "a",  # noqa: SIM115
+                             encoding="utf-8")
+    # One line per request, flushed at once: a killed process loses at most the line in flight.
+    _Process.sink.write(sample.to_json() + "\n")
+    _Process.sink.flush()
+
+
+def _fire(environment: Environment, sample: RequestSample) -> None:
+    failure = None
+    if sample.error is not None:
+        failure = StreamFailure(f"{sample.error}: {sample.error_detail}")
+    environment.events.request.fire(
+        request_type="SSE", name=sample.cls, response_time=sample.e2e_ms or 0.0,
+        response_length=sample.content_events, exception=failure, context={}, response=None,
+        start_time=sample.sent, url=None,
+    )
+    if sample.ttft_ms is not None:
+        environment.events.request.fire(
+            request_type="TTFT", name=sample.cls, response_time=sample.ttft_ms,
+            response_length=0, exception=None, context={}, response=None,
+            start_time=sample.sent, url=None,
+        )
+
+
+def _quit_at_end(runner: Runner, plan: LoadPlan) -> None:
+    """End the run at end_at instead of waiting out Locust's padded --run-time.
+
+    This is what --run-time does too: the standalone process, or each worker on the master's
+    quit message, stops gracefully, letting every user still in a task (a stream in flight, an
+    open-loop user joining its arrivals) finish within --stop-timeout; idle users die at once.
+    """
+    gevent.sleep(max(0.0, plan.end_at - time.time()))
+    runner.quit()
+
+
+@events.init.add_listener
+def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -> None:
+    # Fail the process at start, not every user at its first request.
+    plan = _plan()
+    try:
+        expand_headers(plan.headers, os.environ)
+    except ScenarioError as exc:
+        logging.getLogger(__name__).error("%s", exc)
+        sys.exit(EXIT_SCENARIO)
+    if isinstance(runner, LocalRunner | MasterRunner):
+        gevent.spawn(_quit_at_end, runner, plan)
+
+
+@events.quitting.add_listener
+def _on_quitting(**_: Any) -> None:
+    if _Process.sink is not None:
+        _Process.sink.close()
+        _Process.sink = None
+
+
+class StreamUser(User):
+    """One simulated client: closed loop with think time, or its share of an open-loop rate."""
+
+    def on_start(self) -> None:
+        plan = _plan()
+        number = next(_Process.user_numbers)
+        worker = getattr(self.environment.runner, "worker_index", 0)
+        self.rng = random.Random(f"{plan.seed}/{worker}/{number}")
+        self.arrivals_rng = random.Random(f"{plan.seed}/{worker}/{number}/arrivals")
+        self.weights = [c.weight for c in plan.classes]
+        if isinstance(plan.arrival, OpenLoop):
+            inflight = max(1, math.ceil(plan.arrival.max_inflight / plan.users))
+        else:
+            inflight = 1
+        # As many pooled sockets as requests allowed in flight: the pool never queues on its own.
+        self.stream_client = StreamClient(plan, concurrency=inflight)
+        self.slots = BoundedSemaphore(inflight)
+        self.arrivals = Group()
+
+    def on_stop(self) -> None:
+        self.arrivals.kill()
+        self.stream_client.close()
+
+    def wait_time(self) -> float:
+        plan = _plan()
+        if time.time() >= plan.end_at:
+            return _IDLE_S
+        if isinstance(plan.arrival, OpenLoop):
+            return 0.0
+        return self.rng.uniform(plan.arrival.think_time_min_s, plan.arrival.think_time_max_s)
+
+    @task
+    def stream(self) -> None:
+        plan = _plan()
+        if time.time() >= plan.end_at:
+            return
+        if isinstance(plan.arrival, OpenLoop):
+            self._open_loop(plan, plan.arrival)
+        else:
+            self._send(plan, None)
+
+    def _open_loop(self, plan: LoadPlan, arrival: OpenLoop) -> None:
+        """Arrivals at this user's share of the rate, each in its own greenlet until end_at."""
+        rate = arrival.rate_per_s / plan.users
+        rng = self.arrivals_rng
+        poisson = arrival.process == "poisson"
+        # A constant process starts at a random phase so that users do not fire in lockstep.
+        due = time.time() + (rng.expovariate(rate) if poisson else rng.uniform(0.0, 1.0 / rate))
+        while due < plan.end_at:
+            gevent.sleep(max(0.0, due - time.time()))
+            self.arrivals.spawn(self._arrival, plan, due)
+            due += rng.expovariate(rate) if poisson else 1.0 / rate
+        self.arrivals.join()
+
+    def _arrival(self, plan: LoadPlan, due: float) -> None:
+        # Waiting here for a free slot is client-side queueing; it shows as sent - scheduled.
+        with self.slots:
+            if time.time() < plan.end_at:
+                self._send(plan, due)
+
+    def _send(self, plan: LoadPlan, scheduled: float | None) -> None:
+        cls = self.rng.choices(plan.classes, weights=self.weights)[0]
+        sample = self.stream_client.measure(cls, self.rng, scheduled=scheduled)
+        _write(sample)
+        _fire(self.environment, sample)

@@ -1,0 +1,173 @@
+"""Per-request samples folded into full-precision HDR histograms and rates, for SLO verdicts.
+
+Locust's own statistics round response times into coarse buckets; verdicts come from here.
+Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution up to ~1.6 s,
+1 ms up to ~16 s. Which samples feed which metric:
+
+* ``ttfb_ms``, ``ttft_ms``, ``itl_ms``: every request that measured them, failed ones too (a
+  stream cut after its first token still showed its user that first token).
+* ``e2e_ms``, ``output_tokens_per_s``: successful requests only; a failed stream's end time
+  says how it failed, not how long a completion takes.
+* ``queue_delay_ms``: open-loop requests (sent - scheduled), failed or not.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from hdrh.histogram import HdrHistogram
+
+from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
+
+HISTOGRAM_METRICS: tuple[str, ...] = (
+    "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s", "queue_delay_ms",
+)
+RATE_METRICS: tuple[str, ...] = ("error_rate", "stall_rate", "chunk_loss")
+SUMMARY_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
+
+_SIG_FIGS = 4
+_HIGHEST = 3_600_000_000          # one hour in microseconds; 1e6 tokens/s in milli-tokens/s
+_SCALE = 1000.0                   # ms -> us, and tokens/s -> milli-tokens/s
+
+
+def _histogram() -> HdrHistogram:
+    return HdrHistogram(1, _HIGHEST, _SIG_FIGS, word_size=4)
+
+
+def _record(hist: HdrHistogram, value: float) -> None:
+    hist.record_value(min(_HIGHEST, max(0, round(value * _SCALE))))
+
+
+def _nonzero(hist: HdrHistogram) -> list[tuple[int, int]]:
+    """(counts index, count) of every recorded bucket, in value order.
+
+    hdrh's own percentile and mean walk all ~300k buckets in Python on every call; one C-speed
+    pass, cached until the next sample, keeps a full summary in milliseconds.
+    """
+    counts = hist.counts[: hist.counts_len]
+    return [(i, counts[i]) for i in itertools.compress(range(len(counts)), counts)]
+
+
+@dataclass
+class Stats:
+    """Histograms and counts over one set of samples (a phase, a window, a whole run)."""
+
+    requests: int = 0
+    errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
+    successes: int = 0
+    stalled: int = 0                  # successful requests with at least one stall
+    missing_events: int = 0
+    expected_events: int = 0
+    histograms: dict[str, HdrHistogram] = field(
+        default_factory=lambda: {m: _histogram() for m in HISTOGRAM_METRICS}
+    )
+    _scans: dict[str, list[tuple[int, int]]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    @classmethod
+    def from_samples(cls, samples: Iterable[RequestSample]) -> Stats:
+        stats = cls()
+        for s in samples:
+            stats.add(s)
+        return stats
+
+    def add(self, s: RequestSample) -> None:
+        h = self.histograms
+        self._scans.clear()
+        self.requests += 1
+        self.missing_events += s.missing_events
+        self.expected_events += s.expected_events
+        if s.ttfb_ms is not None:
+            _record(h["ttfb_ms"], s.ttfb_ms)
+        if s.ttft_ms is not None:
+            _record(h["ttft_ms"], s.ttft_ms)
+        for gap in s.itl_ms:
+            _record(h["itl_ms"], gap)
+        if (queue := s.queue_delay_ms) is not None:
+            _record(h["queue_delay_ms"], queue)
+        if s.error is not None:
+            self.errors[s.error] = self.errors.get(s.error, 0) + 1
+            return
+        self.successes += 1
+        self.stalled += int(s.stalls > 0)
+        if s.e2e_ms is not None:
+            _record(h["e2e_ms"], s.e2e_ms)
+            if s.ttft_ms is not None and s.e2e_ms > s.ttft_ms and s.output_tokens > 0:
+                _record(h["output_tokens_per_s"], s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3))
+
+    @property
+    def error_count(self) -> int:
+        return sum(self.errors.values())
+
+    def percentile(self, metric: str, p: float) -> float | None:
+        """The ``p``-th percentile of ``metric`` (0 < p <= 100), or None if nothing was recorded."""
+        hist, buckets = self._scan(metric)
+        if not buckets:
+            return None
+        target = hist.get_target_count_at_percentile(p)
+        seen = 0
+        for index, count in buckets:
+            seen += count
+            if seen >= target:
+                return float(hist.get_highest_equivalent_value(hist.get_value_from_index(index))
+                             ) / _SCALE
+        raise AssertionError("bucket counts add up to less than the histogram's total")
+
+    def count(self, metric: str) -> int:
+        return int(self._scan(metric)[0].get_total_count())
+
+    def mean(self, metric: str) -> float | None:
+        hist, buckets = self._scan(metric)
+        if not buckets:
+            return None
+        total = 0
+        for index, count in buckets:
+            low = hist.get_value_from_index(index)
+            total += count * (low + hist.get_highest_equivalent_value(low) + 1) // 2
+        return total / hist.get_total_count() / _SCALE
+
+    def max(self, metric: str) -> float | None:
+        hist, buckets = self._scan(metric)
+        return float(hist.get_max_value()) / _SCALE if buckets else None
+
+    def value(self, metric: str) -> float | None:
+        """A rate metric (``error_rate``, ``stall_rate``, ``chunk_loss``); None if undefined."""
+        if metric == "error_rate":
+            return self.error_count / self.requests if self.requests else None
+        if metric == "stall_rate":
+            return self.stalled / self.successes if self.successes else None
+        if metric == "chunk_loss":
+            return self.missing_events / self.expected_events if self.expected_events else None
+        raise KeyError(f"unknown rate metric {metric!r}; known: {', '.join(RATE_METRICS)}")
+
+    def summary(self, metric: str) -> dict[str, Any]:
+        out: dict[str, Any] = {"count": self.count(metric), "mean": self.mean(metric)}
+        for p in SUMMARY_PERCENTILES:
+            out[f"p{p:g}"] = self.percentile(metric, p)
+        out["max"] = self.max(metric)
+        return out
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "requests": self.requests,
+            "successes": self.successes,
+            "errors": dict(self.errors),
+        }
+        out.update({m: self.value(m) for m in RATE_METRICS})
+        out.update({m: self.summary(m) for m in HISTOGRAM_METRICS})
+        return out
+
+    def _scan(self, metric: str) -> tuple[HdrHistogram, list[tuple[int, int]]]:
+        try:
+            hist = self.histograms[metric]
+        except KeyError:
+            raise KeyError(
+                f"unknown metric {metric!r}; known: {', '.join(HISTOGRAM_METRICS)}"
+            ) from None
+        if metric not in self._scans:
+            self._scans[metric] = _nonzero(hist)
+        return hist, self._scans[metric]

@@ -1,0 +1,168 @@
+"""GPU telemetry, GPU discovery and the target's slowdown factor, against the emulated driver."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nvml_shim import FakeGpus, run_python
+
+
+@pytest.fixture
+def gpus(tmp_path: Path) -> FakeGpus:
+    return FakeGpus(tmp_path / "gpus.txt", gpu_count=2)
+
+
+def by_gpu(samples: list[dict[str, Any]]) -> dict[int, list[dict[str, Any]]]:
+    out: dict[int, list[dict[str, Any]]] = defaultdict(list)
+    for s in samples:
+        out[s["gpu"]].append(s)
+    return out
+
+
+@pytest.mark.timeout(30)
+def test_sampler_takes_one_sample_per_second_per_gpu(gpus: FakeGpus) -> None:
+    # GPU 0 idles; GPU 1 is clock-locked and wants more power than its limit allows.
+    gpus.update({"gpu0.util_gpu": 0, "gpu1.sm_lock": "500,800", "gpu1.power_mw": 300000,
+                 "gpu1.power_draw_mw": 420000, "gpu1.util_gpu": 97, "gpu1.mem_used_mib": 40960})
+    code = """
+import json, time
+from streamquake.gpu_telemetry import GpuSampler
+assert GpuSampler.available()
+s = GpuSampler()  # the default interval: 1 s
+s.start(); time.sleep(3.5); samples = s.stop()
+print(json.dumps({"samples": samples, "again": s.stop() == samples, "error": s.error}))
+"""
+    out = run_python(code, gpus.env())
+    assert out["error"] is None and out["again"] is True
+    per_gpu = by_gpu(out["samples"])
+    assert sorted(per_gpu) == [0, 1]
+    for samples in per_gpu.values():
+        assert 3 <= len(samples) <= 5, [s["t"] for s in samples]
+        gaps = [b["t"] - a["t"] for a, b in zip(samples, samples[1:], strict=False)]
+        assert all(0.7 <= g <= 1.4 for g in gaps), gaps
+    idle, locked = per_gpu[0][-1], per_gpu[1][-1]
+    assert idle["clock_event_reasons"] == ["gpu_idle"]
+    assert idle["sm_clock_mhz"] == 1980 and idle["util_gpu_pct"] == 0
+    assert locked["clock_event_reasons"] == ["applications_clocks_setting", "sw_power_cap"]
+    assert locked["sm_clock_mhz"] == 795
+    assert locked["power_w"] == 300.0
+    assert locked["mem_used_mib"] == 40960
+    assert locked["util_gpu_pct"] == 97 and locked["util_mem_pct"] == 12
+    assert locked["temperature_c"] == 45 and locked["mem_clock_mhz"] == 2619
+    assert locked["uuid"] == "GPU-fa4e0000-5eed-4c1a-9e57-000000000001"
+
+
+@pytest.mark.timeout(30)
+def test_a_gpu_lost_mid_run_is_recorded_not_fatal(gpus: FakeGpus) -> None:
+    code = f"""
+import json, os, time
+from streamquake.gpu_telemetry import GpuSampler
+s = GpuSampler(interval_s=0.2)
+s.start(); time.sleep(0.9)
+lost_at = time.time()
+# The "hardware" event: the emulated GPU 1 falls off the bus.
+with open({str(gpus.path)!r}, "a") as f:
+    f.write("gpu1.lost=1\\n")
+time.sleep(0.9)
+samples = s.stop()
+print(json.dumps({{"samples": samples, "lost_at": lost_at, "error": s.error,
+                   "alive": s._thread.is_alive()}}))
+"""
+    out = run_python(code, gpus.env())
+    assert out["error"] is None and out["alive"] is False
+    per_gpu = by_gpu(out["samples"])
+    healthy = per_gpu[0]
+    assert len(healthy) >= 7 and all("error" not in s for s in healthy)
+    before = [s for s in per_gpu[1] if s["t"] < out["lost_at"] - 0.05]
+    after = [s for s in per_gpu[1] if s["t"] > out["lost_at"] + 0.05]
+    assert before and all(s["sm_clock_mhz"] == 1980 for s in before)
+    assert len(after) >= 3
+    for s in after:
+        assert "fell off the bus (NVML_ERROR_GPU_IS_LOST)" in s["error"]
+        assert "sm_clock_mhz" not in s
+
+
+@pytest.mark.timeout(30)
+def test_describe_gpus_is_read_only_discovery(gpus: FakeGpus) -> None:
+    gpus.update({"gpu1.name": "NVIDIA A100-SXM4-80GB", "gpu1.arch": 7, "gpu1.max_sm_mhz": 1410,
+                 "gpu1.mem_clocks": "1593,1215", "gpu1.default_power_mw": 400000})
+    before = gpus.text()
+    code = """
+import json
+from streamquake.gpu_telemetry import describe_gpus
+print(json.dumps(describe_gpus()))
+"""
+    described = run_python(code, gpus.env())
+    assert gpus.text() == before
+    assert [d["index"] for d in described] == [0, 1]
+    a100 = described[1]
+    assert a100["name"] == "NVIDIA A100-SXM4-80GB" and a100["architecture"] == "Ampere"
+    assert a100["uuid"] == "GPU-fa4e0000-5eed-4c1a-9e57-000000000001"
+    assert a100["max_sm_clock_mhz"] == 1410 and a100["max_mem_clock_mhz"] == 1593
+    assert a100["supported_sm_clocks_mhz"] == {"min": 345, "max": 1410}
+    assert a100["supported_mem_clocks_mhz"] == [1593, 1215]
+    assert a100["power_limit_w"] == {"default": 400.0, "min": 200.0, "max": 700.0}
+    assert a100["emulated"] is True and a100["driver"].startswith("550.")
+
+
+@pytest.mark.timeout(30)
+def test_slowdown_factor_follows_the_clock_at_most_every_200ms(gpus: FakeGpus) -> None:
+    code = f"""
+import json, time
+from streamquake.target.gpu_speed import slowdown_factor
+path = {str(gpus.path)!r}
+def put(line):
+    with open(path, "a") as f:
+        f.write(line + "\\n")
+seen = [slowdown_factor()]
+put("gpu0.sm_lock=990,990")
+seen.append(slowdown_factor())  # still the cached reading
+time.sleep(0.3)
+seen.append(slowdown_factor())
+put("gpu0.sm_lock=1485,1485")
+time.sleep(0.3)
+seen.append(slowdown_factor())
+put("gpu0.lost=1")
+time.sleep(0.3)
+seen.append(slowdown_factor())
+print(json.dumps(seen))
+"""
+    assert run_python(code, gpus.env()) == [1.0, 1.0, 2.0, pytest.approx(1980 / 1485), 1.0]
+
+
+@pytest.mark.timeout(30)
+def test_sampler_sees_a_fault_applied_in_the_same_process(gpus: FakeGpus, tmp_path: Path) -> None:
+    # The runner's arrangement: the sampler thread reads while the main thread applies/reverts.
+    code = """
+import json, time
+from pathlib import Path
+from streamquake.gpu_telemetry import GpuSampler
+from streamquake.injectors.base import RunContext
+from streamquake.injectors.gpu_clocks import GpuClocksFault, GpuClocksInjector
+from streamquake.journal import Journal
+spec = GpuClocksFault(sm_clocks_mhz=(990, 990), power_limit_w=300)
+inj = GpuClocksInjector(spec, RunContext("127.0.0.1", 1, Path(".")))
+s = GpuSampler(interval_s=0.1)
+s.start(); time.sleep(0.5)
+entry = Journal().add("gpu_clocks", "t")
+marks = [time.time()]; inj.apply(entry); marks.append(time.time())
+time.sleep(0.5)
+marks.append(time.time()); inj.revert(); entry.done(); marks.append(time.time())
+time.sleep(0.5)
+print(json.dumps({"samples": s.stop(), "marks": marks, "error": s.error}))
+"""
+    out = run_python(code, gpus.env(STREAMQUAKE_STATE_DIR=str(tmp_path / "state")))
+    assert out["error"] is None
+    applied_at, applied, revert_at, reverted = out["marks"]
+    for samples in by_gpu(out["samples"]).values():
+        before = [s for s in samples if s["t"] < applied_at]
+        during = [s for s in samples if applied < s["t"] < revert_at]
+        after = [s for s in samples if s["t"] > reverted]
+        assert before and during and after
+        assert all(s["sm_clock_mhz"] == 1980 and s["power_w"] == 350.0 for s in before)
+        assert all(s["sm_clock_mhz"] == 990 and s["power_w"] == 300.0 for s in during)
+        assert all("applications_clocks_setting" in s["clock_event_reasons"] for s in during)
+        assert all(s["sm_clock_mhz"] == 1980 and s["clock_event_reasons"] == [] for s in after)
