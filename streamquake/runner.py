@@ -67,16 +67,24 @@ def plan_windows(scenario: Scenario, t0: float) -> list[PhaseWindow]:
 
 def assign_phases(
     samples: list[RequestSample], windows: list[PhaseWindow]
-) -> dict[str, list[RequestSample]]:
-    """A request belongs to the phase in which it was due (scheduled) or, closed loop, sent."""
-    out: dict[str, list[RequestSample]] = {w.name: [] for w in windows}
+) -> tuple[dict[str, list[RequestSample]], dict[str, int]]:
+    """A request belongs to the phase in which it was due (open loop) or sent (closed loop),
+    and is scored there only if it also ended within that phase: a stream that straddles a
+    phase edge saw two different worlds (a fault applied or reverted mid-stream) and would
+    smear one phase's damage into the other. Returns (scored samples, straddlers) per phase."""
+    scored: dict[str, list[RequestSample]] = {w.name: [] for w in windows}
+    straddled = {w.name: 0 for w in windows}
     for s in samples:
         t = s.scheduled if s.scheduled is not None else s.sent
         for w in windows:
             if w.start <= t < w.end:
-                out[w.name].append(s)
+                ended = s.sent + (s.e2e_ms or 0.0) / 1000.0
+                if ended <= w.end:
+                    scored[w.name].append(s)
+                else:
+                    straddled[w.name] += 1
                 break
-    return out
+    return scored, straddled
 
 
 class _Signals:
@@ -358,7 +366,7 @@ class Runner:
 
     def _result(self, started: float, windows: list[PhaseWindow], samples: list[RequestSample],
                 interrupted: str | None, telemetry: dict[str, Any]) -> RunResult:
-        by_phase = assign_phases(samples, windows)
+        by_phase, straddled = assign_phases(samples, windows)
         phase_stats: dict[str, Stats] = {}
         class_stats: dict[str, dict[str, Stats]] = {}
         phases = []
@@ -369,10 +377,16 @@ class Runner:
                 rc.name: Stats.from_samples([s for s in phase_samples if s.cls == rc.name])
                 for rc in self.scenario.load.classes
             }
+            if straddled[w.name] > len(phase_samples) and w.name != "warmup":
+                self.errors.append(
+                    f"phase {w.name}: {straddled[w.name]} requests straddled its end and were "
+                    f"not scored, more than the {len(phase_samples)} that were; make the phase "
+                    "longer than a few request durations"
+                )
             phases.append(
                 PhaseResult(
                     name=w.name, start=w.start, end=w.end,
-                    stats=phase_stats[w.name].to_dict(),
+                    stats={**phase_stats[w.name].to_dict(), "straddled": straddled[w.name]},
                     classes={k: v.to_dict() for k, v in class_stats[w.name].items()},
                 )
             )

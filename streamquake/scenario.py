@@ -38,6 +38,10 @@ PHASE_ORDER: tuple[PhaseName, ...] = ("warmup", "baseline", "fault", "recovery")
 
 HistogramMetric = Literal["ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
 RateMetric = Literal["error_rate", "stall_rate", "chunk_loss"]
+Metric = Literal[
+    "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
+    "error_rate", "stall_rate", "chunk_loss",
+]
 HISTOGRAM_METRICS: tuple[str, ...] = typing.get_args(HistogramMetric)
 RATE_METRICS: tuple[str, ...] = typing.get_args(RateMetric)
 # Metrics where a bigger number is the better one.
@@ -127,7 +131,7 @@ class Arrival(_Model):
 
 
 class SLOSpec(_Model):
-    metric: HistogramMetric | RateMetric
+    metric: Metric
     percentile: float | None = Field(default=None, gt=0, le=100)
     max: float | None = None
     min: float | None = None

@@ -70,7 +70,7 @@ def _tls_context_factory(verify: bool) -> Callable[..., ssl.SSLContext]:
     def factory(cafile: str | None = None, **_: Any) -> ssl.SSLContext:
         # The system store honours SSL_CERT_FILE / SSL_CERT_DIR at call time, which is how a
         # private CA gets trusted; geventhttpclient's own bundle is added on top.
-        ctx = gevent.ssl.create_default_context()
+        ctx: ssl.SSLContext = gevent.ssl.create_default_context()
         if cafile and os.path.isfile(cafile):
             ctx.load_verify_locations(cafile=cafile)
         if not verify:

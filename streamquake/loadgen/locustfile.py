@@ -75,13 +75,13 @@ def _fire(environment: Environment, sample: RequestSample) -> None:
     failure = None
     if sample.error is not None:
         failure = StreamFailure(f"{sample.error}: {sample.error_detail}")
-    environment.events.request.fire(
+    environment.events.request.fire(  # type: ignore[no-untyped-call]
         request_type="SSE", name=sample.cls, response_time=sample.e2e_ms or 0.0,
         response_length=sample.content_events, exception=failure, context={}, response=None,
         start_time=sample.sent, url=None,
     )
     if sample.ttft_ms is not None:
-        environment.events.request.fire(
+        environment.events.request.fire(  # type: ignore[no-untyped-call]
             request_type="TTFT", name=sample.cls, response_time=sample.ttft_ms,
             response_length=0, exception=None, context={}, response=None,
             start_time=sample.sent, url=None,
@@ -99,7 +99,7 @@ def _quit_at_end(runner: Runner, plan: LoadPlan) -> None:
     runner.quit()
 
 
-@events.init.add_listener
+@events.init.add_listener  # type: ignore[untyped-decorator]
 def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -> None:
     # Fail the process at start, not every user at its first request.
     plan = _plan()
@@ -112,7 +112,7 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
         gevent.spawn(_quit_at_end, runner, plan)
 
 
-@events.quitting.add_listener
+@events.quitting.add_listener  # type: ignore[untyped-decorator]
 def _on_quitting(**_: Any) -> None:
     if _Process.sink is not None:
         _Process.sink.close()

@@ -128,7 +128,7 @@ class Stats:
         for index, count in buckets:
             low = hist.get_value_from_index(index)
             total += count * (low + hist.get_highest_equivalent_value(low) + 1) // 2
-        return total / hist.get_total_count() / _SCALE
+        return total / float(hist.get_total_count()) / _SCALE
 
     def max(self, metric: str) -> float | None:
         hist, buckets = self._scan(metric)

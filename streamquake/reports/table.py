@@ -10,6 +10,7 @@ from streamquake.result import Check, RunResult
 PHASE_COLUMNS = ("baseline", "fault", "recovery")
 SUMMARY_METRICS = (
     ("requests", "requests", None),
+    ("straddling, not scored", "straddled", None),
     ("errors", "error_rate", None),
     ("TTFB p95 ms", "ttfb_ms", "p95"),
     ("TTFT p50 ms", "ttft_ms", "p50"),
@@ -35,7 +36,7 @@ def fmt_value(metric: str, value: float | None) -> str:
         return "-"
     if metric in ("error_rate", "stall_rate", "chunk_loss"):
         return f"{value * 100:.1f}%"
-    if metric == "requests":
+    if metric in ("requests", "straddled"):
         return f"{int(value)}"
     return f"{value:.1f}"
 
