@@ -1,6 +1,6 @@
 """Throughput of SSEParser against a naive split-on-blank-line parser, in the same run.
 
-    .venv/bin/python benchmarks/sse_parser.py [--events 200000]
+    PYTHONPATH=. .venv/bin/python benchmarks/sse_parser.py [--events 200000]
 
 Two read patterns: one event per read (what a token stream looks like off a socket) and
 16 KiB reads (a backlog drained at once). The naive baseline only splits on b"\\n\\n" and keeps

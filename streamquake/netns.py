@@ -15,6 +15,7 @@ SIGKILL, by ``NamespaceTopology.recover(state)``.
 from __future__ import annotations
 
 import ipaddress
+import os
 import random
 import threading
 import time
@@ -86,11 +87,32 @@ def netns_exists(name: str) -> bool:
 
 
 @contextmanager
+def entered(netns: str | None) -> Iterator[None]:
+    """Run the calling thread inside ``netns`` for the block; sockets made there stay there.
+
+    setns(2) on a network namespace moves only the calling thread, and no fork is needed.
+    """
+    if netns is None:
+        yield
+        return
+    if not netns_exists(netns):
+        raise FileNotFoundError(f"network namespace {netns!r} does not exist")
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    try:
+        pr_netns.setns(netns, flags=0)
+        try:
+            yield
+        finally:
+            pr_netns.setns(own, flags=0)
+    finally:
+        os.close(own)
+
+
+@contextmanager
 def iproute(netns: str | None) -> Iterator[IPRoute]:
     """An rtnetlink socket in ``netns`` (None: our own). Never creates a namespace."""
-    if netns is not None and not netns_exists(netns):
-        raise FileNotFoundError(f"network namespace {netns!r} does not exist")
-    ipr = IPRoute(netns=netns, flags=0) if netns else IPRoute()
+    with entered(netns):
+        ipr = IPRoute()
     # pyroute2 0.9.7's sync IPRoute never sets this, and its nlm_request() reads it.
     ipr.asyncore.status.setdefault("nlm_generator", False)
     try:

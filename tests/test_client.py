@@ -66,6 +66,8 @@ SERVER_SRC = textwrap.dedent(
             if i in skip:
                 continue
             data = "{not json" if str(i) == q.get("garbage") else json.dumps({"text": f"t{i} "})
+            if str(i) == q.get("error"):
+                data = json.dumps({"error": {"code": 529, "message": "overloaded"}})
             await resp.write(f"id: {i}{eol}data: {data}{eol}{eol}".encode())
         final = json.dumps({"done": True, "usage": {"output_tokens": n}})
         await resp.write(f"id: {n + 1}{eol}data: {final}{eol}{eol}".encode())
@@ -203,6 +205,14 @@ def test_garbage_json_is_a_protocol_error(server: str) -> None:
     s = measure(plan_for(server, "/s?n=4&garbage=3"))
     assert s.error == "protocol" and s.content_events == 2
     assert "not JSON" in (s.error_detail or "")
+
+
+@pytest.mark.timeout(30)
+def test_error_event_mid_stream_is_a_server_error(server: str) -> None:
+    # Sent with HTTP 200, so the status cannot say it; the event's own words do.
+    s = measure(plan_for(server, "/s?n=4&error=3"))
+    assert (s.error, s.status, s.content_events) == ("http_status", 200, 2)
+    assert s.error_detail == "error event in the stream: 529: overloaded"
 
 
 @pytest.mark.timeout(30)

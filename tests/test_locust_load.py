@@ -87,6 +87,8 @@ def test_open_loop_poisson_arrivals_match_the_rate(fast_target: TargetProcess,
     assert abs(len(due) - expected) <= 3 * expected ** 0.5, len(due)   # 3 sigma of Poisson
     gaps = [b - a for a, b in zip(due, due[1:], strict=False)]
     cv = statistics.pstdev(gaps) / statistics.mean(gaps)
+    print(f"\nPoisson {rate:g}/s over {window:g} s: {len(due)} arrivals "
+          f"(expected {expected:g}), gap CV {cv:.2f}")
     assert 0.7 <= cv <= 1.3, cv             # exponential gaps; a constant process gives ~0
     delays = [s.queue_delay_ms for s in samples if s.queue_delay_ms is not None]
     assert statistics.median(delays) < 20, statistics.median(delays)

@@ -71,7 +71,7 @@ def test_run_passes_shows_fault_damage_and_writes_reports(tmp_path: Path, state_
     (record,) = report["faults"]
     assert record["name"] == "chunk-drop" and record["error"] is None
     assert record["applied_at"] < record["reverted_at"]
-    assert record["reverted"]["events_dropped"] > 0
+    assert record["reverted"]["stats"]["events_dropped"] > 0
     # The fault-phase TTFT verdict is shown but does not gate.
     ttft_fault = [c for c in report["checks"] if c["metric"] == "ttft_ms" and c["phase"] == "fault"]
     assert ttft_fault and not ttft_fault[0]["gating"] and not ttft_fault[0]["passed"]

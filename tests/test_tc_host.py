@@ -30,7 +30,13 @@ from streamquake.injectors.netem import NetemFault, NetemInjector, kernel_option
 from streamquake.injectors.tbf import TbfFault, TbfInjector
 from streamquake.injectors.tc_scope import NO_NETEM, kernel_features
 from streamquake.journal import Journal
-from streamquake.netns import TOPOLOGY_JOURNAL_TYPE, NamespaceTopology, NetworkConfig, iproute
+from streamquake.netns import (
+    TOPOLOGY_JOURNAL_TYPE,
+    NamespaceTopology,
+    NetworkConfig,
+    entered,
+    iproute,
+)
 from streamquake.netprofiles import PROFILES
 
 REPO = Path(__file__).resolve().parents[1]
@@ -63,7 +69,8 @@ def topo(client_ns: str) -> Iterator[NamespaceTopology]:
 
 
 def tcp_socket(ns: str) -> socket.socket:
-    s = pr_netns.create_socket(ns, socket.AF_INET, socket.SOCK_STREAM, flags=0)
+    with entered(ns):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     s.settimeout(20)
     return s
 

@@ -1,0 +1,169 @@
+"""Never leave a fault behind: a GPU clock lock (state that outlives processes, like the real
+driver's) is reverted on success, SLO failure, a failed apply, Ctrl-C, SIGTERM, and, after a
+SIGKILL, by `streamquake recover`. The real CLI runs against the emulated NVML driver."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli_cmd
+from tests.nvml_shim import FakeGpus
+
+SCENARIO = """
+name: gpu-lifecycle
+target:
+  protocol: anthropic
+  embedded: {{ttft: 50ms, itl: 10ms, output_tokens: {{min: 20, max: 20}}, gpu_clock_scale: true}}
+  timeout: 10s
+load: {{users: 3, think_time: {{min: 50ms, max: 100ms}}}}
+phases: {{warmup: 1s, baseline: 3s, fault: {fault_s}s, recovery: 3s}}
+faults:
+  - {{type: gpu_clocks, name: downclock, phase: fault, gpus: all, sm_clocks_mhz: [500, 800]}}
+slos:
+  - {{metric: itl_ms, percentile: 95, max: {itl_max}, phases: [baseline, recovery]}}
+"""
+
+LOCKED = "gpu0.sm_lock"
+
+
+@pytest.fixture
+def gpus(tmp_path: Path) -> FakeGpus:
+    return FakeGpus(tmp_path / "nvml-state.txt", gpu_count=1)
+
+
+def _env(gpus: FakeGpus, state_dir: Path) -> dict[str, str]:
+    return gpus.env(STREAMQUAKE_STATE_DIR=str(state_dir))
+
+
+def _scenario(tmp_path: Path, fault_s: float = 3, itl_max: float = 40) -> Path:
+    path = tmp_path / "gpu.yaml"
+    path.write_text(SCENARIO.format(fault_s=fault_s, itl_max=itl_max))
+    return path
+
+
+def _run(args: list[str], env: dict[str, str], timeout: float = 80) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli_cmd(*args), env=env, cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _journal(state_dir: Path) -> list[dict]:
+    path = state_dir / "journal.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+def _unlocked(gpus: FakeGpus, original: str) -> bool:
+    return gpus.text() == original and LOCKED not in gpus.read()
+
+
+@pytest.mark.timeout(90)
+def test_success_path_reverts_and_records_telemetry(gpus: FakeGpus, tmp_path: Path) -> None:
+    state_dir, out = tmp_path / "state", tmp_path / "out"
+    original = gpus.text()
+    proc = _run(["run", str(_scenario(tmp_path)), "--out", str(out)], _env(gpus, state_dir))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _unlocked(gpus, original), gpus.text()
+    assert _journal(state_dir) == []
+    report = json.loads((out / "report.json").read_text())
+    (fault,) = report["faults"]
+    assert fault["applied"] and fault["reverted"] and fault["error"] is None
+    samples = report["telemetry"]["gpu"]["samples"]
+    fault_phase = next(p for p in report["phases"] if p["name"] == "fault")
+    during = [s for s in samples if fault_phase["start"] + 0.5 < s["t"] < fault_phase["end"] - 0.5]
+    assert during and all(s["sm_clock_mhz"] <= 800 for s in during)
+
+
+@pytest.mark.timeout(120)
+def test_shipped_gpu_downclock_scenario_breaks_only_in_the_fault_phase(
+    gpus: FakeGpus, tmp_path: Path
+) -> None:
+    state_dir, out = tmp_path / "state", tmp_path / "out"
+    original = gpus.text()
+    proc = _run(["run", "scenarios/gpu-downclock.yaml", "--out", str(out)],
+                _env(gpus, state_dir), timeout=110)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert _unlocked(gpus, original)
+    report = json.loads((out / "report.json").read_text())
+    broken = {(c["metric"], c["phase"]) for c in report["checks"] if c["gating"] and not c["passed"]}
+    assert broken == {("itl_ms", "fault")}, report["checks"]
+    itl = {p["name"]: p["stats"]["itl_ms"]["p50"] for p in report["phases"]}
+    assert itl["fault"] > 2.0 * itl["baseline"]      # 1980 MHz -> 800 MHz: ~2.5x slower
+    assert itl["recovery"] < 1.2 * itl["baseline"]
+
+
+@pytest.mark.timeout(60)
+def test_failed_apply_exits_3_and_leaves_nothing(gpus: FakeGpus, tmp_path: Path) -> None:
+    state_dir, out = tmp_path / "state", tmp_path / "out"
+    gpus.update({"fail.nvmlDeviceSetGpuLockedClocks": 4})      # NVML_ERROR_NO_PERMISSION
+    original = gpus.text()
+    proc = _run(["run", str(_scenario(tmp_path)), "--out", str(out)], _env(gpus, state_dir))
+    assert proc.returncode == 3, proc.stdout + proc.stderr
+    assert "root" in proc.stdout + proc.stderr
+    assert _unlocked(gpus, original)
+    assert _journal(state_dir) == []
+
+
+def _start_and_wait_for_fault(args: list[str], env: dict[str, str]) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(cli_cmd(*args), env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        seen.append(line)
+        if "fault applied" in line:
+            return proc
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    pytest.fail("the run never applied its fault:\n" + "".join(seen))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_interrupt_during_fault_reverts(gpus: FakeGpus, tmp_path: Path, sig: signal.Signals) -> None:
+    state_dir, out = tmp_path / "state", tmp_path / "out"
+    original = gpus.text()
+    proc = _start_and_wait_for_fault(
+        ["run", str(_scenario(tmp_path, fault_s=30)), "--out", str(out)], _env(gpus, state_dir))
+    assert LOCKED in gpus.read()
+    proc.send_signal(sig)
+    time.sleep(0.05)
+    proc.send_signal(sig)           # a second Ctrl-C must not cancel the revert
+    proc.communicate(timeout=60)
+    assert proc.returncode == (130 if sig == signal.SIGINT else 143)
+    assert _unlocked(gpus, original)
+    assert _journal(state_dir) == []
+    assert json.loads((out / "report.json").read_text())["interrupted"] == sig.name
+
+
+@pytest.mark.timeout(120)
+def test_sigkill_then_run_refuses_and_recover_restores(gpus: FakeGpus, tmp_path: Path) -> None:
+    state_dir, out = tmp_path / "state", tmp_path / "out"
+    env = _env(gpus, state_dir)
+    original = gpus.text()
+    scenario = _scenario(tmp_path, fault_s=30)
+    proc = _start_and_wait_for_fault(["run", str(scenario), "--out", str(out)], env)
+    proc.kill()
+    proc.communicate(timeout=30)
+    assert LOCKED in gpus.read(), "a killed run leaves the lock behind, as the real driver would"
+    (entry,) = _journal(state_dir)
+    assert entry["type"] == "gpu_clocks" and entry["state"]
+
+    refused = _run(["run", str(scenario), "--out", str(out)], env)
+    assert refused.returncode == 3
+    assert "streamquake recover" in refused.stderr and "downclock" in refused.stderr
+
+    recovered = _run(["recover"], env)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "recovered downclock" in recovered.stdout
+    assert _unlocked(gpus, original)
+    assert _journal(state_dir) == []
+    again = _run(["recover"], env)
+    assert again.returncode == 0 and "nothing to recover" in again.stdout

@@ -1,0 +1,355 @@
+"""netem through pyroute2, proven in a kernel that has it: User-Mode Linux.
+
+These run only inside UML (scripts/uml-run sets STREAMQUAKE_UML=1); the normal suite boots UML
+and runs them from tests/test_netem_uml_gate.py, which fails if UML cannot boot or any of these
+fails. Outside UML they are skipped with that pointer.
+
+Every measurement uses real TCP servers in the target's namespace and clients in a namespace
+standing in for the load generator's, behind NamespaceTopology's veth pair.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import socket
+import statistics
+import subprocess
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyroute2 import netns as pr_netns
+
+from streamquake.injectors.base import RunContext
+from streamquake.injectors.netem import NetemFault, NetemInjector, load_table
+from streamquake.journal import Journal
+from streamquake.netns import NamespaceTopology, NetworkConfig, entered, iproute
+
+pytestmark = [
+    pytest.mark.uml,
+    pytest.mark.skipif(os.environ.get("STREAMQUAKE_UML") != "1",
+                       reason="runs inside User-Mode Linux: tests/test_netem_uml_gate.py runs it"),
+]
+
+REQUEST = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
+RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
+
+
+# ---------------------------------------------------------------------------- fixtures, tools
+
+
+@pytest.fixture(autouse=True)
+def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("STREAMQUAKE_STATE_DIR", str(tmp_path / "state"))
+
+
+@pytest.fixture
+def client_ns() -> Iterator[str]:
+    name = f"sqtest-{uuid.uuid4().hex[:8]}"
+    pr_netns.create(name)
+    with iproute(name) as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+    yield name
+    pr_netns.remove(name)
+
+
+@pytest.fixture
+def topo(client_ns: str) -> Iterator[NamespaceTopology]:
+    with NamespaceTopology(host_netns=client_ns) as t:
+        yield t
+
+
+def tcp_socket(ns: str) -> socket.socket:
+    with entered(ns):
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.settimeout(20)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+def serve(ns: str, addr: str, handler: Callable[[socket.socket], None]) -> int:
+    srv = tcp_socket(ns)
+    srv.bind((addr, 0))
+    srv.listen(64)
+
+    def loop() -> None:
+        while True:
+            try:
+                conn, _ = srv.accept()
+            except OSError:
+                return
+            threading.Thread(target=handler, args=(conn,), daemon=True).start()
+
+    threading.Thread(target=loop, daemon=True).start()
+    return int(srv.getsockname()[1])
+
+
+def http_like(conn: socket.socket) -> None:
+    """Answer every request on a kept-alive connection at once."""
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    buf = b""
+    while chunk := conn.recv(4096):
+        buf += chunk
+        while b"\r\n\r\n" in buf:
+            _, buf = buf.split(b"\r\n\r\n", 1)
+            conn.sendall(RESPONSE)
+    conn.close()
+
+
+def echo(conn: socket.socket) -> None:
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    while chunk := conn.recv(4096):
+        conn.sendall(chunk)
+    conn.close()
+
+
+def sink(conn: socket.socket) -> None:
+    first, total, t0, t1 = 0, 0, 0.0, 0.0
+    while chunk := conn.recv(65536):
+        now = time.perf_counter()
+        if not total:
+            first, t0 = len(chunk), now
+        total, t1 = total + len(chunk), now
+    conn.sendall(str((total - first) / max(t1 - t0, 1e-9)).encode())
+    conn.close()
+
+
+def connect_ms(ns: str, addr: str, port: int, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        s = tcp_socket(ns)
+        t0 = time.perf_counter()
+        s.connect((addr, port))
+        out.append((time.perf_counter() - t0) * 1000)
+        s.close()
+    return out
+
+
+def ttfb_ms(conn: socket.socket) -> float:
+    """From sending a request to the first byte of its answer, on a connected socket."""
+    t0 = time.perf_counter()
+    conn.sendall(REQUEST)
+    first = conn.recv(len(RESPONSE))
+    elapsed = (time.perf_counter() - t0) * 1000
+    got = len(first)
+    while got < len(RESPONSE):
+        got += len(conn.recv(len(RESPONSE) - got))
+    return elapsed
+
+
+def fresh_ttfb_ms(ns: str, addr: str, port: int, n: int) -> list[float]:
+    out = []
+    for _ in range(n):
+        with tcp_socket(ns) as s:
+            s.connect((addr, port))
+            out.append(ttfb_ms(s))
+    return out
+
+
+def tc(ns: str, *args: str) -> str:
+    return subprocess.run(["tc", "-n", ns, *args], check=True, capture_output=True,
+                          text=True).stdout
+
+
+class Applied:
+    """A netem fault applied through the injector; reverted (and checked gone) on exit."""
+
+    def __init__(self, topo: NamespaceTopology, client_ns: str, port: int,
+                 fields: dict[str, Any], **network: Any) -> None:
+        net = NetworkConfig(**network)
+        self.topo, self.client_ns = topo, client_ns
+        ctx = RunContext(topo.target_addr, port, Path("/tmp"),
+                         target_netns=topo.netns if net.mode == "namespace" else None,
+                         extra={"client_netns": client_ns, "network": net})
+        self.injector = NetemInjector(NetemFault.model_validate(fields), ctx)
+        self.entry = Journal().add("netem", "uml")
+
+    def __enter__(self) -> dict[str, Any]:
+        assert self.injector.preflight() == []
+        return self.injector.apply(self.entry)
+
+    def __exit__(self, *exc: object) -> None:
+        self.reverted = self.injector.revert()
+        self.entry.done()
+        for ns, dev in ((self.client_ns, self.topo.host_ifname),
+                        (self.topo.netns, self.topo.target_ifname)):
+            assert "535" not in tc(ns, "qdisc", "show", "dev", dev)
+            assert tc(ns, "filter", "show", "dev", dev).strip() == ""
+
+
+def shift_ok(before: list[float], after: list[float], expected_ms: float, tol: float) -> bool:
+    shift = statistics.mean(after) - statistics.mean(before)
+    return abs(shift - expected_ms) <= tol * expected_ms
+
+
+# ---------------------------------------------------------------------------- tests
+
+
+@pytest.mark.timeout(60)
+def test_delay_shifts_connect_and_ttfb_by_the_delay(topo: NamespaceTopology,
+                                                    client_ns: str) -> None:
+    port = serve(topo.netns, topo.target_addr, http_like)
+    base_connect = connect_ms(client_ns, topo.target_addr, port, 8)
+    base_ttfb = fresh_ttfb_ms(client_ns, topo.target_addr, port, 8)
+    with Applied(topo, client_ns, port, {"delay": "50ms", "jitter": "10ms"}, mode="namespace"):
+        # Toward the target only: the SYN waits 50 +- 10 ms, and so does each request.
+        connect = connect_ms(client_ns, topo.target_addr, port, 15)
+        ttfb = fresh_ttfb_ms(client_ns, topo.target_addr, port, 15)
+    assert shift_ok(base_connect, connect, 50, 0.15), (base_connect, connect)
+    assert shift_ok(base_ttfb, ttfb, 50, 0.15), (base_ttfb, ttfb)
+    assert statistics.mean(connect_ms(client_ns, topo.target_addr, port, 5)) < 15
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("mode", ["namespace", "host"])
+def test_both_directions_delay_each_way(topo: NamespaceTopology, client_ns: str,
+                                        mode: str) -> None:
+    # namespace: both veth ends; host: our egress plus an ifb for what comes back.
+    port = serve(topo.netns, topo.target_addr, http_like)
+    base = connect_ms(client_ns, topo.target_addr, port, 5)
+    with Applied(topo, client_ns, port, {"delay": "30ms"}, mode=mode, direction="both") as a:
+        connect = connect_ms(client_ns, topo.target_addr, port, 8)
+    assert shift_ok(base, connect, 60, 0.15), (base, connect)
+    assert [bool(h.get("ifb")) for h in a["kernel"]] == [False, mode == "host"]
+
+
+@pytest.mark.timeout(60)
+def test_netem_is_scoped_to_the_target_port_by_htb_and_u32(topo: NamespaceTopology,
+                                                          client_ns: str) -> None:
+    shaped = serve(topo.netns, topo.target_addr, http_like)
+    other = serve(topo.netns, topo.target_addr, http_like)  # an operator's SSH, say
+    with Applied(topo, client_ns, shaped, {"delay": "40ms"}, mode="namespace") as applied:
+        slow = connect_ms(client_ns, topo.target_addr, shaped, 6)
+        fast = connect_ms(client_ns, topo.target_addr, other, 6)
+        qdiscs = tc(client_ns, "-s", "qdisc", "show", "dev", topo.host_ifname)
+        filters = tc(client_ns, "filter", "show", "dev", topo.host_ifname)
+    assert abs(statistics.mean(slow) - 40) <= 0.15 * 40, slow
+    assert statistics.mean(fast) < 10, fast
+    assert "qdisc htb 5351: root" in qdiscs and "qdisc netem 5352: parent 5351:10" in qdiscs
+    assert "delay 40ms" in qdiscs
+    assert "flowid 5351:10" in filters and f"{shaped:04x}0000/ffff0000 at 22" in filters
+    (hop,) = applied["kernel"]
+    netem = next(q for q in hop["qdiscs"] if q["kind"] == "netem")
+    assert netem["options"]["delay_ns"] == 40_000_000
+    assert netem["stats"]["packets"] == 0  # read back before any traffic
+
+
+@pytest.mark.timeout(60)
+def test_loss_shows_up_as_retransmission_tails(topo: NamespaceTopology, client_ns: str) -> None:
+    port = serve(topo.netns, topo.target_addr, echo)
+
+    def exchanges(n: int) -> list[float]:
+        with tcp_socket(client_ns) as c:
+            c.connect((topo.target_addr, port))
+            out = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                c.sendall(b"q" * 100)
+                got = 0
+                while got < 100:
+                    got += len(c.recv(4096))
+                out.append((time.perf_counter() - t0) * 1000)
+        return out
+
+    def retransmitted() -> int:
+        snmp = subprocess.run(["ip", "netns", "exec", client_ns, "cat", "/proc/net/snmp"],
+                              check=True, capture_output=True, text=True).stdout
+        names, values = (ln.split() for ln in snmp.splitlines() if ln.startswith("Tcp:"))
+        return int(dict(zip(names, values, strict=True))["RetransSegs"])
+
+    base = exchanges(100)
+    before = retransmitted()
+    with Applied(topo, client_ns, port, {"loss": "10%"}, mode="namespace"):
+        lossy = exchanges(150)
+    retrans = retransmitted() - before
+    # A lost request waits for the retransmission timer (200 ms minimum): a tail, not a shift.
+    tail = [x for x in lossy if x > 150]
+    assert sum(x > 150 for x in base) == 0, sorted(base)[-5:]
+    assert statistics.median(lossy) < 10
+    assert 0.04 * len(lossy) <= len(tail) <= 0.20 * len(lossy), sorted(lossy)[-25:]
+    assert retrans >= len(tail) * 0.8, (retrans, len(tail))
+
+
+@pytest.mark.timeout(90)
+def test_distribution_normal_is_applied_and_read_back(topo: NamespaceTopology,
+                                                      client_ns: str) -> None:
+    port = serve(topo.netns, topo.target_addr, http_like)
+
+    def outside_share(fields: dict[str, Any]) -> tuple[float, dict[str, Any]]:
+        with Applied(topo, client_ns, port, fields, mode="namespace") as applied:
+            samples = connect_ms(client_ns, topo.target_addr, port, 60)
+        # Uniform jitter keeps every SYN within 40 +- 10 ms; a normal one (sigma 10 ms) does not.
+        return sum(x < 30 or x > 51.5 for x in samples) / len(samples), applied
+
+    uniform, _ = outside_share({"delay": "40ms", "jitter": "10ms"})
+    normal, applied = outside_share({"delay": "40ms", "jitter": "10ms",
+                                     "distribution": "normal"})
+    assert uniform <= 0.07, uniform
+    assert normal >= 0.15, normal
+    table = load_table("normal")
+    sent = hashlib.sha256(b"".join(v.to_bytes(2, "little", signed=True) for v in table))
+    assert applied["configured"]["distribution"] == "normal"
+    assert applied["configured"]["distribution_table_sha256"] == sent.hexdigest()
+    netem = next(q for q in applied["kernel"][0]["qdiscs"] if q["kind"] == "netem")
+    assert (netem["options"]["delay_ns"], netem["options"]["jitter_ns"]) == (40e6, 10e6)
+
+
+@pytest.mark.timeout(60)
+def test_netem_rate_limits_throughput(topo: NamespaceTopology, client_ns: str) -> None:
+    port = serve(topo.netns, topo.target_addr, sink)
+
+    def upload(n: int) -> float:
+        with tcp_socket(client_ns) as c:
+            c.connect((topo.target_addr, port))
+            c.sendall(b"x" * n)
+            c.shutdown(socket.SHUT_WR)
+            return float(c.recv(100))
+
+    with Applied(topo, client_ns, port, {"rate": "8mbit"}, mode="namespace") as applied:
+        rate = upload(1_000_000)
+    assert abs(rate - 1_000_000) <= 0.15 * 1_000_000, f"{rate * 8 / 1e6:.2f} mbit/s"
+    netem = next(q for q in applied["kernel"][0]["qdiscs"] if q["kind"] == "netem")
+    assert netem["options"]["rate_bytes_per_s"] == 1_000_000
+
+
+@pytest.mark.timeout(60)
+def test_every_parameter_reaches_the_kernel(topo: NamespaceTopology, client_ns: str) -> None:
+    fields = {"delay": "100ms", "jitter": "30ms", "correlation": "25%",
+              "distribution": "paretonormal", "loss": "1.5%", "loss_correlation": "10%",
+              "duplicate": "1%", "corrupt": "0.1%", "reorder": "5%", "gap": 3, "rate": "8mbit"}
+    with Applied(topo, client_ns, 80, fields, mode="namespace") as applied:
+        shown = tc(client_ns, "qdisc", "show", "dev", topo.host_ifname)
+    # `tc` itself, reading the kernel, agrees with our own read-back.
+    assert ("delay 100ms  30ms 25% loss 1.5% 10% duplicate 1% reorder 5% corrupt 0.1% "
+            "rate 8Mbit gap 3") in shown
+    netem = next(q for q in applied["kernel"][0]["qdiscs"] if q["kind"] == "netem")["options"]
+    assert netem["loss"] == round(0.015 * 0xFFFFFFFF) and netem["gap"] == 3
+    assert applied["apply_ms"] > 0
+
+
+@pytest.mark.timeout(90)
+def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str) -> None:
+    port = serve(topo.netns, topo.target_addr, http_like)
+    samples: list[float] = []
+
+    def client() -> None:
+        with tcp_socket(client_ns) as c:
+            c.connect((topo.target_addr, port))
+            samples.extend(ttfb_ms(c) for _ in range(25))
+
+    with Applied(topo, client_ns, port, {"profile": "same-az"}, mode="namespace"):
+        threads = [threading.Thread(target=client) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    ranked = sorted(samples)
+    median, p95 = statistics.median(ranked), ranked[int(0.95 * (len(ranked) - 1))]
+    assert len(ranked) == 200
+    assert abs(median - 82) <= 0.15 * 82, median
+    assert abs(p95 - 290) <= 0.25 * 290, p95
