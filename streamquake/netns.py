@@ -199,6 +199,17 @@ class NamespaceTopology:
         self.create_ms: float | None = None
         self.destroy_ms: float | None = None
 
+    @classmethod
+    def for_run(cls, network: NetworkConfig, journal: Journal | None = None) -> NamespaceTopology:
+        """The topology a run with ``network`` needs (enter it to create it)."""
+        if network.mode != "namespace":
+            raise ValueError("a namespace topology is only for network mode 'namespace'")
+        return cls(journal=journal)
+
+    @property
+    def name(self) -> str:
+        return self.netns
+
     # Addresses: .1 is the host end, .2 the target's.
     @property
     def host_addr(self) -> str:

@@ -9,6 +9,7 @@ SIGTERM and even SIGKILL (through ``streamquake recover``) all end with nothing 
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import socket
 import time
@@ -35,7 +36,7 @@ from streamquake.journal import Journal
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
 from streamquake.result import FaultRecord, PhaseResult, RunResult
-from streamquake.scenario import PHASE_ORDER, Scenario
+from streamquake.scenario import ENV_REF, PHASE_ORDER, Scenario
 from streamquake.slo import evaluate
 
 STARTUP_LEAD_S = 3.0        # time the load process gets to import Locust and spawn users
@@ -140,6 +141,7 @@ class Runner:
 
     def run(self) -> RunResult:
         self._refuse_if_journal_pending()
+        self._check_header_variables()
         self.work_dir.mkdir(parents=True, exist_ok=True)
         started = time.time()
         windows: list[PhaseWindow] = []
@@ -184,6 +186,17 @@ class Runner:
             raise PreflightError(
                 f"the fault journal {self.journal.path} lists {len(pending)} fault(s) that were "
                 f"never reverted: {names}; run `streamquake recover` first"
+            )
+
+    def _check_header_variables(self) -> None:
+        missing = sorted(
+            {name for value in self.scenario.target.headers.values()
+             for name in ENV_REF.findall(value) if name not in os.environ}
+        )
+        if missing:
+            raise PreflightError(
+                f"target.headers refer to environment variable(s) that are not set: "
+                f"{', '.join(missing)}; export them before the run"
             )
 
     def _start_parts(self, stack: contextlib.ExitStack) -> RunContext:

@@ -47,7 +47,7 @@ RATE_METRICS: tuple[str, ...] = typing.get_args(RateMetric)
 # Metrics where a bigger number is the better one.
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"output_tokens_per_s"})
 
-_ENV_REF = re.compile(r"\$\{([^}]*)\}")
+ENV_REF = re.compile(r"\$\{([^}]*)\}")
 _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -85,7 +85,7 @@ class TargetSpec(_Model):
     @classmethod
     def _env_refs(cls, v: dict[str, str]) -> dict[str, str]:
         for value in v.values():
-            for name in _ENV_REF.findall(value):
+            for name in ENV_REF.findall(value):
                 if not _ENV_NAME.match(name):
                     raise ValueError(f"'${{{name}}}' is not an environment variable name")
         return v

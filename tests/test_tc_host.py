@@ -7,6 +7,7 @@ Real TCP servers and clients measure what the kernel does; `tc` cross-checks wha
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -17,7 +18,7 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -75,22 +76,40 @@ def tcp_socket(ns: str) -> socket.socket:
     return s
 
 
-def serve(ns: str, addr: str, handler: object) -> int:
-    """A TCP server in ``ns``; each connection goes to ``handler(conn)`` in a thread."""
-    srv = tcp_socket(ns)
-    srv.bind((addr, 0))
-    srv.listen(16)
+Serve = Callable[[str, str, Callable[[socket.socket], None]], int]
 
-    def loop() -> None:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=handler, args=(conn,), daemon=True).start()  # type: ignore[arg-type]
 
-    threading.Thread(target=loop, daemon=True).start()
-    return int(srv.getsockname()[1])
+@pytest.fixture
+def serve() -> Iterator[Serve]:
+    """Start TCP servers in a namespace; each connection goes to ``handler(conn)``."""
+    listening: list[socket.socket] = []
+
+    def start(ns: str, addr: str, handler: Callable[[socket.socket], None]) -> int:
+        srv = tcp_socket(ns)
+        srv.bind((addr, 0))
+        srv.listen(64)
+        listening.append(srv)
+
+        def handle(conn: socket.socket) -> None:
+            with conn, contextlib.suppress(OSError):
+                handler(conn)
+
+        def loop() -> None:
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=loop, daemon=True).start()
+        return int(srv.getsockname()[1])
+
+    yield start
+    for srv in listening:
+        with contextlib.suppress(OSError):
+            srv.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
+        srv.close()
 
 
 def sink(conn: socket.socket) -> None:
@@ -102,14 +121,12 @@ def sink(conn: socket.socket) -> None:
             first, t0 = len(chunk), now
         total, t1 = total + len(chunk), now
     conn.sendall(json.dumps({"rate": (total - first) / max(t1 - t0, 1e-9)}).encode())
-    conn.close()
 
 
 def source(conn: socket.socket) -> None:
     """Send as many bytes as the client asks for (8-byte big-endian count)."""
     n = int.from_bytes(conn.recv(8), "big")
     conn.sendall(b"y" * n)
-    conn.close()
 
 
 def upload_rate(ns: str, addr: str, port: int, n: int) -> float:
@@ -284,7 +301,7 @@ def test_preflight_without_cap_net_admin_is_one_sentence() -> None:
 
 @needs_root
 @pytest.mark.timeout(30)
-def test_tbf_limits_only_the_target_port(topo: NamespaceTopology, client_ns: str) -> None:
+def test_tbf_limits_only_the_target_port(topo: NamespaceTopology, client_ns: str, serve: Serve) -> None:
     shaped = serve(topo.netns, topo.target_addr, sink)
     other = serve(topo.netns, topo.target_addr, sink)
     inj = TbfInjector(TbfFault.model_validate({"rate": "1mbit"}),
@@ -309,7 +326,7 @@ def test_tbf_limits_only_the_target_port(topo: NamespaceTopology, client_ns: str
 @needs_root
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("mode", ["namespace", "host"])
-def test_tbf_both_directions_limits_the_answers(topo: NamespaceTopology, client_ns: str,
+def test_tbf_both_directions_limits_the_answers(topo: NamespaceTopology, client_ns: str, serve: Serve,
                                                 mode: str) -> None:
     # namespace: shaped where the answers leave the target's veth end; host: through an ifb.
     port = serve(topo.netns, topo.target_addr, source)

@@ -10,6 +10,7 @@ standing in for the load generator's, behind NamespaceTopology's veth pair.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import socket
@@ -72,21 +73,40 @@ def tcp_socket(ns: str) -> socket.socket:
     return s
 
 
-def serve(ns: str, addr: str, handler: Callable[[socket.socket], None]) -> int:
-    srv = tcp_socket(ns)
-    srv.bind((addr, 0))
-    srv.listen(64)
+Serve = Callable[[str, str, Callable[[socket.socket], None]], int]
 
-    def loop() -> None:
-        while True:
-            try:
-                conn, _ = srv.accept()
-            except OSError:
-                return
-            threading.Thread(target=handler, args=(conn,), daemon=True).start()
 
-    threading.Thread(target=loop, daemon=True).start()
-    return int(srv.getsockname()[1])
+@pytest.fixture
+def serve() -> Iterator[Serve]:
+    """Start TCP servers in a namespace; each connection goes to ``handler(conn)``."""
+    listening: list[socket.socket] = []
+
+    def start(ns: str, addr: str, handler: Callable[[socket.socket], None]) -> int:
+        srv = tcp_socket(ns)
+        srv.bind((addr, 0))
+        srv.listen(64)
+        listening.append(srv)
+
+        def handle(conn: socket.socket) -> None:
+            with conn, contextlib.suppress(OSError):
+                handler(conn)
+
+        def loop() -> None:
+            while True:
+                try:
+                    conn, _ = srv.accept()
+                except OSError:
+                    return
+                threading.Thread(target=handle, args=(conn,), daemon=True).start()
+
+        threading.Thread(target=loop, daemon=True).start()
+        return int(srv.getsockname()[1])
+
+    yield start
+    for srv in listening:
+        with contextlib.suppress(OSError):
+            srv.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
+        srv.close()
 
 
 def http_like(conn: socket.socket) -> None:
@@ -98,14 +118,12 @@ def http_like(conn: socket.socket) -> None:
         while b"\r\n\r\n" in buf:
             _, buf = buf.split(b"\r\n\r\n", 1)
             conn.sendall(RESPONSE)
-    conn.close()
 
 
 def echo(conn: socket.socket) -> None:
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     while chunk := conn.recv(4096):
         conn.sendall(chunk)
-    conn.close()
 
 
 def sink(conn: socket.socket) -> None:
@@ -116,10 +134,12 @@ def sink(conn: socket.socket) -> None:
             first, t0 = len(chunk), now
         total, t1 = total + len(chunk), now
     conn.sendall(str((total - first) / max(t1 - t0, 1e-9)).encode())
-    conn.close()
 
 
 def connect_ms(ns: str, addr: str, port: int, n: int) -> list[float]:
+    """Times of ``n`` TCP connects; one untimed connect first resolves the neighbour (ARP)."""
+    with tcp_socket(ns) as warm:
+        warm.connect((addr, port))
     out = []
     for _ in range(n):
         s = tcp_socket(ns)
@@ -183,7 +203,8 @@ class Applied:
 
 
 def shift_ok(before: list[float], after: list[float], expected_ms: float, tol: float) -> bool:
-    shift = statistics.mean(after) - statistics.mean(before)
+    # Medians: one UML scheduling hiccup of a few ms must not decide the test.
+    shift = statistics.median(after) - statistics.median(before)
     return abs(shift - expected_ms) <= tol * expected_ms
 
 
@@ -192,7 +213,7 @@ def shift_ok(before: list[float], after: list[float], expected_ms: float, tol: f
 
 @pytest.mark.timeout(60)
 def test_delay_shifts_connect_and_ttfb_by_the_delay(topo: NamespaceTopology,
-                                                    client_ns: str) -> None:
+                                                    client_ns: str, serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, http_like)
     base_connect = connect_ms(client_ns, topo.target_addr, port, 8)
     base_ttfb = fresh_ttfb_ms(client_ns, topo.target_addr, port, 8)
@@ -202,12 +223,12 @@ def test_delay_shifts_connect_and_ttfb_by_the_delay(topo: NamespaceTopology,
         ttfb = fresh_ttfb_ms(client_ns, topo.target_addr, port, 15)
     assert shift_ok(base_connect, connect, 50, 0.15), (base_connect, connect)
     assert shift_ok(base_ttfb, ttfb, 50, 0.15), (base_ttfb, ttfb)
-    assert statistics.mean(connect_ms(client_ns, topo.target_addr, port, 5)) < 15
+    assert statistics.median(connect_ms(client_ns, topo.target_addr, port, 5)) < 15
 
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mode", ["namespace", "host"])
-def test_both_directions_delay_each_way(topo: NamespaceTopology, client_ns: str,
+def test_both_directions_delay_each_way(topo: NamespaceTopology, client_ns: str, serve: Serve,
                                         mode: str) -> None:
     # namespace: both veth ends; host: our egress plus an ifb for what comes back.
     port = serve(topo.netns, topo.target_addr, http_like)
@@ -220,7 +241,7 @@ def test_both_directions_delay_each_way(topo: NamespaceTopology, client_ns: str,
 
 @pytest.mark.timeout(60)
 def test_netem_is_scoped_to_the_target_port_by_htb_and_u32(topo: NamespaceTopology,
-                                                          client_ns: str) -> None:
+                                                          client_ns: str, serve: Serve) -> None:
     shaped = serve(topo.netns, topo.target_addr, http_like)
     other = serve(topo.netns, topo.target_addr, http_like)  # an operator's SSH, say
     with Applied(topo, client_ns, shaped, {"delay": "40ms"}, mode="namespace") as applied:
@@ -228,8 +249,8 @@ def test_netem_is_scoped_to_the_target_port_by_htb_and_u32(topo: NamespaceTopolo
         fast = connect_ms(client_ns, topo.target_addr, other, 6)
         qdiscs = tc(client_ns, "-s", "qdisc", "show", "dev", topo.host_ifname)
         filters = tc(client_ns, "filter", "show", "dev", topo.host_ifname)
-    assert abs(statistics.mean(slow) - 40) <= 0.15 * 40, slow
-    assert statistics.mean(fast) < 10, fast
+    assert abs(statistics.median(slow) - 40) <= 0.15 * 40, slow
+    assert statistics.median(fast) < 10, fast
     assert "qdisc htb 5351: root" in qdiscs and "qdisc netem 5352: parent 5351:10" in qdiscs
     assert "delay 40ms" in qdiscs
     assert "flowid 5351:10" in filters and f"{shaped:04x}0000/ffff0000 at 22" in filters
@@ -240,7 +261,7 @@ def test_netem_is_scoped_to_the_target_port_by_htb_and_u32(topo: NamespaceTopolo
 
 
 @pytest.mark.timeout(60)
-def test_loss_shows_up_as_retransmission_tails(topo: NamespaceTopology, client_ns: str) -> None:
+def test_loss_shows_up_as_retransmission_tails(topo: NamespaceTopology, client_ns: str, serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, echo)
 
     def exchanges(n: int) -> list[float]:
@@ -277,7 +298,7 @@ def test_loss_shows_up_as_retransmission_tails(topo: NamespaceTopology, client_n
 
 @pytest.mark.timeout(90)
 def test_distribution_normal_is_applied_and_read_back(topo: NamespaceTopology,
-                                                      client_ns: str) -> None:
+                                                      client_ns: str, serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, http_like)
 
     def outside_share(fields: dict[str, Any]) -> tuple[float, dict[str, Any]]:
@@ -300,7 +321,7 @@ def test_distribution_normal_is_applied_and_read_back(topo: NamespaceTopology,
 
 
 @pytest.mark.timeout(60)
-def test_netem_rate_limits_throughput(topo: NamespaceTopology, client_ns: str) -> None:
+def test_netem_rate_limits_throughput(topo: NamespaceTopology, client_ns: str, serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, sink)
 
     def upload(n: int) -> float:
@@ -333,7 +354,7 @@ def test_every_parameter_reaches_the_kernel(topo: NamespaceTopology, client_ns: 
 
 
 @pytest.mark.timeout(90)
-def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str) -> None:
+def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str, serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, http_like)
     samples: list[float] = []
 

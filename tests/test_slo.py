@@ -1,0 +1,104 @@
+"""SLO verdicts and exit codes, on real Stats built from request samples."""
+
+from __future__ import annotations
+
+from streamquake.errors import EXIT_OK, EXIT_REVERT_FAILED, EXIT_SLO_BROKEN
+from streamquake.loadgen.metrics import Stats
+from streamquake.loadgen.samples import RequestSample
+from streamquake.result import FaultRecord, RunResult
+from streamquake.runner import PhaseWindow, assign_phases, exit_code_for
+from streamquake.scenario import parse_scenario
+from streamquake.slo import evaluate
+
+SCENARIO = """
+name: slo
+target: {protocol: openai, embedded: {}}
+load:
+  classes:
+    - {name: p0, slos: [{metric: ttft_ms, percentile: 50, max: 150}]}
+    - {name: p3}
+phases: {baseline: 10s, fault: 10s, recovery: 10s}
+slos:
+  - {metric: ttft_ms, percentile: 95, max: 300, phases: [baseline, recovery]}
+  - {metric: error_rate, max: 10%}
+  - {metric: output_tokens_per_s, percentile: 50, min: 20}
+recovery: {tolerance: 10%, metrics: [ttft_ms], percentile: 95, slack: 0ms}
+"""
+
+
+def _stats(ttfts: list[float], errors: int = 0, cls: str = "p0") -> Stats:
+    samples = [
+        RequestSample(cls=cls, sent=0.0, ttfb_ms=1.0, ttft_ms=t, e2e_ms=t + 1000.0,
+                      itl_ms=[20.0] * 49, content_events=50, output_tokens=50)
+        for t in ttfts
+    ]
+    samples += [RequestSample(cls=cls, sent=0.0, error="http_status", status=503)] * errors
+    return Stats.from_samples(samples)
+
+
+def _by(checks: list, **match: object) -> list:
+    return [c for c in checks if all(getattr(c, k) == v for k, v in match.items())]
+
+
+def test_each_slo_is_checked_in_every_phase_but_gates_only_where_listed() -> None:
+    sc = parse_scenario(SCENARIO)
+    good, bad = _stats([100.0] * 99 + [200.0]), _stats([100.0] * 50 + [500.0] * 50, errors=20)
+    phases = {"baseline": good, "fault": bad, "recovery": good}
+    classes = {p: {"p0": s} for p, s in phases.items()}
+    checks = evaluate(sc, phases, classes)
+    ttft = _by(checks, metric="ttft_ms", kind="slo", cls=None)
+    assert [(c.phase, c.passed, c.gating) for c in ttft] == [
+        ("baseline", True, True), ("fault", False, False), ("recovery", True, True)]
+    (err_fault,) = _by(checks, metric="error_rate", phase="fault")
+    assert err_fault.gating and not err_fault.passed
+    assert abs(err_fault.observed - 20 / 120) < 1e-9
+    (tps,) = _by(checks, metric="output_tokens_per_s", phase="baseline")
+    assert tps.op == ">=" and tps.passed          # 50 tokens in 1 s after first token
+    assert len(_by(checks, cls="p0")) == 3
+    (rec,) = _by(checks, kind="recovery")
+    assert rec.passed and rec.threshold == good.percentile("ttft_ms", 95) * 1.1
+
+
+def test_recovery_slower_than_baseline_tolerance_fails() -> None:
+    sc = parse_scenario(SCENARIO)
+    base, slow = _stats([100.0] * 100), _stats([115.0] * 100)
+    checks = evaluate(sc, {"baseline": base, "fault": base, "recovery": slow}, {})
+    (rec,) = _by(checks, kind="recovery")
+    assert not rec.passed and rec.gating and "baseline 100" in rec.detail
+
+
+def test_no_data_fails_rather_than_passes() -> None:
+    sc = parse_scenario(SCENARIO)
+    empty = Stats.from_samples([])
+    checks = evaluate(sc, {"baseline": empty}, {})
+    (ttft,) = _by(checks, metric="ttft_ms", kind="slo")
+    assert ttft.observed is None and not ttft.passed and "no data" in ttft.detail
+
+
+def test_assign_phases_scores_only_requests_that_start_and_end_in_a_phase() -> None:
+    windows = [PhaseWindow("baseline", 100.0, 110.0), PhaseWindow("fault", 110.0, 120.0)]
+    inside = RequestSample(cls="a", sent=101.0, e2e_ms=2000.0)
+    straddler = RequestSample(cls="a", sent=109.5, e2e_ms=1000.0)
+    queued = RequestSample(cls="a", sent=110.5, scheduled=109.0, e2e_ms=100.0)
+    before = RequestSample(cls="a", sent=99.0, e2e_ms=10.0)
+    scored, straddled = assign_phases([inside, straddler, queued, before], windows)
+    assert scored == {"baseline": [inside], "fault": []}
+    assert straddled == {"baseline": 2, "fault": 0}   # queued: due in baseline, ran into fault
+
+
+def _result(checks: list, faults: list | None = None, interrupted: str | None = None) -> RunResult:
+    return RunResult("s", "s.yaml", {}, "0", 0.0, 1.0, interrupted, [], checks, faults or [], {})
+
+
+def test_exit_codes() -> None:
+    sc = parse_scenario(SCENARIO)
+    good = _stats([100.0] * 10)
+    ok_checks = evaluate(sc, {"baseline": good, "fault": good, "recovery": good}, {})
+    assert exit_code_for(_result(ok_checks), revert_failed=False) == EXIT_OK
+    bad = _stats([100.0] * 10, errors=10)
+    broken = evaluate(sc, {"baseline": bad, "fault": good, "recovery": good}, {})
+    assert exit_code_for(_result(broken), revert_failed=False) == EXIT_SLO_BROKEN
+    assert exit_code_for(_result(ok_checks), revert_failed=True) == EXIT_REVERT_FAILED
+    failed_fault = FaultRecord("f", "netem", "fault", {}, error="apply failed: no")
+    assert exit_code_for(_result(ok_checks, [failed_fault]), revert_failed=False) == 3
+    assert exit_code_for(_result(ok_checks, interrupted="SIGTERM"), revert_failed=False) == 143
