@@ -93,7 +93,8 @@ def validate(scenario_file: Annotated[Path, typer.Argument(help="Scenario YAML f
         return
     faults = ", ".join(f"{f.label} ({f.type}, {f.phase})" for f in scenario.faults) or "none"
     console.print(f"{scenario_file}: OK: scenario '{scenario.name}', "
-                  f"{scenario.phases.total_s:g} s, faults: {faults}", highlight=False, soft_wrap=True)
+                  f"{scenario.phases.total_s:g} s, faults: {faults}",
+                  highlight=False, soft_wrap=True)
 
 
 @app.command()

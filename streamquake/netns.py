@@ -36,7 +36,7 @@ from streamquake.netprofiles import get_profile
 
 TOPOLOGY_JOURNAL_TYPE = "netns"
 NETNS_DIR = Path(pr_netns.NETNS_RUN_DIR)
-_SUBNET_POOL = ipaddress.ip_network("10.213.0.0/16")
+_SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 _CAP_NET_ADMIN = 12
 _ENOENT, _ENODEV, _ESRCH = 2, 19, 3
 
@@ -151,7 +151,7 @@ def run_with_deadline(fn: Callable[[], T], timeout_s: float, what: str) -> T:
     return box["value"]  # type: ignore[no-any-return]
 
 
-def _used_networks(ipr: IPRoute) -> list[ipaddress.IPv4Network]:
+def _used_networks(ipr: IPRoute) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
     used = []
     for msg in ipr.get_addr(family=2):
         used.append(ipaddress.ip_network(
@@ -170,7 +170,7 @@ def _pick_subnet(ipr: IPRoute) -> ipaddress.IPv4Network:
     for net in candidates[start:] + candidates[:start]:
         # The default route 0/0 overlaps everything and says nothing about a clash.
         if not any(net.overlaps(u) for u in used if u.prefixlen > 0):
-            return net  # type: ignore[return-value]
+            return net
     raise InjectorError(
         f"no free /30 left in {_SUBNET_POOL} for a target namespace: remove stale sq-* "
         "namespaces (`streamquake recover`) or free part of that range"

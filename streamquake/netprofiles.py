@@ -1,4 +1,4 @@
-"""Named network paths, as netem parameters: what a client sees from ``same-az`` or ``cross-region``.
+"""Named network paths as netem parameters: what a client sees from ``same-az``, ``cross-region``.
 
 Each profile reproduces a class of path by its time to first byte (TTFB) as a streaming client
 measures it against a hosted LLM endpoint: ``same-az`` about 82 ms median and 290 ms at P95 (client

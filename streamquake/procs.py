@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from streamquake.errors import TargetError
@@ -28,6 +29,15 @@ def _die_with_parent() -> None:
 def spawn(cmd: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
     """Start ``cmd`` as a child that is sent SIGTERM if this process dies."""
     return subprocess.Popen(list(cmd), preexec_fn=_die_with_parent, **popen_kwargs)
+
+
+def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    """Our environment plus ``extra``, with this very package importable by the child even
+    when it runs from a source checkout (Locust, for one, imports its locustfile by path)."""
+    env = {**os.environ, **(extra or {})}
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def python_module_cmd(module: str, *args: str) -> list[str]:

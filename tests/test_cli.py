@@ -41,7 +41,8 @@ def test_usage_errors_exit_2(tmp_path: Path) -> None:
 def test_help_documents_exit_codes() -> None:
     proc = run_cli("run", "--help")
     assert proc.returncode == 0
-    for fragment in ("0 all SLOs met", "1 an SLO broken", "2 scenario", "3 environment", "4 a fault"):
+    fragments = ("0 all SLOs met", "1 an SLO broken", "2 scenario", "3 environment", "4 a fault")
+    for fragment in fragments:
         assert fragment in " ".join(proc.stdout.split())
 
 

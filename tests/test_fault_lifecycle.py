@@ -47,7 +47,9 @@ def _scenario(tmp_path: Path, fault_s: float = 3, itl_max: float = 40) -> Path:
     return path
 
 
-def _run(args: list[str], env: dict[str, str], timeout: float = 80) -> subprocess.CompletedProcess[str]:
+def _run(
+    args: list[str], env: dict[str, str], timeout: float = 80
+) -> subprocess.CompletedProcess[str]:
     return subprocess.run(cli_cmd(*args), env=env, cwd=REPO, capture_output=True, text=True,
                           timeout=timeout)
 
@@ -89,7 +91,8 @@ def test_shipped_gpu_downclock_scenario_breaks_only_in_the_fault_phase(
     assert proc.returncode == 1, proc.stdout + proc.stderr
     assert _unlocked(gpus, original)
     report = json.loads((out / "report.json").read_text())
-    broken = {(c["metric"], c["phase"]) for c in report["checks"] if c["gating"] and not c["passed"]}
+    broken = {(c["metric"], c["phase"])
+              for c in report["checks"] if c["gating"] and not c["passed"]}
     assert broken == {("itl_ms", "fault")}, report["checks"]
     itl = {p["name"]: p["stats"]["itl_ms"]["p50"] for p in report["phases"]}
     assert itl["fault"] > 2.0 * itl["baseline"]      # 1980 MHz -> 800 MHz: ~2.5x slower
@@ -127,7 +130,9 @@ def _start_and_wait_for_fault(args: list[str], env: dict[str, str]) -> subproces
 
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_interrupt_during_fault_reverts(gpus: FakeGpus, tmp_path: Path, sig: signal.Signals) -> None:
+def test_interrupt_during_fault_reverts(
+    gpus: FakeGpus, tmp_path: Path, sig: signal.Signals
+) -> None:
     state_dir, out = tmp_path / "state", tmp_path / "out"
     original = gpus.text()
     proc = _start_and_wait_for_fault(

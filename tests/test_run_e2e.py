@@ -1,4 +1,5 @@
-"""The whole loop, for real: CLI -> embedded target -> SSE proxy -> Locust -> verdicts -> reports."""
+"""The whole loop, for real: CLI -> embedded target -> SSE proxy -> Locust -> verdicts ->
+reports."""
 
 from __future__ import annotations
 
@@ -30,7 +31,8 @@ load:
   seed: 3
 phases: {{warmup: 1s, baseline: 4s, fault: 4s, recovery: 4s}}
 faults:
-  - {{type: sse_proxy, name: chunk-drop, phase: fault, drop: 20%, first_event_delay: 300ms, seed: 3}}
+  - {{type: sse_proxy, name: chunk-drop, phase: fault, drop: 20%, first_event_delay: 300ms,
+      seed: 3}}
 slos:
   - {{metric: ttft_ms, percentile: 95, max: {ttft_max}, phases: [baseline, recovery]}}
   - {{metric: chunk_loss, max: 2%, phases: [baseline, recovery]}}

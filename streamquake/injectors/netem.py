@@ -38,7 +38,6 @@ from streamquake.injectors.tc_scope import (
     ScopedTc,
     TcPlacement,
     psched_ns_per_tick,
-    resolve_placement,
 )
 from streamquake.journal import JournalEntry
 from streamquake.netns import NetworkConfig
@@ -60,7 +59,7 @@ def _u32(frac: float) -> int:
 
 
 class NetemFault(FaultSpec, TcPlacement):
-    """A netem fault as written in a scenario (``delay: 100ms``, ``loss: 1.5%``, ``rate: 8mbit``)."""
+    """A netem fault as a scenario writes it (``delay: 100ms``, ``loss: 1.5%``, ``rate: 8mbit``)."""
 
     type: Literal["netem"] = "netem"
     profile: str | None = None
@@ -192,7 +191,7 @@ def load_table(name: str) -> list[int]:
 # ---------------------------------------------------------------------------- netlink message
 
 
-class netem_qdisc_msg(nlmsg):
+class netem_qdisc_msg(nlmsg):  # type: ignore[misc]
     """A tc qdisc message whose netem options carry every attribute netem knows."""
 
     prefix = "TCA_"
@@ -206,7 +205,7 @@ class netem_qdisc_msg(nlmsg):
         ("TCA_OPTIONS", "netem_options"),
     )
 
-    class netem_options(nla):
+    class netem_options(nla):  # type: ignore[misc]
         # struct tc_netem_qopt, then attributes (netem's own "nested after a struct" layout).
         fields = (
             ("latency", "I"), ("limit", "I"), ("loss", "I"),
@@ -223,13 +222,13 @@ class netem_qdisc_msg(nlmsg):
             (11, "TCA_NETEM_JITTER64", "int64"),
         )
 
-        class corr(nla):
+        class corr(nla):  # type: ignore[misc]
             fields = (("delay_corr", "I"), ("loss_corr", "I"), ("dup_corr", "I"))
 
-        class pair(nla):
+        class pair(nla):  # type: ignore[misc]
             fields = (("probability", "I"), ("correlation", "I"))
 
-        class rate(nla):
+        class rate(nla):  # type: ignore[misc]
             fields = (("rate", "I"), ("packet_overhead", "i"), ("cell_size", "I"),
                       ("cell_overhead", "i"))
 
@@ -380,7 +379,7 @@ class NetemInjector:
 
     def describe(self) -> dict[str, Any]:
         f = self.effective
-        placement = resolve_placement(self.spec, self.ctx)
+        placement = self._tc.placement
         view: dict[str, Any] = {
             "type": "netem", "name": self.spec.label, "delay_ms": f.delay_ms,
             "jitter_ms": f.jitter_ms, "correlation": f.correlation,

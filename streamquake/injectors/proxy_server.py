@@ -17,7 +17,6 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import random
 import re
 import signal
@@ -37,9 +36,8 @@ from multidict import CIMultiDict
 from pydantic import ValidationError
 from yarl import URL
 
-import streamquake
 from streamquake.injectors.sse_proxy import CONTROL_PREFIX, SSEProxyFault, fault_from_params
-from streamquake.procs import python_module_cmd, read_listening_line, spawn, stop
+from streamquake.procs import child_env, python_module_cmd, read_listening_line, spawn, stop
 from streamquake.units import parse_duration_s
 
 log = logging.getLogger("streamquake.proxy")
@@ -781,14 +779,6 @@ class ProxyProcess:
         self.stop()
 
 
-def _child_env() -> dict[str, str]:
-    env = dict(os.environ)
-    # The child must import this very package even when it runs from a source checkout.
-    root = str(Path(streamquake.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def start_proxy(upstream_url: str, seed: int = 0, ready_timeout_s: float = 15.0, *,
                 host: str = "127.0.0.1", port: int = 0, insecure: bool = False,
                 connect_timeout: str = "10s", read_timeout: str = "120s",
@@ -802,7 +792,7 @@ def start_proxy(upstream_url: str, seed: int = 0, ready_timeout_s: float = 15.0,
     log_file = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
     try:
         proc = spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
-                     env=_child_env())
+                     env=child_env())
     finally:
         if log_file is not None:
             log_file.close()

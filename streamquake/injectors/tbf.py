@@ -15,7 +15,7 @@ from streamquake.errors import InjectorError
 from streamquake.injectors.base import RunContext, register
 from streamquake.injectors.netem import add_netem, kernel_options, load_table, network_profile_fault
 from streamquake.injectors.spec import FaultSpec
-from streamquake.injectors.tc_scope import LeafQdisc, ScopedTc, TcPlacement, resolve_placement
+from streamquake.injectors.tc_scope import LeafQdisc, ScopedTc, TcPlacement
 from streamquake.journal import JournalEntry
 from streamquake.units import parse_duration_ms, parse_rate_bytes_per_s, parse_size_bytes
 
@@ -94,7 +94,7 @@ class TbfInjector:
 
     def describe(self) -> dict[str, Any]:
         s = self.spec
-        placement = resolve_placement(s, self.ctx)
+        placement = self._tc.placement
         return {
             "type": "tbf", "name": s.label, "rate_bytes_per_s": s.rate_bytes_per_s,
             "rate_mbit": s.rate_bytes_per_s * 8 / 1e6, "burst_bytes": s.burst,

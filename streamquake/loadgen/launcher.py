@@ -10,14 +10,12 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import socket
 import subprocess
 import time
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
-import streamquake
 from streamquake import procs
 from streamquake.errors import StreamquakeError
 from streamquake.loadgen.plan import LoadPlan
@@ -116,7 +114,7 @@ def start_locust(
         "--run-time", f"{run_time}s", "--stop-timeout", f"{stop_timeout:g}",
         "--only-summary", "--exit-code-on-error", "0",
     ]
-    env = _child_env(plan_path)
+    env = procs.child_env({PLAN_ENV: str(plan_path)})
     launches: list[tuple[list[str], Path]] = []
     if workers > 0:
         port = _free_port()
@@ -151,15 +149,6 @@ def start_load(
 
     plan = load_plan_for(scenario, base_url, work_dir / "samples", end_at)
     return start_locust(plan, work_dir, run_time_s, workers=scenario.load.workers)
-
-
-def _child_env(plan_path: Path) -> dict[str, str]:
-    env = {**os.environ, PLAN_ENV: str(plan_path)}
-    # Locust imports the locustfile by path; its imports of streamquake must find this very
-    # package even when it runs from a source checkout.
-    root = str(Path(streamquake.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def _free_port() -> int:

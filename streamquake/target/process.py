@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import ssl
 import subprocess
 import tempfile
@@ -13,7 +12,6 @@ from pathlib import Path
 from types import TracebackType
 from typing import IO
 
-import streamquake
 from streamquake import procs
 from streamquake.errors import TargetError
 from streamquake.target.config import TargetConfig
@@ -93,14 +91,6 @@ def wait_healthy(url: str, timeout_s: float) -> None:
         time.sleep(0.05)
 
 
-def _child_env(extra: dict[str, str] | None) -> dict[str, str]:
-    env = {**os.environ, **(extra or {})}
-    # The child must import this very package even when it runs from a source checkout.
-    root = str(Path(streamquake.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
-
-
 def target_cmd(config: TargetConfig, host: str, port: int) -> list[str]:
     return procs.python_module_cmd(
         "streamquake.target",
@@ -137,7 +127,7 @@ def start_target(
             stdin=subprocess.DEVNULL,
             stdout=subprocess.PIPE,
             stderr=stderr,
-            env=_child_env(env),
+            env=procs.child_env(env),
         )
     except OSError as exc:
         stderr.close()

@@ -374,3 +374,34 @@ def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str,
     assert len(ranked) == 200
     assert abs(median - 82) <= 0.15 * 82, median
     assert abs(p95 - 290) <= 0.25 * 290, p95
+
+
+@pytest.mark.timeout(90)
+def test_embedded_target_in_its_namespace_sees_the_delay(topo: NamespaceTopology,
+                                                        client_ns: str) -> None:
+    # The real embedded target, started inside the topology's namespace through cmd_prefix.
+    from streamquake.target.config import TargetConfig
+    from streamquake.target.process import start_target
+
+    def first_byte_ms(port: int, n: int) -> list[float]:
+        out = []
+        for _ in range(n):
+            with tcp_socket(client_ns) as s:
+                s.connect((topo.target_addr, port))
+                t0 = time.perf_counter()
+                s.sendall(b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+                assert s.recv(12).startswith(b"HTTP/1.1 200")
+                out.append((time.perf_counter() - t0) * 1000)
+                while s.recv(4096):
+                    pass
+        return out
+
+    # This process lives outside the topology, so the health check runs from the client side.
+    with start_target(TargetConfig(), host=topo.target_addr, cmd_prefix=topo.cmd_prefix(),
+                      health_check=False, ready_timeout_s=60) as target:
+        port = int(target.url.rsplit(":", 1)[1])
+        assert target.url == f"http://{topo.target_addr}:{port}"
+        base = first_byte_ms(port, 6)
+        with Applied(topo, client_ns, port, {"delay": "40ms"}, mode="namespace"):
+            delayed = first_byte_ms(port, 8)
+    assert shift_ok(base, delayed, 40, 0.15), (base, delayed)

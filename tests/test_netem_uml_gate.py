@@ -1,0 +1,33 @@
+"""The netem tests need a kernel with sch_netem, which this machine's lacks: boot User-Mode Linux
+(scripts/uml-run) and run tests/uml in it. This fails, never skips, when UML cannot boot or any
+test inside fails or is skipped. About 45 s: a 2.5 s boot, then the tests.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+UML_TIMEOUT_S = 170
+MIN_INNER_TESTS = 10
+
+
+@pytest.mark.timeout(UML_TIMEOUT_S + 30)
+def test_netem_tests_pass_inside_user_mode_linux() -> None:
+    cmd = [str(REPO / "scripts" / "uml-run"), "--timeout", str(UML_TIMEOUT_S), "--",
+           sys.executable, "-m", "pytest", "-m", "uml", "tests/uml", "-q", "-rfEs",
+           "-p", "no:cacheprovider", "--color=no"]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True,
+                          timeout=UML_TIMEOUT_S + 20)
+    out = (proc.stdout + proc.stderr).replace("\r", "")
+    tail = "\n".join(out.splitlines()[-60:])
+    assert proc.returncode == 0, f"scripts/uml-run exited with {proc.returncode}:\n{tail}"
+    summary = re.search(r"^=* ?(\d+) passed.* in [\d.]+s", out, re.M)
+    assert summary, f"no pytest summary from inside UML:\n{tail}"
+    assert int(summary.group(1)) >= MIN_INNER_TESTS, tail
+    assert not re.search(r"\d+ (skipped|failed|error)", summary.group(0)), tail
