@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from streamquake.injectors.base import injector_class
 from streamquake.journal import Journal
 
@@ -16,7 +18,8 @@ def recover_all(journal: Journal | None = None) -> tuple[list[str], bool]:
     for entry in entries:
         label = f"{entry['name']} ({entry['type']}, applied by pid {entry['pid']})"
         try:
-            said = injector_class(entry["type"]).recover(entry.get("state", {}))
+            cls: Any = injector_class(entry["type"])
+            said = cls.recover(entry.get("state", {}))
         except Exception as exc:  # noqa: BLE001 - keep going; the entry stays for a retry
             failed = True
             lines.append(f"FAILED {label}: {exc}")

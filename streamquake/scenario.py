@@ -237,7 +237,9 @@ class RecoverySpec(_Model):
 
     tolerance: float = 0.10
     percentile: float = Field(default=95.0, gt=0, le=100)
-    metrics: list[HistogramMetric] = Field(default_factory=lambda: ["ttft_ms", "itl_ms"])
+    metrics: list[HistogramMetric] = Field(
+        default_factory=lambda: typing.cast(list[HistogramMetric], ["ttft_ms", "itl_ms"])
+    )
     slack_ms: float = Field(default=5.0, alias="slack", ge=0)
 
     _t = field_validator("tolerance", mode="before")(lambda v: parse_fraction(v))

@@ -39,8 +39,9 @@ def parse_duration_ms(value: str | int | float) -> float:
         if value < 0:
             raise ValueError(f"a duration cannot be negative, got {value!r}")
         return float(value)
-    if isinstance(value, str) and _DURATION.match(value) and not _DURATION.match(value)["unit"]:
-        return float(value)
+    m = _DURATION.match(value) if isinstance(value, str) else None
+    if m is not None and not m["unit"]:
+        return float(m["num"])
     return parse_duration_s(value) * 1000.0
 
 

@@ -31,8 +31,8 @@ def print_result(result: RunResult, console: Console) -> None:
     verdicts.add_column("check")
     for phase in PHASE_COLUMNS:
         verdicts.add_column(phase, justify="right")
-    for label, cells in verdict_rows(result):
-        verdicts.add_row(label, *(_render(cells.get(p)) for p in PHASE_COLUMNS))
+    for label, verdict_cells in verdict_rows(result):
+        verdicts.add_row(label, *(_render(verdict_cells.get(p)) for p in PHASE_COLUMNS))
     console.print(verdicts)
 
     for fault in result.faults:

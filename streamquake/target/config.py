@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -60,11 +61,9 @@ class OutputLength(_Frozen):
 
 
 class TargetConfig(_Frozen):
-    protocols: list[Protocol] = Field(
-        default_factory=lambda: ["gemini", "openai", "anthropic", "sse"]
-    )
-    ttft: Delay = Field(default_factory=lambda: Fixed(value="200ms"))
-    itl: Delay = Field(default_factory=lambda: Fixed(value="20ms"))
+    protocols: list[Protocol] = Field(default_factory=lambda: list(typing.get_args(Protocol)))
+    ttft: Delay = Field(default_factory=lambda: Fixed.model_validate({"value": "200ms"}))
+    itl: Delay = Field(default_factory=lambda: Fixed.model_validate({"value": "20ms"}))
     output_tokens: OutputLength = Field(default_factory=OutputLength)
     capacity: int = Field(default=256, ge=1, description="streams served at once; more wait")
     error_rate: float = Field(default=0.0, description="fraction answered 500 before streaming")
