@@ -6,6 +6,7 @@ import json
 import time
 
 from rich.console import Console
+from rich.markup import escape
 
 from streamquake.events import Events
 from streamquake.result import FaultRecord
@@ -23,18 +24,19 @@ def attach_live_log(events: Events, console: Console) -> None:
         return f"[dim]{time.monotonic() - t_start:6.1f}s[/]"
 
     def on_message(text: str) -> None:
-        console.print(f"{stamp()} {text}", highlight=False)
+        console.print(f"{stamp()} {escape(text)}", highlight=False)
 
     def on_phase(phase: str, duration_s: float) -> None:
         console.print(f"{stamp()} [bold]phase {phase}[/] ({duration_s:g} s)", highlight=False)
 
     def on_applied(record: FaultRecord) -> None:
-        console.print(f"{stamp()} [yellow]fault applied[/] {record.name} ({record.type}): "
-                      f"{_short(record.applied)}", highlight=False, markup=True)
+        console.print(f"{stamp()} [yellow]fault applied[/] {escape(record.name)} ({record.type}): "
+                      f"{escape(_short(record.applied))}", highlight=False)
 
     def on_reverted(record: FaultRecord) -> None:
-        state = f"[red]{record.error}[/]" if record.error else _short(record.reverted)
-        console.print(f"{stamp()} [green]fault reverted[/] {record.name}: {state}",
+        what = record.error or _short(record.reverted)
+        state = f"[red]{escape(what)}[/]" if record.error else escape(what)
+        console.print(f"{stamp()} [green]fault reverted[/] {escape(record.name)}: {state}",
                       highlight=False)
 
     events.on("message", on_message)

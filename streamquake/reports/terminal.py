@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from streamquake.reports.table import PHASE_COLUMNS, Cell, summary_rows, verdict_rows, verdict_word
@@ -24,7 +25,7 @@ def print_result(result: RunResult, console: Console) -> None:
     for phase in PHASE_COLUMNS:
         summary.add_column(phase, justify="right")
     for label, cells in summary_rows(result):
-        summary.add_row(label, *(cells[p] for p in PHASE_COLUMNS))
+        summary.add_row(escape(label), *(cells[p] for p in PHASE_COLUMNS))
     console.print(summary)
 
     verdicts = Table(title="SLO verdicts", title_justify="left")
@@ -32,14 +33,14 @@ def print_result(result: RunResult, console: Console) -> None:
     for phase in PHASE_COLUMNS:
         verdicts.add_column(phase, justify="right")
     for label, verdict_cells in verdict_rows(result):
-        verdicts.add_row(label, *(_render(verdict_cells.get(p)) for p in PHASE_COLUMNS))
+        verdicts.add_row(escape(label), *(_render(verdict_cells.get(p)) for p in PHASE_COLUMNS))
     console.print(verdicts)
 
     for fault in result.faults:
-        state = "[red]" + fault.error + "[/]" if fault.error else "applied and reverted"
-        console.print(f"fault [bold]{fault.name}[/] ({fault.type}, {fault.phase}): {state}")
+        state = f"[red]{escape(fault.error)}[/]" if fault.error else "applied and reverted"
+        console.print(f"fault [bold]{escape(fault.name)}[/] ({fault.type}, {fault.phase}): {state}")
     for err in result.errors:
-        console.print(f"[yellow]warning:[/] {err}")
+        console.print(f"[yellow]warning:[/] {escape(err)}")
     word = verdict_word(result)
     style = "green" if word == "ALL SLOs MET" else "bold red"
     console.print(f"[{style}]{word}[/]")
