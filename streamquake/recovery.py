@@ -6,6 +6,7 @@ from typing import Any
 
 from streamquake.injectors.base import injector_class
 from streamquake.journal import Journal
+from streamquake.netns import TOPOLOGY_JOURNAL_TYPE, NamespaceTopology
 
 
 def recover_all(journal: Journal | None = None) -> tuple[list[str], bool]:
@@ -15,10 +16,12 @@ def recover_all(journal: Journal | None = None) -> tuple[list[str], bool]:
     if not entries:
         return [f"nothing to recover: the journal {journal.path} lists no applied fault"], False
     lines, failed = [], False
-    for entry in entries:
+    # Faults first, then the namespaces and links they were applied in.
+    for entry in sorted(entries, key=lambda e: e["type"] == TOPOLOGY_JOURNAL_TYPE):
         label = f"{entry['name']} ({entry['type']}, applied by pid {entry['pid']})"
         try:
-            cls: Any = injector_class(entry["type"])
+            cls: Any = (NamespaceTopology if entry["type"] == TOPOLOGY_JOURNAL_TYPE
+                        else injector_class(entry["type"]))
             said = cls.recover(entry.get("state", {}))
         except Exception as exc:  # noqa: BLE001 - keep going; the entry stays for a retry
             failed = True

@@ -155,6 +155,8 @@ class Runner:
                     stack.callback(lambda: setattr(signals, "shielded", True))
                     ctx = self._start_parts(stack)
                     injectors = self._build_injectors(ctx)
+                    for spec, inj in self._whole_run_faults(ctx):
+                        self._apply(stack, spec, inj, phase="whole run")
                     sampler = self._start_telemetry(stack, telemetry)
                     del sampler
                     self.events.emit("run_started", self.scenario, self.out_dir)
@@ -260,6 +262,7 @@ class Runner:
             run_dir=self.work_dir,
             proxy_control_url=proxy_control,
             target_netns=netns,
+            extra={"network": self.scenario.network},
         )
 
     @staticmethod
@@ -285,6 +288,19 @@ class Runner:
         if problems:
             raise PreflightError(problems)
         return built
+
+    def _whole_run_faults(self, ctx: RunContext) -> list[tuple[Any, Any]]:
+        """A network profile (``network.profile``) shapes the path for the whole run."""
+        from streamquake.injectors.netem import NetemInjector, network_profile_fault
+
+        spec = network_profile_fault(self.scenario.network)
+        if spec is None:
+            return []
+        inj = NetemInjector(spec, ctx)
+        problems = inj.preflight()
+        if problems:
+            raise PreflightError([f"network profile '{spec.label}': {p}" for p in problems])
+        return [(spec, inj)]
 
     def _start_telemetry(self, stack: contextlib.ExitStack, telemetry: dict[str, Any]) -> Any:
         from streamquake.gpu_telemetry import GpuSampler
@@ -341,8 +357,9 @@ class Runner:
                 )
             time.sleep(min(0.2, left))
 
-    def _apply(self, stack: contextlib.ExitStack, spec: Any, inj: Any) -> None:
-        record = FaultRecord(name=spec.label, type=spec.type, phase=spec.phase,
+    def _apply(self, stack: contextlib.ExitStack, spec: Any, inj: Any,
+               phase: str | None = None) -> None:
+        record = FaultRecord(name=spec.label, type=spec.type, phase=phase or spec.phase,
                              configured=inj.describe())
         self.records.append(record)
         entry = self.journal.add(spec.type, spec.label)

@@ -301,7 +301,8 @@ def test_preflight_without_cap_net_admin_is_one_sentence() -> None:
 
 @needs_root
 @pytest.mark.timeout(30)
-def test_tbf_limits_only_the_target_port(topo: NamespaceTopology, client_ns: str, serve: Serve) -> None:
+def test_tbf_limits_only_the_target_port(topo: NamespaceTopology, client_ns: str,
+                                         serve: Serve) -> None:
     shaped = serve(topo.netns, topo.target_addr, sink)
     other = serve(topo.netns, topo.target_addr, sink)
     inj = TbfInjector(TbfFault.model_validate({"rate": "1mbit"}),
@@ -326,8 +327,8 @@ def test_tbf_limits_only_the_target_port(topo: NamespaceTopology, client_ns: str
 @needs_root
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("mode", ["namespace", "host"])
-def test_tbf_both_directions_limits_the_answers(topo: NamespaceTopology, client_ns: str, serve: Serve,
-                                                mode: str) -> None:
+def test_tbf_both_directions_limits_the_answers(topo: NamespaceTopology, client_ns: str,
+                                                serve: Serve, mode: str) -> None:
     # namespace: shaped where the answers leave the target's veth end; host: through an ifb.
     port = serve(topo.netns, topo.target_addr, source)
     inj = TbfInjector(TbfFault.model_validate({"rate": "1mbit"}),
@@ -466,31 +467,38 @@ for e in reversed(journal.entries()):  # faults before the topology they live in
 @needs_root
 @pytest.mark.timeout(60)
 def test_recover_after_sigkill_leaves_nothing_of_ours(client_ns: str) -> None:
-    with subprocess.Popen([sys.executable, "-c", _APPLY_AND_WAIT, client_ns],
-                          stdout=subprocess.PIPE, text=True, cwd=REPO) as applier:
-        try:
-            line = applier.stdout.readline() if applier.stdout else ""
-            assert line.startswith("APPLIED"), f"the applying process said {line!r}"
-            _, target_ns, host_if = line.split()
-            assert ours_left(client_ns, host_if)
-            assert any("sqifb" in ln for ln in links(client_ns).splitlines())
-        finally:
-            applier.send_signal(signal.SIGKILL)
-            applier.wait(timeout=10)
-    assert len(Journal().entries()) == 3  # topology + two faults, left behind by the kill
-    out = subprocess.run([sys.executable, "-c", _RECOVER], capture_output=True, text=True,
-                         timeout=30, cwd=REPO)
-    assert out.returncode == 0, out.stderr
-    assert Journal().entries() == []
-    assert target_ns not in pr_netns.listnetns()
-    assert host_if not in links(client_ns)
-    assert [ln for ln in links(client_ns).splitlines() if "sq" in ln] == []
-    assert [ln for ln in tc(client_ns, "qdisc", "show").splitlines() if "535" in ln] == []
-    # Recovering again finds nothing to do, and says so.
-    again = subprocess.run([sys.executable, "-c", _RECOVER], capture_output=True, text=True,
-                           timeout=30, cwd=REPO)
-    assert again.returncode == 0 and again.stdout == ""
-    assert TOPOLOGY_JOURNAL_TYPE in out.stdout or "namespace" in out.stdout
+    target_ns = ""
+    try:
+        with subprocess.Popen([sys.executable, "-c", _APPLY_AND_WAIT, client_ns],
+                              stdout=subprocess.PIPE, text=True, cwd=REPO) as applier:
+            try:
+                line = applier.stdout.readline() if applier.stdout else ""
+                assert line.startswith("APPLIED"), f"the applying process said {line!r}"
+                _, target_ns, host_if = line.split()
+                assert ours_left(client_ns, host_if)
+                assert any("sqifb" in ln for ln in links(client_ns).splitlines())
+            finally:
+                applier.send_signal(signal.SIGKILL)
+                applier.wait(timeout=10)
+        assert [e["type"] for e in Journal().entries()] == [TOPOLOGY_JOURNAL_TYPE, "tbf", "tbf"]
+        out = subprocess.run([sys.executable, "-c", _RECOVER], capture_output=True, text=True,
+                             timeout=30, cwd=REPO)
+        assert out.returncode == 0, out.stderr
+        said = out.stdout.splitlines()
+        assert [ln.split(":")[0] for ln in said[:2]] == ["tbf fault", "tbf fault"], said
+        assert "ifb sqifb" in said[0] and "class 5351:10" in said[1]
+        assert said[2] == f"removed veth {host_if} and namespace {target_ns}"
+        assert Journal().entries() == []
+        assert target_ns not in pr_netns.listnetns()
+        assert [ln for ln in links(client_ns).splitlines() if "sq" in ln] == []
+        assert [ln for ln in tc(client_ns, "qdisc", "show").splitlines() if "535" in ln] == []
+        # Recovering again finds nothing left to do.
+        again = subprocess.run([sys.executable, "-c", _RECOVER], capture_output=True, text=True,
+                               timeout=30, cwd=REPO)
+        assert again.returncode == 0 and again.stdout == ""
+    finally:
+        if target_ns in pr_netns.listnetns():  # only when the test failed half-way
+            pr_netns.remove(target_ns)
 
 
 @needs_root

@@ -362,9 +362,12 @@ class NetemInjector:
         opts = self._prepare()
         result = self._tc.apply(entry)
         want = expected_view(opts)
+        # Kernels before 4.15 report delays in psched ticks only: allow that rounding.
+        slack = {"delay_ns": psched_ns_per_tick(), "jitter_ns": psched_ns_per_tick()}
         for hop in result["kernel"]:
             got = [q["options"] for q in hop.get("qdiscs", []) if q["kind"] == "netem"]
-            diff = {k: (v, got[0].get(k)) for k, v in want.items() if got and got[0].get(k) != v}
+            diff = {k: (v, got[0].get(k)) for k, v in want.items()
+                    if got and abs((got[0].get(k) or 0) - v) > slack.get(k, 0)}
             if not got or diff:
                 self.revert()
                 raise InjectorError(

@@ -13,7 +13,13 @@ from pyroute2 import IPRoute
 
 from streamquake.errors import InjectorError
 from streamquake.injectors.base import RunContext, register
-from streamquake.injectors.netem import add_netem, kernel_options, load_table, network_profile_fault
+from streamquake.injectors.netem import (
+    add_netem,
+    decode_netem,
+    kernel_options,
+    load_table,
+    network_profile_fault,
+)
 from streamquake.injectors.spec import FaultSpec
 from streamquake.injectors.tc_scope import LeafQdisc, ScopedTc, TcPlacement
 from streamquake.journal import JournalEntry
@@ -62,7 +68,7 @@ class TbfInjector:
         leaves = [LeafQdisc("tbf", self._add_tbf)]
         if self.profile is not None:
             leaves.append(LeafQdisc("netem", self._add_profile))
-        self._tc = ScopedTc(ctx, spec, leaves)
+        self._tc = ScopedTc(ctx, spec, leaves, {"netem": decode_netem})
 
     def _add_tbf(self, ipr: IPRoute, index: int, parent: int, handle: int) -> None:
         s = self.spec

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import socket
 import statistics
@@ -27,7 +28,13 @@ import pytest
 from pyroute2 import netns as pr_netns
 
 from streamquake.injectors.base import RunContext
-from streamquake.injectors.netem import NetemFault, NetemInjector, load_table
+from streamquake.injectors.netem import (
+    NetemFault,
+    NetemInjector,
+    load_table,
+    network_profile_fault,
+)
+from streamquake.injectors.tbf import TbfFault, TbfInjector
 from streamquake.journal import Journal
 from streamquake.netns import NamespaceTopology, NetworkConfig, entered, iproute
 
@@ -162,13 +169,16 @@ def ttfb_ms(conn: socket.socket) -> float:
     return elapsed
 
 
-def fresh_ttfb_ms(ns: str, addr: str, port: int, n: int) -> list[float]:
-    out = []
-    for _ in range(n):
-        with tcp_socket(ns) as s:
-            s.connect((addr, port))
-            out.append(ttfb_ms(s))
-    return out
+def warm_ttfb_ms(ns: str, addr: str, port: int, n: int) -> list[float]:
+    """TTFB of ``n`` requests on one kept-alive connection (after an untimed first one).
+
+    A warm connection keeps the server's per-connection start-up out of the numbers: with a
+    delay, that start-up would hide inside the wait and shrink the measured shift.
+    """
+    with tcp_socket(ns) as s:
+        s.connect((addr, port))
+        ttfb_ms(s)
+        return [ttfb_ms(s) for _ in range(n)]
 
 
 def tc(ns: str, *args: str) -> str:
@@ -216,11 +226,11 @@ def test_delay_shifts_connect_and_ttfb_by_the_delay(topo: NamespaceTopology,
                                                     client_ns: str, serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, http_like)
     base_connect = connect_ms(client_ns, topo.target_addr, port, 8)
-    base_ttfb = fresh_ttfb_ms(client_ns, topo.target_addr, port, 8)
+    base_ttfb = warm_ttfb_ms(client_ns, topo.target_addr, port, 8)
     with Applied(topo, client_ns, port, {"delay": "50ms", "jitter": "10ms"}, mode="namespace"):
         # Toward the target only: the SYN waits 50 +- 10 ms, and so does each request.
         connect = connect_ms(client_ns, topo.target_addr, port, 15)
-        ttfb = fresh_ttfb_ms(client_ns, topo.target_addr, port, 15)
+        ttfb = warm_ttfb_ms(client_ns, topo.target_addr, port, 15)
     assert shift_ok(base_connect, connect, 50, 0.15), (base_connect, connect)
     assert shift_ok(base_ttfb, ttfb, 50, 0.15), (base_ttfb, ttfb)
     assert statistics.median(connect_ms(client_ns, topo.target_addr, port, 5)) < 15
@@ -261,7 +271,8 @@ def test_netem_is_scoped_to_the_target_port_by_htb_and_u32(topo: NamespaceTopolo
 
 
 @pytest.mark.timeout(60)
-def test_loss_shows_up_as_retransmission_tails(topo: NamespaceTopology, client_ns: str, serve: Serve) -> None:
+def test_loss_shows_up_as_retransmission_tails(topo: NamespaceTopology, client_ns: str,
+                                               serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, echo)
 
     def exchanges(n: int) -> list[float]:
@@ -321,7 +332,8 @@ def test_distribution_normal_is_applied_and_read_back(topo: NamespaceTopology,
 
 
 @pytest.mark.timeout(60)
-def test_netem_rate_limits_throughput(topo: NamespaceTopology, client_ns: str, serve: Serve) -> None:
+def test_netem_rate_limits_throughput(topo: NamespaceTopology, client_ns: str,
+                                      serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, sink)
 
     def upload(n: int) -> float:
@@ -354,14 +366,13 @@ def test_every_parameter_reaches_the_kernel(topo: NamespaceTopology, client_ns: 
 
 
 @pytest.mark.timeout(90)
-def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str, serve: Serve) -> None:
+def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str,
+                                        serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, http_like)
     samples: list[float] = []
 
     def client() -> None:
-        with tcp_socket(client_ns) as c:
-            c.connect((topo.target_addr, port))
-            samples.extend(ttfb_ms(c) for _ in range(25))
+        samples.extend(warm_ttfb_ms(client_ns, topo.target_addr, port, 40))
 
     with Applied(topo, client_ns, port, {"profile": "same-az"}, mode="namespace"):
         threads = [threading.Thread(target=client) for _ in range(8)]
@@ -369,11 +380,13 @@ def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str,
             t.start()
         for t in threads:
             t.join(60)
-    ranked = sorted(samples)
-    median, p95 = statistics.median(ranked), ranked[int(0.95 * (len(ranked) - 1))]
-    assert len(ranked) == 200
-    assert abs(median - 82) <= 0.15 * 82, median
-    assert abs(p95 - 290) <= 0.25 * 290, p95
+    assert len(samples) == 320
+    # The profile's claim: TTFB median ~82 ms and P95 ~290 ms. The P95 of 320 draws from a
+    # long tail wobbles by tens of ms, so check the share of samples under 290 ms instead
+    # (binomial sd 1.2%).
+    assert abs(statistics.median(samples) - 82) <= 0.15 * 82, statistics.median(samples)
+    under = sum(x <= 290 for x in samples) / len(samples)
+    assert 0.915 <= under <= 0.985, (under, sorted(samples)[-30:])
 
 
 @pytest.mark.timeout(90)
@@ -405,3 +418,38 @@ def test_embedded_target_in_its_namespace_sees_the_delay(topo: NamespaceTopology
         with Applied(topo, client_ns, port, {"delay": "40ms"}, mode="namespace"):
             delayed = first_byte_ms(port, 8)
     assert shift_ok(base, delayed, 40, 0.15), (base, delayed)
+
+
+@pytest.mark.timeout(60)
+def test_network_profile_stays_under_later_faults(topo: NamespaceTopology,
+                                                  client_ns: str) -> None:
+    net = NetworkConfig(mode="namespace", profile="cross-region")
+    ctx = RunContext(topo.target_addr, 8080, Path("/tmp"), target_netns=topo.netns,
+                     extra={"client_netns": client_ns, "network": net})
+    profile_fault = network_profile_fault(net)
+    assert profile_fault is not None
+    profile = NetemInjector(profile_fault, ctx)
+    on_top = NetemInjector(NetemFault.model_validate({"delay": "100ms", "jitter": "30ms"}), ctx)
+    limit = TbfInjector(TbfFault.model_validate({"rate": "1mbit"}), ctx)
+    applied = [inj.apply(Journal().add(inj.type_name, "stack"))
+               for inj in (profile, on_top, limit)]
+
+    def leaves(result: dict[str, Any]) -> list[tuple[str, str, dict[str, Any]]]:
+        return [(q["kind"], q["parent"], q.get("options", {}))
+                for q in result["kernel"][0]["qdiscs"] if q["kind"] != "htb"]
+
+    (_, _, base), = leaves(applied[0])
+    (_, _, both), = leaves(applied[1])
+    assert both["delay_ns"] == base["delay_ns"] + 100_000_000  # delays add
+    assert both["jitter_ns"] == round(math.hypot(base["jitter_ns"], 30e6))
+    (tbf, tbf_parent, _), (netem, netem_parent, under) = leaves(applied[2])
+    assert (tbf, netem) == ("tbf", "netem") and tbf_parent.startswith("5351:")
+    assert netem_parent.endswith(":1") and under["delay_ns"] == base["delay_ns"]
+    prefs = [a["hops"][0]["prefs"][0] for a in applied]
+    assert prefs == sorted(prefs, reverse=True)  # the newest is matched first
+    limit.revert()
+    on_top.revert()
+    left = tc(client_ns, "qdisc", "show", "dev", topo.host_ifname)
+    assert left.count("qdisc netem") == 1 and "qdisc tbf" not in left
+    profile.revert()
+    assert "535" not in tc(client_ns, "qdisc", "show", "dev", topo.host_ifname)
