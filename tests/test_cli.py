@@ -85,3 +85,43 @@ phases: {baseline: 2s, fault: 0s, recovery: 0s}
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert "SQ_TEST_UNSET_KEY" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stdout + proc.stderr
+
+
+@pytest.mark.timeout(30)
+def test_target_serve_streams_the_chosen_protocol_only(tmp_path: Path) -> None:
+    import http.client
+    import json
+    import subprocess
+
+    from streamquake.procs import read_listening_line, stop
+    from tests.conftest import REPO, cli_cmd
+
+    config = tmp_path / "target.yaml"
+    config.write_text("ttft: 10ms\nitl: 1ms\noutput_tokens: {min: 3, max: 3}\n")
+    proc = subprocess.Popen(
+        cli_cmd("target", "serve", "--protocol", "openai", "--port", "0", "--config", str(config)),
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO)
+    try:
+        url = read_listening_line(proc, 15, "target")
+        host, port = url.removeprefix("http://").split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=10)
+        body = {"model": "m", "stream": True, "messages": [{"role": "user", "content": "hi"}]}
+        conn.request("POST", "/v1/chat/completions", json.dumps(body),
+                     {"Content-Type": "application/json"})
+        resp = conn.getresponse()
+        text = resp.read().decode()
+        assert resp.status == 200 and text.rstrip().endswith("data: [DONE]")
+        deltas = [json.loads(line[6:]) for line in text.splitlines()
+                  if line.startswith("data: {")]
+        content = [d for d in deltas if d["choices"] and d["choices"][0]["delta"].get("content")]
+        assert len(content) == 3
+        conn.request("POST", "/v1/messages", json.dumps({"stream": True}),
+                     {"Content-Type": "application/json"})
+        other = conn.getresponse()
+        other.read()
+        conn.close()
+        assert other.status == 404
+    finally:
+        assert proc.stdout is not None
+        proc.stdout.close()
+        stop(proc)

@@ -10,6 +10,8 @@ from pathlib import Path
 from typing import get_args
 
 from pydantic import ValidationError
+from ruamel.yaml import YAML
+from ruamel.yaml.error import YAMLError
 
 from streamquake.errors import StreamquakeError
 from streamquake.target.config import Protocol, TargetConfig
@@ -22,7 +24,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--config-json", help="TargetConfig as JSON")
-    src.add_argument("--config", type=Path, help="file holding TargetConfig as JSON")
+    src.add_argument("--config", type=Path,
+                     help="YAML or JSON file holding the target settings (a scenario's "
+                          "target.embedded mapping)")
     p.add_argument(
         "--protocol",
         action="extend",
@@ -38,10 +42,10 @@ def _load_config(args: argparse.Namespace) -> TargetConfig:
         if args.config_json is not None:
             cfg = TargetConfig.model_validate_json(args.config_json)
         elif args.config is not None:
-            cfg = TargetConfig.model_validate_json(args.config.read_text())
+            cfg = TargetConfig.model_validate(YAML(typ="safe").load(args.config.read_text()) or {})
         else:
             cfg = TargetConfig()
-    except (OSError, ValidationError) as exc:
+    except (OSError, ValidationError, YAMLError) as exc:
         raise SystemExit(f"Error: invalid target configuration: {exc}") from None
     if args.protocol:
         cfg = cfg.model_copy(update={"protocols": list(dict.fromkeys(args.protocol))})
