@@ -25,13 +25,8 @@ from pydantic import ValidationError
 
 from streamquake.errors import InjectorError
 from streamquake.injectors.base import RunContext, injector_class
-from streamquake.injectors.proxy_server import (
-    ProxyProcess,
-    SSEFramer,
-    is_content_event,
-    parse_event,
-    start_proxy,
-)
+from streamquake.injectors.proxy_server import ProxyProcess, start_proxy
+from streamquake.injectors.sse_framing import SSEFramer, is_content_event, parse_event
 from streamquake.injectors.sse_proxy import SSEProxyFault, SSEProxyInjector
 from streamquake.journal import Journal
 from streamquake.target.config import TargetConfig

@@ -7,8 +7,9 @@ control API (``PUT``/``DELETE /_streamquake/faults/{name}``, ``GET /_streamquake
 
 ``text/event-stream`` responses are cut into events and each event is written and drained as
 soon as it is complete, after the active faults have had their say (see ``sse_proxy.py`` for
-what each fault does). Other responses are copied chunk by chunk, untouched. Header values are
-never logged, nor query strings (Gemini puts its API key there).
+what each fault does; ``sse_framing.py`` cuts the events, ``proxy_faults.py`` decides). Other
+responses are copied chunk by chunk, untouched. Header values are never logged, nor query
+strings (Gemini puts its API key there).
 """
 
 from __future__ import annotations
@@ -17,8 +18,6 @@ import argparse
 import asyncio
 import json
 import logging
-import random
-import re
 import signal
 import socket
 import struct
@@ -26,7 +25,7 @@ import subprocess
 import sys
 import time
 from collections.abc import AsyncIterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +35,16 @@ from multidict import CIMultiDict
 from pydantic import ValidationError
 from yarl import URL
 
-from streamquake.injectors.sse_proxy import CONTROL_PREFIX, SSEProxyFault, fault_from_params
+from streamquake.injectors.proxy_faults import (
+    CONTINUE,
+    END,
+    RESET,
+    ActiveFault,
+    Stats,
+    StreamFaults,
+)
+from streamquake.injectors.sse_framing import SSEFramer, parse_event
+from streamquake.injectors.sse_proxy import CONTROL_PREFIX, fault_from_params
 from streamquake.procs import child_env, python_module_cmd, read_listening_line, spawn, stop
 from streamquake.units import parse_duration_s
 
@@ -48,190 +56,6 @@ HOP_BY_HOP = frozenset({
 })
 # Encodings aiohttp decodes without optional packages; the proxy must see plain SSE text.
 _DECODABLE = frozenset({"gzip", "deflate", "identity"})
-_LINE_END = re.compile(rb"\r\n|\r|\n")
-_LINE_END_KEPT = re.compile(rb"(\r\n|\r|\n)")
-_CORRUPT_MARK = b"#~streamquake-corrupt~#"
-_TEXT_KEYS = frozenset({"text", "content", "partial_json", "thinking", "reasoning_content",
-                        "refusal"})
-_FINISH_KEYS = frozenset({"finish_reason", "finishReason", "stop_reason"})
-_CONTROL_EVENTS = frozenset({b"message_start", b"message_stop", b"message_delta",
-                             b"content_block_start", b"content_block_stop", b"ping", b"error",
-                             b"done"})
-
-
-# --- SSE framing --------------------------------------------------------------------------------
-
-
-class SSEFramer:
-    """Cuts a byte stream into raw SSE blocks, each ending with its blank line (LF, CR, CRLF)."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._line = 0  # where the line being scanned starts in _buf
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        buf = self._buf
-        buf += chunk
-        blocks: list[bytes] = []
-        start, pos = 0, self._line
-        while (m := _LINE_END.search(buf, pos)) is not None:
-            if m.end() == len(buf) and buf[m.start()] == 0x0D:
-                break  # a lone CR at the end may be the first half of a CRLF
-            if m.start() == pos:
-                blocks.append(bytes(buf[start:m.end()]))
-                start = m.end()
-            pos = m.end()
-        del buf[:start]
-        self._line = pos - start
-        return blocks
-
-    def flush(self) -> bytes:
-        """What is left at the end of the body: an event without its blank line, or nothing."""
-        rest = bytes(self._buf)
-        self._buf.clear()
-        self._line = 0
-        return rest
-
-
-@dataclass(frozen=True)
-class SSEEvent:
-    name: bytes | None
-    data: bytes | None
-
-
-def parse_event(raw: bytes) -> SSEEvent | None:
-    """The fields faults care about; ``None`` for a block of comments or blank lines only."""
-    name: bytes | None = None
-    data: list[bytes] = []
-    fields = False
-    for line in _LINE_END.split(raw):
-        if not line or line[0] == 0x3A:  # blank or ':' comment
-            continue
-        key, _, value = line.partition(b":")
-        value = value[1:] if value[:1] == b" " else value
-        fields = True
-        if key == b"data":
-            data.append(value)
-        elif key == b"event":
-            name = value
-    if not fields:
-        return None
-    return SSEEvent(name, b"\n".join(data) if data else None)
-
-
-def _scan_json(obj: Any, depth: int = 0) -> tuple[bool, bool]:
-    """(carries non-empty text, carries a finish marker) anywhere in ``obj``."""
-    if depth > 8:
-        return False, False
-    text = finished = False
-    if isinstance(obj, dict):
-        for key, value in obj.items():
-            if key in _FINISH_KEYS and value is not None:
-                finished = True
-            elif key in _TEXT_KEYS and isinstance(value, str) and value:
-                text = True
-            elif isinstance(value, dict | list):
-                t, f = _scan_json(value, depth + 1)
-                text, finished = text or t, finished or f
-    elif isinstance(obj, list):
-        for value in obj:
-            t, f = _scan_json(value, depth + 1)
-            text, finished = text or t, finished or f
-    return text, finished
-
-
-def is_content_event(ev: SSEEvent) -> bool:
-    """True when losing this event loses generated text and nothing else (see sse_proxy.py)."""
-    if ev.data is None or ev.name in _CONTROL_EVENTS:
-        return False
-    payload = ev.data.strip()
-    if not payload or payload == b"[DONE]":
-        return False
-    try:
-        obj = json.loads(payload)
-    except ValueError:
-        return True
-    if isinstance(obj, dict) and "error" in obj:
-        return False
-    text, finished = _scan_json(obj)
-    return text and not finished
-
-
-def corrupt_event(raw: bytes) -> bytes:
-    """Cut each data payload in half and append garbage, so no JSON parser accepts it."""
-    parts = _LINE_END_KEPT.split(raw)
-    for i in range(0, len(parts), 2):
-        line = parts[i]
-        if line.startswith(b"data:"):
-            payload = line[5:]
-            parts[i] = b"data:" + payload[: len(payload) // 2] + _CORRUPT_MARK
-    return b"".join(parts)
-
-
-# --- fault state --------------------------------------------------------------------------------
-
-
-@dataclass
-class Stats:
-    """What the proxy did; per fault, and in total (each action counted once there).
-
-    Per fault, ``requests``/``events_seen``/``content_events``/``events_forwarded``/``bytes``
-    count what passed while the fault was active, so ``events_dropped / content_events`` is the
-    drop rate injected and ``first_event_delays`` the streams whose first event it held back.
-    """
-
-    requests: int = 0
-    events_seen: int = 0
-    content_events: int = 0
-    events_forwarded: int = 0
-    events_dropped: int = 0
-    events_delayed: int = 0
-    delay_ms_total: float = 0.0
-    first_event_delays: int = 0
-    stalls: int = 0
-    truncations: int = 0
-    aborts_by_status: dict[str, int] = field(default_factory=dict)
-    resets: int = 0
-    corruptions: int = 0
-    upstream_errors: int = 0
-    bytes: int = 0
-
-    def as_dict(self) -> dict[str, Any]:
-        out = asdict(self)
-        out["delay_ms_total"] = round(self.delay_ms_total, 3)
-        return out
-
-
-@dataclass(eq=False)
-class ActiveFault:
-    name: str
-    spec: SSEProxyFault
-    seed: int
-    stats: Stats = field(default_factory=Stats)
-    streams: int = 0
-
-    def open_stream(self) -> FaultStream:
-        # One generator per (seed, fault, stream number): a replay makes the same choices.
-        rng = random.Random(f"{self.seed}:{self.name}:{self.streams}")
-        self.streams += 1
-        self.stats.requests += 1
-        reset = self.spec.reset
-        reset_after = None
-        if reset is not None and rng.random() < reset.probability:
-            reset_after = reset.after_events
-        return FaultStream(self, rng, reset_after)
-
-
-@dataclass
-class FaultStream:
-    """One fault as one stream sees it."""
-
-    fault: ActiveFault
-    rng: random.Random
-    reset_after: int | None
-
-    def roll(self, probability: float | None) -> bool:
-        return probability is not None and self.rng.random() < probability
 
 
 @dataclass
@@ -259,127 +83,8 @@ PROXY = web.AppKey("proxy", ProxyState)
 
 # --- one proxied SSE stream ---------------------------------------------------------------------
 
-_CONTINUE, _END, _RESET, _BROKEN = "continue", "end", "reset", "broken"
-
-
-class _Stream:
-    """Per-request fault bookkeeping: the faults met so far, what was forwarded, the lag."""
-
-    def __init__(self, proxy: ProxyState) -> None:
-        self.proxy = proxy
-        self._mine: dict[ActiveFault, FaultStream] = {}
-        self.events = 0
-        self.bytes = 0
-        self.lag_s = 0.0
-        self.first = True
-
-    def faults(self) -> list[FaultStream]:
-        active = self.proxy.faults
-        if not active:
-            return []
-        out = []
-        for af in active.values():
-            fs = self._mine.get(af)
-            if fs is None:
-                fs = self._mine[af] = af.open_stream()
-            out.append(fs)
-        return out
-
-    def abort_status(self, faults: list[FaultStream]) -> tuple[int, str | None, str] | None:
-        for fs in faults:
-            abort = fs.fault.spec.abort
-            if abort is not None and fs.roll(abort.probability):
-                key = str(abort.status)
-                for st in (fs.fault.stats, self.proxy.totals):
-                    st.aborts_by_status[key] = st.aborts_by_status.get(key, 0) + 1
-                return abort.status, abort.retry_after_header(), fs.fault.name
-        return None
-
-    def decide(self, ev: SSEEvent, raw: bytes, faults: list[FaultStream]) -> bytes | None:
-        """Apply per-event faults: the bytes to send, or None to drop the event."""
-        totals = self.proxy.totals
-        totals.events_seen += 1
-        content = bool(faults) and is_content_event(ev)
-        for fs in faults:
-            fs.fault.stats.events_seen += 1
-            fs.fault.stats.content_events += content
-        totals.content_events += content
-        if content:
-            dropped = [fs for fs in faults if fs.roll(fs.fault.spec.drop)]
-            for fs in dropped:
-                fs.fault.stats.events_dropped += 1
-            if dropped:
-                totals.events_dropped += 1
-                return None
-        added_s = 0.0
-        for fs in faults:
-            added_s += self._delays(fs)
-        if added_s > 0:
-            self.lag_s += added_s
-            totals.delay_ms_total += added_s * 1000.0
-        self.first = False
-        if content:
-            corrupted = [fs for fs in faults if fs.roll(fs.fault.spec.corrupt)]
-            for fs in corrupted:
-                fs.fault.stats.corruptions += 1
-            if corrupted:
-                totals.corruptions += 1
-                raw = corrupt_event(raw)
-        return raw
-
-    def _delays(self, fs: FaultStream) -> float:
-        spec, st, totals = fs.fault.spec, fs.fault.stats, self.proxy.totals
-        added_ms = 0.0
-        if self.first and spec.first_event_delay_ms is not None:
-            added_ms += spec.first_event_delay_ms
-            st.first_event_delays += 1
-            totals.first_event_delays += 1
-        if spec.delay_ms is not None and fs.roll(spec.delay_probability):
-            jitter = spec.delay_jitter_ms or 0.0
-            added_ms += max(0.0, spec.delay_ms + fs.rng.uniform(-jitter, jitter))
-            st.events_delayed += 1
-            totals.events_delayed += 1
-        if spec.stall is not None and fs.roll(spec.stall.probability):
-            added_ms += spec.stall.duration_ms
-            st.stalls += 1
-            totals.stalls += 1
-        st.delay_ms_total += added_ms
-        return added_ms / 1000.0
-
-    def byte_budget(self, faults: list[FaultStream]) -> int | None:
-        limits = [fs.fault.spec.truncate_after_bytes for fs in faults]
-        left = [lim - self.bytes for lim in limits if lim is not None]
-        return min(left) if left else None
-
-    def limits_reached(self, faults: list[FaultStream]) -> str:
-        """After each event (and at the start): has a truncation or a reset come due?"""
-        for fs in faults:
-            if fs.reset_after is not None and self.events >= fs.reset_after:
-                fs.fault.stats.resets += 1
-                self.proxy.totals.resets += 1
-                return _RESET
-        due = [fs for fs in faults if self._truncate_due(fs)]
-        for fs in due:
-            fs.fault.stats.truncations += 1
-        if due:
-            self.proxy.totals.truncations += 1
-            return _END
-        return _CONTINUE
-
-    def _truncate_due(self, fs: FaultStream) -> bool:
-        spec = fs.fault.spec
-        return (spec.truncate_after_events is not None and self.events >= spec.truncate_after_events
-                ) or (spec.truncate_after_bytes is not None
-                      and self.bytes >= spec.truncate_after_bytes)
-
-    def count_forwarded(self, faults: list[FaultStream], nbytes: int, event: bool) -> None:
-        self.bytes += nbytes
-        self.events += event
-        for st in [fs.fault.stats for fs in faults] + [self.proxy.totals]:
-            st.bytes += nbytes
-            st.events_forwarded += event
-
-
+# The upstream failed mid-stream: the client must not see a clean end.
+_BROKEN = "broken"
 _EOF = object()
 
 
@@ -419,10 +124,11 @@ class _SSERelay:
     """
 
     def __init__(self, resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
-                 stream: _Stream) -> None:
+                 stream: StreamFaults, proxy: ProxyState) -> None:
         self.resp = resp
         self.upstream = upstream
         self.stream = stream
+        self.proxy = proxy
         self.loop = asyncio.get_running_loop()
         self.pending: list[bytes] = []
 
@@ -431,22 +137,22 @@ class _SSERelay:
         pump = asyncio.create_task(_pump(self.upstream, queue))
         try:
             outcome = self.stream.limits_reached(self.stream.faults())
-            while outcome == _CONTINUE:
+            while outcome == CONTINUE:
                 if queue.empty():
                     await self._flush()
                 item = await queue.get()
                 if item is _EOF:
-                    outcome = _END
+                    outcome = END
                     break
                 if isinstance(item, BaseException):
-                    self.stream.proxy.totals.upstream_errors += 1
-                    self.stream.proxy.log_upstream_error(f"upstream failed mid-stream: {item!r}")
+                    self.proxy.totals.upstream_errors += 1
+                    self.proxy.log_upstream_error(f"upstream failed mid-stream: {item!r}")
                     outcome = _BROKEN
                     break
                 arrived, blocks, tail = item
                 for raw in blocks:
                     outcome = await self._step(arrived, raw, tail)
-                    if outcome != _CONTINUE:
+                    if outcome != CONTINUE:
                         break
             await self._flush()
             return outcome
@@ -467,7 +173,7 @@ class _SSERelay:
         if ev is not None:
             out = stream.decide(ev, raw, faults)
             if out is None:
-                return _CONTINUE
+                return CONTINUE
             raw = out
         wait = arrived + stream.lag_s - self.loop.time()
         if wait > 0:
@@ -556,7 +262,7 @@ async def _open_upstream(request: web.Request, proxy: ProxyState
 async def forward(request: web.Request) -> web.StreamResponse:
     proxy = request.app[PROXY]
     proxy.totals.requests += 1
-    stream = _Stream(proxy)
+    stream = StreamFaults(proxy.faults, proxy.totals)
     aborted = stream.abort_status(stream.faults())
     if aborted is not None:
         status, retry_after, name = aborted
@@ -574,9 +280,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                   headers=_response_headers(upstream, sse))
         await resp.prepare(request)
-        outcome = await (_SSERelay(resp, upstream, stream).run() if sse
+        outcome = await (_SSERelay(resp, upstream, stream, proxy).run() if sse
                          else _relay_raw(resp, upstream, proxy))
-        if outcome == _RESET:
+        if outcome == RESET:
             _reset_connection(request)
         elif outcome == _BROKEN and request.transport is not None:
             # A clean end would tell the client the stream was complete; it was not.
@@ -605,7 +311,7 @@ async def _relay_raw(resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
     async for chunk in upstream.content.iter_any():
         await resp.write(chunk)
         proxy.totals.bytes += len(chunk)
-    return _END
+    return END
 
 
 # --- control API --------------------------------------------------------------------------------
