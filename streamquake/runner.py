@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import FrameType
@@ -89,23 +90,36 @@ def assign_phases(
 
 
 class _Signals:
-    """SIGINT/SIGTERM become ``Interrupted`` once; after that (and while reverting) they are
-    only noted, so a second Ctrl-C cannot cancel a revert."""
+    """SIGINT/SIGTERM become ``Interrupted``, but never inside ``shield()``: a signal that
+    arrives while a fault is being reverted is held until the revert is done, so a second
+    Ctrl-C cannot cancel a revert."""
 
     def __init__(self, events: Events) -> None:
         self.events = events
         self.shielded = False
-        self.received: str | None = None
+        self.raised: str | None = None       # the signal already turned into Interrupted
+        self.held: str | None = None         # one that arrived while shielded
         self._old: dict[int, Any] = {}
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
         name = signal.Signals(signum).name
-        if self.shielded:
+        if self.shielded or self.raised:
+            self.held = self.held or name
             self.events.emit("message", f"{name} received: still reverting faults, please wait")
             return
-        self.shielded = True
-        self.received = name
+        self.raised = name
         raise Interrupted(name)
+
+    @contextlib.contextmanager
+    def shield(self) -> Iterator[None]:
+        before, self.shielded = self.shielded, True
+        try:
+            yield
+        finally:
+            self.shielded = before
+        if self.held and not self.raised and not before:
+            self.raised = self.held
+            raise Interrupted(self.held)
 
     def __enter__(self) -> _Signals:
         for sig in (signal.SIGINT, signal.SIGTERM):
@@ -131,6 +145,7 @@ class Runner:
         self.out_dir = out_dir
         self.work_dir = out_dir / "run"
         self.events = events or Events()
+        self.signals = _Signals(self.events)
         self.journal = journal or Journal()
         self.records: list[FaultRecord] = []
         self.errors: list[str] = []
@@ -149,21 +164,19 @@ class Runner:
         telemetry: dict[str, Any] = {}
         interrupted: str | None = None
         failure: StreamquakeError | None = None
-        with _Signals(self.events) as signals:
+        with self.signals:
             try:
                 with contextlib.ExitStack() as stack:
-                    stack.callback(lambda: setattr(signals, "shielded", True))
                     ctx = self._start_parts(stack)
                     injectors = self._build_injectors(ctx)
                     for spec, inj in self._whole_run_faults(ctx):
                         self._apply(stack, spec, inj, phase="whole run")
-                    sampler = self._start_telemetry(stack, telemetry)
-                    del sampler
+                    self._start_telemetry(stack, telemetry)
                     self.events.emit("run_started", self.scenario, self.out_dir)
                     t0 = time.time() + STARTUP_LEAD_S
                     windows = plan_windows(self.scenario, t0)
                     load = self._start_load(stack, ctx, t0, windows[-1].end)
-                    self._walk(windows, injectors, load, signals)
+                    self._walk(windows, injectors, load)
                     self._finish_load(load)
             except Interrupted as exc:
                 interrupted = exc.signame
@@ -302,12 +315,12 @@ class Runner:
             raise PreflightError([f"network profile '{spec.label}': {p}" for p in problems])
         return [(spec, inj)]
 
-    def _start_telemetry(self, stack: contextlib.ExitStack, telemetry: dict[str, Any]) -> Any:
+    def _start_telemetry(self, stack: contextlib.ExitStack, telemetry: dict[str, Any]) -> None:
         from streamquake.gpu_telemetry import GpuSampler
 
         if not GpuSampler.available():
             telemetry["gpu"] = {"available": False}
-            return None
+            return
         sampler = GpuSampler(interval_s=1.0)
         sampler.start()
 
@@ -315,7 +328,6 @@ class Runner:
             telemetry["gpu"] = {"available": True, "samples": sampler.stop()}
 
         stack.callback(_stop)
-        return sampler
 
     def _start_load(
         self, stack: contextlib.ExitStack, ctx: RunContext, t0: float, end_at: float
@@ -335,18 +347,16 @@ class Runner:
 
     # ------------------------------------------------------------------ time
 
-    def _walk(self, windows: list[PhaseWindow], injectors: list[tuple[Any, Any]], load: Any,
-              signals: _Signals) -> None:
+    def _walk(self, windows: list[PhaseWindow], injectors: list[tuple[Any, Any]],
+              load: Any) -> None:
         for w in windows:
             self._sleep_until(w.start, load)
             self.events.emit("phase_started", w.name, w.end - w.start)
             with contextlib.ExitStack() as phase_stack:
-                phase_stack.callback(lambda: setattr(signals, "shielded", True))
                 for spec, inj in injectors:
                     if spec.phase == w.name:
                         self._apply(phase_stack, spec, inj)
                 self._sleep_until(w.end, load)
-            signals.shielded = signals.received is not None
 
     def _sleep_until(self, deadline: float, load: Any) -> None:
         while (left := deadline - time.time()) > 0:
@@ -373,6 +383,10 @@ class Runner:
         self.events.emit("fault_applied", record)
 
     def _revert(self, record: FaultRecord, inj: Any, entry: Any) -> None:
+        with self.signals.shield():
+            self._revert_shielded(record, inj, entry)
+
+    def _revert_shielded(self, record: FaultRecord, inj: Any, entry: Any) -> None:
         try:
             record.reverted = _with_timeout(inj.revert, REVERT_TIMEOUT_S)
         except Exception as exc:  # noqa: BLE001 - a failed revert must never stop other reverts
