@@ -45,7 +45,7 @@ from pyroute2.netlink.rtnl import TC_H_ROOT  # noqa: E402
 from streamquake.injectors.base import RunContext  # noqa: E402
 from streamquake.injectors.netem import NetemFault, NetemInjector  # noqa: E402
 from streamquake.injectors.tbf import TbfFault, TbfInjector  # noqa: E402
-from streamquake.injectors.tc_scope import kernel_features  # noqa: E402
+from streamquake.injectors.tc_probe import kernel_features  # noqa: E402
 from streamquake.journal import Journal  # noqa: E402
 from streamquake.netns import NamespaceTopology, NetworkConfig, iproute  # noqa: E402
 

@@ -29,7 +29,7 @@ from streamquake.errors import InjectorError
 from streamquake.injectors.base import RunContext, injector_class
 from streamquake.injectors.netem import NetemFault, NetemInjector, kernel_options
 from streamquake.injectors.tbf import TbfFault, TbfInjector
-from streamquake.injectors.tc_scope import NO_NETEM, kernel_features
+from streamquake.injectors.tc_probe import NO_NETEM, kernel_features
 from streamquake.journal import Journal
 from streamquake.netns import (
     TOPOLOGY_JOURNAL_TYPE,

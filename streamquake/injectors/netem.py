@@ -33,12 +33,10 @@ from pyroute2.netlink.rtnl import RTM_NEWQDISC
 from streamquake.errors import InjectorError
 from streamquake.injectors.base import RunContext, register
 from streamquake.injectors.spec import FaultSpec
-from streamquake.injectors.tc_scope import (
-    LeafQdisc,
-    ScopedTc,
-    TcPlacement,
-    psched_ns_per_tick,
-)
+from streamquake.injectors.tc_install import LeafQdisc
+from streamquake.injectors.tc_placement import TcPlacement
+from streamquake.injectors.tc_readback import psched_ns_per_tick
+from streamquake.injectors.tc_scope import ScopedTc
 from streamquake.journal import JournalEntry
 from streamquake.netns import NetworkConfig
 from streamquake.netprofiles import get_profile

@@ -21,7 +21,9 @@ from streamquake.injectors.netem import (
     network_profile_fault,
 )
 from streamquake.injectors.spec import FaultSpec
-from streamquake.injectors.tc_scope import LeafQdisc, ScopedTc, TcPlacement
+from streamquake.injectors.tc_install import LeafQdisc
+from streamquake.injectors.tc_placement import TcPlacement
+from streamquake.injectors.tc_scope import ScopedTc
 from streamquake.journal import JournalEntry
 from streamquake.units import parse_duration_ms, parse_rate_bytes_per_s, parse_size_bytes
 
