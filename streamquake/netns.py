@@ -17,19 +17,19 @@ from __future__ import annotations
 import ipaddress
 import os
 import random
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 from pyroute2 import IPRoute
 from pyroute2 import netns as pr_netns
 from pyroute2.netlink.exceptions import NetlinkError
 
+from streamquake.deadline import run_with_deadline
 from streamquake.errors import InjectorError, RevertError
 from streamquake.journal import Journal, JournalEntry
 from streamquake.netprofiles import get_profile
@@ -40,7 +40,6 @@ _SUBNET_POOL = ipaddress.IPv4Network("10.213.0.0/16")
 _CAP_NET_ADMIN = 12
 _ENOENT, _ENODEV, _ESRCH = 2, 19, 3
 
-T = TypeVar("T")
 
 
 class NetworkConfig(BaseModel):
@@ -126,29 +125,6 @@ def is_gone(exc: BaseException) -> bool:
     if isinstance(exc, FileNotFoundError):
         return True
     return isinstance(exc, NetlinkError) and exc.code in (_ENOENT, _ENODEV, _ESRCH)
-
-
-def run_with_deadline(fn: Callable[[], T], timeout_s: float, what: str) -> T:
-    """Run ``fn`` in a worker thread and give up waiting after ``timeout_s``.
-
-    Netlink calls wait on the kernel's rtnl lock; a stuck one must not hang a revert forever.
-    """
-    box: dict[str, Any] = {}
-
-    def work() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # handed to the caller's thread below
-            box["error"] = exc
-
-    worker = threading.Thread(target=work, name=f"streamquake {what}", daemon=True)
-    worker.start()
-    worker.join(timeout_s)
-    if worker.is_alive():
-        raise TimeoutError(f"{what} did not finish within {timeout_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
 
 
 def _used_networks(ipr: IPRoute) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:

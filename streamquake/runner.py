@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from streamquake import __version__
+from streamquake.deadline import run_with_deadline
 from streamquake.errors import (
     EXIT_ENVIRONMENT,
     EXIT_OK,
@@ -28,7 +29,6 @@ from streamquake.errors import (
     EXIT_SLO_BROKEN,
     InjectorError,
     PreflightError,
-    RevertError,
     StreamquakeError,
 )
 from streamquake.events import Events
@@ -388,7 +388,9 @@ class Runner:
 
     def _revert_shielded(self, record: FaultRecord, inj: Any, entry: Any) -> None:
         try:
-            record.reverted = _with_timeout(inj.revert, REVERT_TIMEOUT_S)
+            record.reverted = run_with_deadline(
+                inj.revert, REVERT_TIMEOUT_S, f"reverting {record.name}"
+            )
         except Exception as exc:  # noqa: BLE001 - a failed revert must never stop other reverts
             self.revert_failed = True
             record.error = (record.error + "; " if record.error else "") + f"revert failed: {exc}"
@@ -471,25 +473,3 @@ def redacted_echo(scenario: Scenario) -> dict[str, Any]:
     echo = scenario.model_dump(mode="json", by_alias=True)
     echo["target"]["headers"] = {k: "<redacted>" for k in echo["target"].get("headers", {})}
     return echo
-
-
-def _with_timeout(fn: Any, timeout_s: float) -> Any:
-    """Run a revert under its own deadline; a hung netlink or NVML call must not hang us."""
-    import threading
-
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["value"] = fn()
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
-            box["error"] = exc
-
-    th = threading.Thread(target=target, name="revert", daemon=True)
-    th.start()
-    th.join(timeout_s)
-    if th.is_alive():
-        raise RevertError(f"revert did not finish within {timeout_s:.0f} s")
-    if "error" in box:
-        raise box["error"]
-    return box.get("value")

@@ -9,12 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.netns_fixtures import client_ns, serve, topo
+
+__all__ = ["client_ns", "serve", "topo"]  # fixtures for the network tests
+
 REPO = Path(__file__).resolve().parent.parent
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """A private fault journal, so tests never see (or leave) a real one."""
+    """A private fault journal for every test, so no test sees (or leaves) a real one."""
     d = tmp_path / "state"
     monkeypatch.setenv("STREAMQUAKE_STATE_DIR", str(d))
     return d

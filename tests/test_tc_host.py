@@ -7,7 +7,6 @@ Real TCP servers and clients measure what the kernel does; `tc` cross-checks wha
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import signal
@@ -15,10 +14,8 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -35,10 +32,9 @@ from streamquake.netns import (
     TOPOLOGY_JOURNAL_TYPE,
     NamespaceTopology,
     NetworkConfig,
-    entered,
-    iproute,
 )
 from streamquake.netprofiles import PROFILES
+from tests.netns_fixtures import Serve, tcp_socket
 
 REPO = Path(__file__).resolve().parents[1]
 ONE_MBIT = 125_000  # bytes/s
@@ -48,68 +44,6 @@ needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for networ
 # ---------------------------------------------------------------------------- fixtures, tools
 
 
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STREAMQUAKE_STATE_DIR", str(tmp_path / "state"))
-
-
-@pytest.fixture
-def client_ns() -> Iterator[str]:
-    name = f"sqtest-{uuid.uuid4().hex[:8]}"
-    pr_netns.create(name)
-    with iproute(name) as ipr:
-        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
-    yield name
-    pr_netns.remove(name)
-
-
-@pytest.fixture
-def topo(client_ns: str) -> Iterator[NamespaceTopology]:
-    with NamespaceTopology(host_netns=client_ns) as t:
-        yield t
-
-
-def tcp_socket(ns: str) -> socket.socket:
-    with entered(ns):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.settimeout(20)
-    return s
-
-
-Serve = Callable[[str, str, Callable[[socket.socket], None]], int]
-
-
-@pytest.fixture
-def serve() -> Iterator[Serve]:
-    """Start TCP servers in a namespace; each connection goes to ``handler(conn)``."""
-    listening: list[socket.socket] = []
-
-    def start(ns: str, addr: str, handler: Callable[[socket.socket], None]) -> int:
-        srv = tcp_socket(ns)
-        srv.bind((addr, 0))
-        srv.listen(64)
-        listening.append(srv)
-
-        def handle(conn: socket.socket) -> None:
-            with conn, contextlib.suppress(OSError):
-                handler(conn)
-
-        def loop() -> None:
-            while True:
-                try:
-                    conn, _ = srv.accept()
-                except OSError:
-                    return
-                threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-        threading.Thread(target=loop, daemon=True).start()
-        return int(srv.getsockname()[1])
-
-    yield start
-    for srv in listening:
-        with contextlib.suppress(OSError):
-            srv.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
-        srv.close()
 
 
 def sink(conn: socket.socket) -> None:

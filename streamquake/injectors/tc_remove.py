@@ -10,6 +10,7 @@ from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import TC_H_INGRESS, TC_H_ROOT
 
+from streamquake.deadline import run_with_deadline
 from streamquake.errors import RevertError
 from streamquake.injectors.tc_netlink import (
     DEFAULT_CLASS,
@@ -23,7 +24,7 @@ from streamquake.injectors.tc_netlink import (
     qdisc_at,
     qdiscs,
 )
-from streamquake.netns import iproute, is_gone, netns_exists, run_with_deadline
+from streamquake.netns import iproute, is_gone, netns_exists
 
 _EINVAL = 22
 

@@ -45,6 +45,7 @@ from typing import Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 
+from streamquake.deadline import run_with_deadline
 from streamquake.errors import InjectorError, RevertError
 from streamquake.injectors.base import RunContext
 from streamquake.injectors.tc_install import LeafQdisc, install_htb, install_ifb, ownership_problem
@@ -59,7 +60,7 @@ from streamquake.injectors.tc_probe import capability_problems
 from streamquake.injectors.tc_readback import Decoder, read_hop
 from streamquake.injectors.tc_remove import remove_hops
 from streamquake.journal import JournalEntry
-from streamquake.netns import iproute, netns_exists, run_with_deadline
+from streamquake.netns import iproute, netns_exists
 
 
 class ScopedTc:

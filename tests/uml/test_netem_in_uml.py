@@ -10,7 +10,6 @@ standing in for the load generator's, behind NamespaceTopology's veth pair.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import math
 import os
@@ -19,13 +18,10 @@ import statistics
 import subprocess
 import threading
 import time
-import uuid
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from pyroute2 import netns as pr_netns
 
 from streamquake.injectors.base import RunContext
 from streamquake.injectors.netem import (
@@ -36,7 +32,8 @@ from streamquake.injectors.netem import (
 )
 from streamquake.injectors.tbf import TbfFault, TbfInjector
 from streamquake.journal import Journal
-from streamquake.netns import NamespaceTopology, NetworkConfig, entered, iproute
+from streamquake.netns import NamespaceTopology, NetworkConfig
+from tests.netns_fixtures import Serve, tcp_socket
 
 pytestmark = [
     pytest.mark.uml,
@@ -51,69 +48,6 @@ RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 # ---------------------------------------------------------------------------- fixtures, tools
 
 
-@pytest.fixture(autouse=True)
-def _state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("STREAMQUAKE_STATE_DIR", str(tmp_path / "state"))
-
-
-@pytest.fixture
-def client_ns() -> Iterator[str]:
-    name = f"sqtest-{uuid.uuid4().hex[:8]}"
-    pr_netns.create(name)
-    with iproute(name) as ipr:
-        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
-    yield name
-    pr_netns.remove(name)
-
-
-@pytest.fixture
-def topo(client_ns: str) -> Iterator[NamespaceTopology]:
-    with NamespaceTopology(host_netns=client_ns) as t:
-        yield t
-
-
-def tcp_socket(ns: str) -> socket.socket:
-    with entered(ns):
-        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    s.settimeout(20)
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
-
-
-Serve = Callable[[str, str, Callable[[socket.socket], None]], int]
-
-
-@pytest.fixture
-def serve() -> Iterator[Serve]:
-    """Start TCP servers in a namespace; each connection goes to ``handler(conn)``."""
-    listening: list[socket.socket] = []
-
-    def start(ns: str, addr: str, handler: Callable[[socket.socket], None]) -> int:
-        srv = tcp_socket(ns)
-        srv.bind((addr, 0))
-        srv.listen(64)
-        listening.append(srv)
-
-        def handle(conn: socket.socket) -> None:
-            with conn, contextlib.suppress(OSError):
-                handler(conn)
-
-        def loop() -> None:
-            while True:
-                try:
-                    conn, _ = srv.accept()
-                except OSError:
-                    return
-                threading.Thread(target=handle, args=(conn,), daemon=True).start()
-
-        threading.Thread(target=loop, daemon=True).start()
-        return int(srv.getsockname()[1])
-
-    yield start
-    for srv in listening:
-        with contextlib.suppress(OSError):
-            srv.shutdown(socket.SHUT_RDWR)  # wakes the accept() above
-        srv.close()
 
 
 def http_like(conn: socket.socket) -> None:
