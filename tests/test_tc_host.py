@@ -41,9 +41,7 @@ ONE_MBIT = 125_000  # bytes/s
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 
 
-# ---------------------------------------------------------------------------- fixtures, tools
-
-
+# ---------------------------------------------------------------------------- tools
 
 
 def sink(conn: socket.socket) -> None:

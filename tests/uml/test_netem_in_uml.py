@@ -45,9 +45,7 @@ REQUEST = b"GET / HTTP/1.1\r\nHost: t\r\n\r\n"
 RESPONSE = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"
 
 
-# ---------------------------------------------------------------------------- fixtures, tools
-
-
+# ---------------------------------------------------------------------------- tools
 
 
 def http_like(conn: socket.socket) -> None:
