@@ -320,8 +320,8 @@ def _plain(node: Any) -> Any:
     return node
 
 
-def _locate(doc: Any, loc: tuple[Any, ...]) -> tuple[int, int, list[str], Any]:
-    """Walk the YAML along a pydantic error location: (line, col, yaml path, deepest node)."""
+def _locate(doc: Any, loc: tuple[Any, ...]) -> tuple[int, int, list[str]]:
+    """Walk the YAML along a pydantic error location: (line, col, yaml path found)."""
     node, line, col, path = doc, 1, 1, []
     for part in loc:
         if isinstance(node, CommentedMap) and isinstance(part, str) and part in node:
@@ -333,14 +333,14 @@ def _locate(doc: Any, loc: tuple[Any, ...]) -> tuple[int, int, list[str], Any]:
             line, col, node = ln + 1, cl + 1, node[part]
             path.append(str(part))
         # Anything else is a union tag or validator name that has no place in the YAML.
-    return line, col, path, node
+    return line, col, path
 
 
 def _format_errors(exc: ValidationError, doc: Any, filename: str) -> list[str]:
     problems = []
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
-        line, col, path, node = _locate(doc, loc)
+        line, col, path = _locate(doc, loc)
         field = ".".join(path) or "(top level)"
         kind = err["type"]
         if kind == "missing":
@@ -353,7 +353,7 @@ def _format_errors(exc: ValidationError, doc: Any, filename: str) -> list[str]:
             hint = _spelling_hint(loc)
         else:
             msg = str(err["msg"]).removeprefix("Value error, ")
-            hint = _hint_for(kind, err)
+            hint = _HINTS.get(kind, "")
         suffix = f" (hint: {hint})" if hint else ""
         problems.append(f"{filename}:{line}:{col}: {field}: {msg}{suffix}")
     return problems
@@ -422,7 +422,3 @@ _HINTS = {
     "list_type": "write a list (lines starting with '- ')",
     "model_type": "write a mapping (key: value lines)",
 }
-
-
-def _hint_for(kind: str, err: Any) -> str:
-    return _HINTS.get(kind, "")
