@@ -1,6 +1,8 @@
 """The netem tests need a kernel with sch_netem, which this machine's lacks: boot User-Mode Linux
-(scripts/uml-run) and run tests/uml in it. This fails, never skips, when UML cannot boot or any
-test inside fails or is skipped. About 2.5 minutes: a 2.5 s boot, the netem tests, then the
+(scripts/uml-run) and run tests/uml in it. This fails, never skips, when UML cannot boot (uml-run
+then says why in one sentence: on a CPU whose XSAVE area UML cannot handle, which CPU, the errno
+and what to install) or any test inside fails or is skipped. UML_XSTATE_SHIM=force in the
+environment runs it all through the ptrace shim's full-buffer path, as AMX hosts do. About 2.5 minutes: a 2.5 s boot, the netem tests, then the
 netem scenarios through the CLI (tests/uml/test_scenarios_in_uml.py).
 """
 
@@ -27,7 +29,9 @@ def test_netem_tests_pass_inside_user_mode_linux() -> None:
                           timeout=UML_TIMEOUT_S + 20)
     out = (proc.stdout + proc.stderr).replace("\r", "")
     tail = "\n".join(out.splitlines()[-60:])
-    assert proc.returncode == 0, f"scripts/uml-run exited with {proc.returncode}:\n{tail}"
+    # uml-run's own sentence (why UML could not boot, or how the command ended) comes first.
+    why = "\n".join(ln for ln in out.splitlines() if ln.startswith("uml-run"))
+    assert proc.returncode == 0, f"scripts/uml-run exited with {proc.returncode}: {why}\n{tail}"
     summary = re.search(r"^=* ?(\d+) passed.* in [\d.]+s", out, re.M)
     assert summary, f"no pytest summary from inside UML:\n{tail}"
     assert int(summary.group(1)) >= MIN_INNER_TESTS, tail

@@ -37,9 +37,15 @@ def test_cross_region_jitter_scenario(tmp_path: Path, state_dir: Path) -> None:
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     base, fault, rec = (_phase(report, p) for p in ("baseline", "fault", "recovery"))
-    # 100 ms +- 30 ms on the way to the target: every first byte waits for one delayed trip.
-    assert base["ttfb_ms"]["p95"] < 50 and rec["ttfb_ms"]["p95"] < 50
-    assert 70 <= fault["ttfb_ms"]["p50"] <= 140, fault["ttfb_ms"]
+    b, f, r = base["ttfb_ms"], fault["ttfb_ms"], rec["ttfb_ms"]
+    # 100 ms +- 30 ms on the way to the target: every first byte waits for one delayed trip, so
+    # the fault phase's median sits 70-140 ms above the baseline's of the same run.
+    assert 70 <= f["p50"] - b["p50"] <= 140, (b, f)
+    # Reverted: recovery's median is back at the baseline's and even its tail is below the
+    # typical faulted request. (Not an absolute bound on baseline p95: on a slow host Locust
+    # starts late and the first request of each user, a cold connection of 40-140 ms inside UML,
+    # lands in the baseline; 12 users of about 126 requests is over 5%, hence a p95 of ~100 ms.)
+    assert r["p50"] - b["p50"] < 20 and r["p95"] < f["p50"], (b, f, r)
     (record,) = report["faults"]
     kernel = json.dumps(record["applied"]["kernel"])
     assert "netem" in kernel and "htb" in kernel, kernel
