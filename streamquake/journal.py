@@ -3,6 +3,10 @@
 Written *before* a fault changes anything, so that a process killed mid-fault leaves enough
 behind for ``streamquake recover`` (or the next ``run``'s refusal to start) to undo it.
 
+Every entry names its owner by pid *and* the pid's start time, because the journal is shared by
+every run on the host: only an entry whose owner is gone (an orphan) may be undone by someone
+else, and a bare pid cannot tell a live owner from a new process that reused its number.
+
 Location: ``$STREAMQUAKE_STATE_DIR/journal.json`` if set, else
 ``$XDG_STATE_HOME/streamquake/journal.json`` (``~/.local/state/streamquake/journal.json``).
 """
@@ -13,12 +17,18 @@ import contextlib
 import fcntl
 import json
 import os
+import socket
 import time
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from streamquake.errors import InjectorError
+
+# /proc/<pid>/stat, after the ")" that closes comm: field 3 (state) is index 0, 22 (starttime) 19.
+_STATE_IDX, _STARTTIME_IDX = 0, 19
 
 
 def state_dir() -> Path:
@@ -33,6 +43,104 @@ def journal_path() -> Path:
     return state_dir() / "journal.json"
 
 
+def _proc_stat(pid: int) -> tuple[str, int] | None:
+    """(state, starttime in clock ticks since boot) of ``pid``, or None if there is no such pid."""
+    if pid <= 0:
+        return None
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes().decode(errors="replace")
+    except OSError:  # gone, or exited between open and read (ESRCH)
+        return None
+    # comm is user-controlled and may hold spaces and ")": only the last ")" is reliable.
+    fields = raw[raw.rfind(")") + 1:].split()
+    try:
+        return fields[_STATE_IDX], int(fields[_STARTTIME_IDX])
+    except (IndexError, ValueError):
+        return None
+
+
+def pid_start_time(pid: int) -> int | None:
+    """The start time of ``pid`` in clock ticks since boot (None if gone or /proc is missing)."""
+    stat = _proc_stat(pid)
+    return stat[1] if stat else None
+
+
+def owner_alive(pid: int, pid_start: int | None) -> bool:
+    """Whether the process that wrote an entry still runs (same pid, same start time)."""
+    stat = _proc_stat(pid)
+    # A zombie has finished: it will revert nothing, only its parent has yet to reap it.
+    if stat is None or stat[0] in ("Z", "X"):
+        return False
+    # Entries written before pid_start existed: the pid is all there is to go on.
+    return pid_start is None or stat[1] == pid_start
+
+
+def ticks_to_epoch(pid_start: int) -> float | None:
+    """Wall-clock time of a start time in ticks since boot, for display (None without /proc)."""
+    try:
+        stat = Path("/proc/stat").read_text()
+    except OSError:
+        return None
+    btime = next((int(ln.split()[1]) for ln in stat.splitlines() if ln.startswith("btime ")), None)
+    return None if btime is None else btime + pid_start / os.sysconf("SC_CLK_TCK")
+
+
+def _is_entry(raw: object) -> bool:
+    # Anything else (hand edits, a future format) cannot be recovered or even removed by id.
+    return (isinstance(raw, dict) and isinstance(raw.get("id"), str)
+            and isinstance(raw.get("type"), str) and isinstance(raw.get("state", {}), dict))
+
+
+def _int_or(raw: object, default: int | None) -> int | None:
+    return raw if isinstance(raw, int) and not isinstance(raw, bool) else default
+
+
+@dataclass(frozen=True)
+class JournalRecord:
+    """One journal entry, typed; older files lack ``pid_start``/``host`` (and maybe ``pid``)."""
+
+    id: str
+    type: str
+    name: str
+    pid: int  # 0: unknown owner, counted as gone
+    pid_start: int | None
+    host: str
+    applied_at: float
+    state: dict[str, object] = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, raw: dict[str, object]) -> JournalRecord:
+        """Raises ValueError for an entry without a string ``id`` and ``type``."""
+        if not _is_entry(raw):
+            raise ValueError(f"not a journal entry: {raw!r}")
+        state = raw.get("state", {})
+        applied_at = raw.get("applied_at")
+        return cls(
+            id=str(raw["id"]),
+            type=str(raw["type"]),
+            name=str(raw.get("name", "")),
+            pid=_int_or(raw.get("pid"), None) or 0,
+            pid_start=_int_or(raw.get("pid_start"), None),
+            host=str(raw.get("host", "")),
+            applied_at=float(applied_at) if isinstance(applied_at, int | float) else 0.0,
+            state=dict(state) if isinstance(state, dict) else {},
+        )
+
+    def to_json(self) -> dict[str, object]:
+        return {"id": self.id, "type": self.type, "name": self.name, "pid": self.pid,
+                "pid_start": self.pid_start, "host": self.host, "applied_at": self.applied_at,
+                "state": dict(self.state)}
+
+    @property
+    def owner_alive(self) -> bool:
+        return owner_alive(self.pid, self.pid_start)
+
+    @property
+    def owner_started_at(self) -> float | None:
+        """When the owner started (epoch seconds), if known."""
+        return None if self.pid_start is None else ticks_to_epoch(self.pid_start)
+
+
 @dataclass
 class JournalEntry:
     """A live handle on one fault's record; ``save`` persists what revert will need."""
@@ -40,12 +148,24 @@ class JournalEntry:
     journal: Journal
     entry_id: str
 
+    def present(self) -> bool:
+        """Whether the entry is still on disk: another process may have removed it under us."""
+        with self.journal._locked() as entries:
+            return any(e["id"] == self.entry_id for e in entries)
+
     def save(self, state: dict[str, Any]) -> None:
         """Merge ``state`` into this entry's revert state and write it to disk now."""
         with self.journal._locked() as entries:
             for e in entries:
                 if e["id"] == self.entry_id:
-                    e["state"].update(state)
+                    e.setdefault("state", {}).update(state)
+                    return
+            # Saving into nothing would let the caller change the system with no record of it.
+            raise InjectorError(
+                f"the journal entry {self.entry_id} in {self.journal.path} was removed by "
+                "another process (a `streamquake recover` or a second run?): stopping before "
+                "changing anything it would not know to undo"
+            )
 
     def done(self) -> None:
         """The fault is reverted: forget it."""
@@ -55,6 +175,9 @@ class JournalEntry:
 class Journal:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or journal_path()
+        # Files moved aside by this object (a torn journal, or entries nobody can read):
+        # ``recover_all`` reports them, because the faults they listed may still be in place.
+        self.damaged: list[Path] = []
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[list[dict[str, Any]]]:
@@ -70,30 +193,62 @@ class Journal:
                 os.fsync(fh.fileno())
             os.replace(tmp, self.path)
 
+    def _aside(self, kind: str, suffix: str = "") -> Path:
+        # Unique per call: two damaged files in one second must not overwrite each other.
+        stamp = f"{int(time.time())}-{uuid.uuid4().hex[:6]}"
+        return self.path.parent / f"{self.path.stem}.{kind}-{stamp}{suffix}"
+
     def _read(self) -> list[dict[str, Any]]:
+        """The well-formed entries; anything unreadable is moved aside (never thrown away)."""
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return []
-        except json.JSONDecodeError:
-            # A torn file cannot be trusted, but must not be thrown away silently either.
-            self.path.rename(self.path.with_suffix(f".corrupt-{int(time.time())}"))
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            data = None
+        if not isinstance(data, list):
+            aside = self._aside("corrupt")
+            self.path.rename(aside)
+            self.damaged.append(aside)
             return []
-        return list(data) if isinstance(data, list) else []
+        good = [e for e in data if _is_entry(e)]
+        bad = [e for e in data if not _is_entry(e)]
+        if bad:
+            aside = self._aside("bad-entries", ".json")
+            aside.write_text(json.dumps(bad, indent=2))
+            self.damaged.append(aside)
+        return good
+
+    def records(self) -> list[JournalRecord]:
+        with self._locked() as entries:
+            return [JournalRecord.from_json(e) for e in entries]
 
     def entries(self) -> list[dict[str, Any]]:
-        with self._locked() as entries:
-            return [dict(e) for e in entries]
+        """The entries as dicts, every key filled in (old entries included)."""
+        return [r.to_json() for r in self.records()]
+
+    def orphans(self) -> list[JournalRecord]:
+        """Entries whose owner is gone: safe for anyone to undo."""
+        return [r for r in self.records() if not r.owner_alive]
+
+    def live(self, exclude_self: bool = True) -> list[JournalRecord]:
+        """Entries whose owner still runs: theirs to undo, not ours."""
+        me = os.getpid()
+        return [r for r in self.records()
+                if r.owner_alive and not (exclude_self and r.pid == me)]
 
     def add(self, fault_type: str, name: str, state: dict[str, Any] | None = None) -> JournalEntry:
         entry_id = uuid.uuid4().hex[:12]
+        pid = os.getpid()
         with self._locked() as entries:
             entries.append(
                 {
                     "id": entry_id,
                     "type": fault_type,
                     "name": name,
-                    "pid": os.getpid(),
+                    "pid": pid,
+                    "pid_start": pid_start_time(pid),
+                    "host": socket.gethostname(),
                     "applied_at": time.time(),
                     "state": dict(state or {}),
                 }

@@ -1,32 +1,67 @@
-"""``streamquake recover``: undo what the journal says a killed run left behind."""
+"""``streamquake recover``: undo what the journal says a killed run left behind.
+
+Only orphans (entries whose owner is gone) are undone: the journal is shared by every run on the
+host, and removing a live run's fault would change its experiment mid-phase.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from datetime import datetime
+from typing import cast
 
-from streamquake.injectors.base import injector_class
-from streamquake.journal import Journal
+from streamquake.injectors.base import Injector, injector_class
+from streamquake.journal import Journal, JournalRecord
 from streamquake.netns import TOPOLOGY_JOURNAL_TYPE, NamespaceTopology
+
+Recoverer = Callable[[dict[str, object]], str]
+
+CHECK_BY_HAND = "tc qdisc show, ip netns list, nvidia-smi -q -d CLOCK"
+
+
+def _recoverer(entry_type: str) -> Recoverer:
+    """What undoes an entry of ``entry_type`` from its state alone (KeyError if nothing does)."""
+    if entry_type == TOPOLOGY_JOURNAL_TYPE:
+        return NamespaceTopology.recover
+    return cast("type[Injector]", injector_class(entry_type)).recover
+
+
+def _skipped(rec: JournalRecord) -> str:
+    started = rec.owner_started_at
+    when = "start time unknown"
+    if started is not None:
+        at = datetime.fromtimestamp(started).astimezone()
+        when = f"started {at.isoformat(timespec='seconds')}"
+    return (f"skipped {rec.name} ({rec.type}): owned by the running process {rec.pid} ({when}), "
+            "still in use; stop that run first")
 
 
 def recover_all(journal: Journal | None = None) -> tuple[list[str], bool]:
-    """Revert every journalled fault, idempotently. Returns (lines to print, any failed)."""
+    """Revert every orphaned fault, idempotently. Returns (lines to print, any failed).
+
+    Entries of live runs are left alone and listed as skipped, which is not a failure.
+    """
     journal = journal or Journal()
-    entries = journal.entries()
-    if not entries:
+    records = journal.records()
+    # After the read: reading is what moves a damaged file aside.
+    lines = [f"WARNING: the journal {journal.path} was damaged and moved to {aside}; faults it "
+             f"listed may still be in place: check by hand ({CHECK_BY_HAND})"
+             for aside in journal.damaged]
+    failed = bool(lines)
+    if not records and not lines:
         return [f"nothing to recover: the journal {journal.path} lists no applied fault"], False
-    lines, failed = [], False
+    live = [r for r in records if r.owner_alive]
+    orphans = [r for r in records if not r.owner_alive]
     # Faults first, then the namespaces and links they were applied in.
-    for entry in sorted(entries, key=lambda e: e["type"] == TOPOLOGY_JOURNAL_TYPE):
-        label = f"{entry['name']} ({entry['type']}, applied by pid {entry['pid']})"
+    for rec in sorted(orphans, key=lambda r: r.type == TOPOLOGY_JOURNAL_TYPE):
+        label = f"{rec.name} ({rec.type}, applied by pid {rec.pid})"
         try:
-            cls: Any = (NamespaceTopology if entry["type"] == TOPOLOGY_JOURNAL_TYPE
-                        else injector_class(entry["type"]))
-            said = cls.recover(entry.get("state", {}))
+            said = _recoverer(rec.type)(dict(rec.state))
         except Exception as exc:  # noqa: BLE001 - keep going; the entry stays for a retry
             failed = True
             lines.append(f"FAILED {label}: {exc}")
             continue
-        journal.remove(entry["id"])
+        journal.remove(rec.id)
         lines.append(f"recovered {label}: {said}")
+    lines.extend(_skipped(r) for r in live)
     return lines, failed
