@@ -30,7 +30,7 @@ sys.path.insert(0, str(ROOT))
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web  # noqa: E402
 
 from streamquake import procs  # noqa: E402
-from streamquake.injectors.proxy_server import start_proxy  # noqa: E402
+from streamquake.faults.proxy.server import start_proxy  # noqa: E402
 
 # A content event the proxy must parse as JSON to decide on (like a real token chunk).
 _EVENT = b'id: %d\ndata: {"t":%d,"choices":[{"delta":{"content":"tok "},"finish_reason":null}]}\n\n'

@@ -42,12 +42,12 @@ sys.path.insert(0, str(ROOT))
 from pyroute2 import netns as pr_netns  # noqa: E402
 from pyroute2.netlink.rtnl import TC_H_ROOT  # noqa: E402
 
-from streamquake.injectors.base import RunContext  # noqa: E402
-from streamquake.injectors.netem import NetemFault, NetemInjector  # noqa: E402
-from streamquake.injectors.tbf import TbfFault, TbfInjector  # noqa: E402
-from streamquake.injectors.tc_probe import kernel_features  # noqa: E402
+from streamquake.faults.contract import RunContext  # noqa: E402
+from streamquake.faults.tc.netem import NetemFault, NetemInjector  # noqa: E402
+from streamquake.faults.tc.netns import NamespaceTopology, NetworkConfig, iproute  # noqa: E402
+from streamquake.faults.tc.probe import kernel_features  # noqa: E402
+from streamquake.faults.tc.tbf import TbfFault, TbfInjector  # noqa: E402
 from streamquake.journal import Journal  # noqa: E402
-from streamquake.netns import NamespaceTopology, NetworkConfig, iproute  # noqa: E402
 
 UML_COMMAND = "scripts/uml-run -- .venv/bin/python benchmarks/tc_apply_revert.py"
 TARGET_PORT = 8080  # nothing listens: the filters match on it, no packet is needed
@@ -156,8 +156,7 @@ def run(cycles: int, budget_s: float, state_dir: Path, have: frozenset[str], mad
             NamespaceTopology(host_netns=client_ns, journal=journal) as topo:
         made += [client_ns, topo.netns]
         ctx = RunContext(topo.target_addr, TARGET_PORT, state_dir,
-                         extra={"client_netns": client_ns,
-                                "network": NetworkConfig(mode="host")})
+                         client_netns=client_ns, network=NetworkConfig(mode="host"))
         cases = cases_for(ctx, "netem" in have)
         base_spec = TbfFault.model_validate(TBF)
         base = Timings()

@@ -62,7 +62,7 @@ def run(
     from streamquake.reports.live import attach_live_log
     from streamquake.reports.markdown import write_markdown
     from streamquake.reports.terminal import print_result
-    from streamquake.runner import Runner
+    from streamquake.run.runner import Runner
     from streamquake.scenario import load_scenario
 
     try:
@@ -100,7 +100,7 @@ def validate(scenario_file: Annotated[Path, typer.Argument(help="Scenario YAML f
 @app.command()
 def recover() -> None:
     """Undo every fault the journal lists as applied and not reverted (after a killed run)."""
-    from streamquake.recovery import recover_all
+    from streamquake.run.recovery import recover_all
 
     try:
         lines, failed = recover_all()

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+
+from streamquake.jsontypes import JsonDict
 
 
 @dataclass
@@ -29,11 +30,12 @@ class FaultRecord:
     name: str
     type: str
     phase: str
-    configured: dict[str, Any]
+    configured: JsonDict
     applied_at: float | None = None
-    applied: dict[str, Any] | None = None
+    applied: JsonDict | None = None
     reverted_at: float | None = None
-    reverted: dict[str, Any] | None = None
+    reverted: JsonDict | None = None
+    owner: str = ""                # host:pid of the process that applied it
     error: str | None = None
 
 
@@ -42,15 +44,15 @@ class PhaseResult:
     name: str
     start: float
     end: float
-    stats: dict[str, Any]
-    classes: dict[str, dict[str, Any]] = field(default_factory=dict)
+    stats: JsonDict
+    classes: dict[str, JsonDict] = field(default_factory=dict)
 
 
 @dataclass
 class RunResult:
     scenario_name: str
     scenario_file: str
-    scenario_echo: dict[str, Any]
+    scenario_echo: JsonDict
     tool_version: str
     started_at: float
     finished_at: float
@@ -58,8 +60,8 @@ class RunResult:
     phases: list[PhaseResult]
     checks: list[Check]
     faults: list[FaultRecord]
-    target: dict[str, Any]
-    telemetry: dict[str, Any] = field(default_factory=dict)
+    target: JsonDict
+    telemetry: JsonDict = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     exit_code: int = 0
 
@@ -67,5 +69,5 @@ class RunResult:
     def broken(self) -> list[Check]:
         return [c for c in self.checks if c.gating and not c.passed]
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> JsonDict:
         return asdict(self)

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from pyroute2 import netns as pr_netns
 
-from streamquake.netns import NamespaceTopology, entered, iproute
+from streamquake.faults.tc.netns import NamespaceTopology, entered, iproute
 
 Serve = Callable[[str, str, Callable[[socket.socket], None]], int]
 

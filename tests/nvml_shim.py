@@ -1,6 +1,6 @@
 """The emulated NVIDIA driver for tests: build it, describe the fake GPUs, run code against it.
 
-The shim (streamquake/injectors/nvml_shim/fake_nvml.c) is compiled once per test session into a
+The shim (tests/nvml_shim_src/fake_nvml.c) is compiled once per test session into a
 temp dir as ``libnvidia-ml.so.1`` with that SONAME. pynvml finds it through LD_LIBRARY_PATH, which
 the dynamic loader reads only when a process starts, so code under test always runs in a child
 process started with ``FakeGpus.env()``.
@@ -23,7 +23,7 @@ from typing import Any
 
 import streamquake
 
-SHIM_SOURCE = Path(streamquake.__file__).parent / "injectors" / "nvml_shim" / "fake_nvml.c"
+SHIM_SOURCE = Path(__file__).resolve().parent / "nvml_shim_src" / "fake_nvml.c"
 REPO = Path(streamquake.__file__).resolve().parent.parent
 
 # Run first in every child that may change GPU settings: refuse to touch a real driver.

@@ -22,8 +22,8 @@ import pytest
 from nvml_shim import GUARD, REPO, FakeGpus, host_has_real_nvml, run_python
 from pydantic import ValidationError
 
-from streamquake.injectors.base import RunContext
-from streamquake.injectors.gpu_clocks import GpuClocksFault, GpuClocksInjector
+from streamquake.faults.contract import RunContext
+from streamquake.faults.gpu.clocks import GpuClocksFault, GpuClocksInjector
 
 UUID1 = "GPU-fa4e0000-5eed-4c1a-9e57-000000000001"
 
@@ -31,8 +31,8 @@ UUID1 = "GPU-fa4e0000-5eed-4c1a-9e57-000000000001"
 PRELUDE = """
 import json, sys
 from pathlib import Path
-from streamquake.injectors.base import RunContext
-from streamquake.injectors.gpu_clocks import GpuClocksFault, GpuClocksInjector
+from streamquake.faults.contract import RunContext
+from streamquake.faults.gpu.clocks import GpuClocksFault, GpuClocksInjector
 from streamquake.journal import Journal
 from streamquake.errors import StreamquakeError
 
@@ -294,9 +294,9 @@ def test_no_driver_on_host(tmp_path: Path) -> None:
     env["STREAMQUAKE_STATE_DIR"] = str(tmp_path / "state")
     env["PYTHONPATH"] = str(REPO)
     code = PRELUDE + """
-import streamquake.injectors.gpu_clocks, streamquake.gpu_telemetry, streamquake.target.gpu_speed
+import streamquake.faults.gpu.clocks, streamquake.faults.gpu.telemetry, streamquake.target.gpu_speed
 imported_pynvml = "pynvml" in sys.modules
-from streamquake.gpu_telemetry import GpuSampler, describe_gpus
+from streamquake.faults.gpu.telemetry import GpuSampler, describe_gpus
 from streamquake.target.gpu_speed import slowdown_factor
 inj = injector({"type": "gpu_clocks", "sm_clocks_mhz": [500, 800]})
 try:
@@ -389,13 +389,13 @@ time.sleep(120)
 
     recover = """
 import json
-from streamquake.injectors.base import injector_class
+from streamquake.faults.catalog import recoverer
 from streamquake.journal import Journal
 said = []
 for e in Journal().entries():
-    cls = injector_class(e["type"])
-    said.append(cls.recover(e["state"]))
-    said.append(cls.recover(e["state"]))  # idempotent: a second pass is harmless
+    undo = recoverer(e["type"])
+    said.append(undo(e["state"]))
+    said.append(undo(e["state"]))  # idempotent: a second pass is harmless
     Journal().remove(e["id"])
 print(json.dumps({"said": said, "left": Journal().entries()}))
 """
@@ -447,10 +447,10 @@ print(json.dumps(out["gpus"][0]["sm_clock_mhz"]))
 """
     unlock = """
 import json
-from streamquake.injectors.base import injector_class
+from streamquake.faults.catalog import recoverer
 from streamquake.journal import Journal
 for e in Journal().entries():
-    injector_class(e["type"]).recover(e["state"]); Journal().remove(e["id"])
+    recoverer(e["type"])(e["state"]); Journal().remove(e["id"])
 print(json.dumps(None))
 """
     target_env = {k: env[k] for k in ("LD_LIBRARY_PATH", "FAKE_NVML_STATE")}

@@ -29,7 +29,7 @@ def test_sampler_takes_one_sample_per_second_per_gpu(gpus: FakeGpus) -> None:
                  "gpu1.power_draw_mw": 420000, "gpu1.util_gpu": 97, "gpu1.mem_used_mib": 40960})
     code = """
 import json, time
-from streamquake.gpu_telemetry import GpuSampler
+from streamquake.faults.gpu.telemetry import GpuSampler
 assert GpuSampler.available()
 s = GpuSampler()  # the default interval: 1 s
 s.start(); time.sleep(3.5); samples = s.stop()
@@ -59,7 +59,7 @@ print(json.dumps({"samples": samples, "again": s.stop() == samples, "error": s.e
 def test_a_gpu_lost_mid_run_is_recorded_not_fatal(gpus: FakeGpus) -> None:
     code = f"""
 import json, os, time
-from streamquake.gpu_telemetry import GpuSampler
+from streamquake.faults.gpu.telemetry import GpuSampler
 s = GpuSampler(interval_s=0.2)
 s.start(); time.sleep(0.9)
 lost_at = time.time()
@@ -92,7 +92,7 @@ def test_describe_gpus_is_read_only_discovery(gpus: FakeGpus) -> None:
     before = gpus.text()
     code = """
 import json
-from streamquake.gpu_telemetry import describe_gpus
+from streamquake.faults.gpu.telemetry import describe_gpus
 print(json.dumps(describe_gpus()))
 """
     described = run_python(code, gpus.env())
@@ -139,9 +139,9 @@ def test_sampler_sees_a_fault_applied_in_the_same_process(gpus: FakeGpus, tmp_pa
     code = """
 import json, time
 from pathlib import Path
-from streamquake.gpu_telemetry import GpuSampler
-from streamquake.injectors.base import RunContext
-from streamquake.injectors.gpu_clocks import GpuClocksFault, GpuClocksInjector
+from streamquake.faults.gpu.telemetry import GpuSampler
+from streamquake.faults.contract import RunContext
+from streamquake.faults.gpu.clocks import GpuClocksFault, GpuClocksInjector
 from streamquake.journal import Journal
 spec = GpuClocksFault(sm_clocks_mhz=(990, 990), power_limit_w=300)
 inj = GpuClocksInjector(spec, RunContext("127.0.0.1", 1, Path(".")))

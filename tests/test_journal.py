@@ -18,7 +18,7 @@ import pytest
 
 from streamquake.errors import InjectorError
 from streamquake.journal import Journal, JournalRecord, owner_alive, pid_start_time
-from streamquake.recovery import recover_all
+from streamquake.run.recovery import recover_all
 
 REPO = Path(__file__).resolve().parent.parent
 

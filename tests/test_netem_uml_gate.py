@@ -2,8 +2,9 @@
 (scripts/uml-run) and run tests/uml in it. This fails, never skips, when UML cannot boot (uml-run
 then says why in one sentence: on a CPU whose XSAVE area UML cannot handle, which CPU, the errno
 and what to install) or any test inside fails or is skipped. UML_XSTATE_SHIM=force in the
-environment runs it all through the ptrace shim's full-buffer path, as AMX hosts do. About 2.5 minutes: a 2.5 s boot, the netem tests, then the
-netem scenarios through the CLI (tests/uml/test_scenarios_in_uml.py).
+environment runs it all through the ptrace shim's full-buffer path, as AMX hosts do. About 2.5
+minutes: a 2.5 s boot, the netem tests, then the netem scenarios through the CLI
+(tests/uml/test_scenarios_in_uml.py).
 """
 
 from __future__ import annotations

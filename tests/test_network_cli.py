@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from streamquake.injectors.tc_probe import kernel_features
+from streamquake.faults.tc.probe import kernel_features
 from tests.conftest import REPO, cli_cmd, run_cli
 
 TBF_SCENARIO = """

@@ -23,7 +23,7 @@ EXPECTED = {
     ],
     "unknown_fault_type.yaml": [
         "7:5: faults.0: Input tag 'chaos_monkey' found using 'type' does not match any of the "
-        "expected tags: 'sse_proxy', 'netem', 'tbf', 'gpu_clocks' (hint: use one of the values "
+        "expected tags: 'gpu_clocks', 'netem', 'sse_proxy', 'tbf' (hint: use one of the values "
         "listed)"
     ],
     "percentile_missing.yaml": [

@@ -6,9 +6,11 @@ from streamquake.errors import EXIT_OK, EXIT_REVERT_FAILED, EXIT_SLO_BROKEN
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
 from streamquake.result import FaultRecord, RunResult
-from streamquake.runner import PhaseWindow, assign_phases, exit_code_for
+from streamquake.run.outcome import exit_code_for
+from streamquake.run.scoring import assign_phases
+from streamquake.run.timeline import PhaseWindow
+from streamquake.run.verdicts import evaluate
 from streamquake.scenario import parse_scenario
-from streamquake.slo import evaluate
 
 SCENARIO = """
 name: slo

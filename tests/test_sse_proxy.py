@@ -24,10 +24,12 @@ from aiohttp import web
 from pydantic import ValidationError
 
 from streamquake.errors import InjectorError
-from streamquake.injectors.base import RunContext, injector_class
-from streamquake.injectors.proxy_server import ProxyProcess, start_proxy
-from streamquake.injectors.sse_framing import SSEFramer, is_content_event, parse_event
-from streamquake.injectors.sse_proxy import SSEProxyFault, SSEProxyInjector
+from streamquake.faults.catalog import fault_type
+from streamquake.faults.contract import RunContext
+from streamquake.faults.proxy.framing import SSEFramer, is_content_event, parse_event
+from streamquake.faults.proxy.injector import SSEProxyFault, SSEProxyInjector
+from streamquake.faults.proxy.resources import FaultProxy
+from streamquake.faults.proxy.server import ProxyProcess, start_proxy
 from streamquake.journal import Journal
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import TargetProcess, start_target
@@ -521,9 +523,9 @@ def test_injector_applies_and_reverts_through_a_real_proxy(
         {"type": "sse_proxy", "name": "chunk-drop", "drop": "50%", "seed": 2}
     )
     journal = Journal(tmp_path / "journal.json")
-    assert injector_class("sse_proxy") is SSEProxyInjector
+    assert fault_type("sse_proxy").injector() is SSEProxyInjector
     with start_proxy(target.url) as p:
-        ctx = RunContext("127.0.0.1", 0, tmp_path, proxy_control_url=p.control_url)
+        ctx = RunContext("127.0.0.1", 0, tmp_path, resources=[FaultProxy.attached(p.control_url)])
         inj = SSEProxyInjector(spec, ctx)
         assert inj.preflight() == []
         assert inj.describe() == {"type": "sse_proxy", "name": "chunk-drop", "phase": "fault",

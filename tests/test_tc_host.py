@@ -23,17 +23,18 @@ from pydantic import ValidationError
 from pyroute2 import netns as pr_netns
 
 from streamquake.errors import InjectorError
-from streamquake.injectors.base import RunContext, injector_class
-from streamquake.injectors.netem import NetemFault, NetemInjector, kernel_options
-from streamquake.injectors.tbf import TbfFault, TbfInjector
-from streamquake.injectors.tc_probe import NO_NETEM, kernel_features
-from streamquake.journal import Journal
-from streamquake.netns import (
+from streamquake.faults.catalog import fault_type
+from streamquake.faults.contract import RunContext
+from streamquake.faults.tc.netem import NetemFault, NetemInjector, kernel_options
+from streamquake.faults.tc.netns import (
     TOPOLOGY_JOURNAL_TYPE,
     NamespaceTopology,
     NetworkConfig,
 )
-from streamquake.netprofiles import PROFILES
+from streamquake.faults.tc.probe import NO_NETEM, kernel_features
+from streamquake.faults.tc.profiles import PROFILES
+from streamquake.faults.tc.tbf import TbfFault, TbfInjector
+from streamquake.journal import Journal
 from tests.netns_fixtures import Serve, tcp_socket
 
 REPO = Path(__file__).resolve().parents[1]
@@ -107,7 +108,7 @@ def ctx_for(topo: NamespaceTopology, client_ns: str, port: int, **network: objec
     net = NetworkConfig(**network)  # type: ignore[arg-type]
     return RunContext(topo.target_addr, port, Path("/tmp"),
                       target_netns=topo.netns if net.mode == "namespace" else None,
-                      extra={"client_netns": client_ns, "network": net})
+                      client_netns=client_ns, network=net)
 
 
 def within(measured: float, expected: float, tolerance: float) -> bool:
@@ -161,7 +162,7 @@ def test_profiles_become_netem_parameters_and_faults_add_on_top() -> None:
         assert round(f.delay_ms + 1.6196 * f.jitter_ms) == round(p.ttfb_p95_ms)
     assert NetemFault.model_validate({"profile": "same-az", "delay": "5ms"}).delay_ms == 5.0
     ctx = RunContext("10.213.0.2", 80, Path("/tmp"),
-                     extra={"network": NetworkConfig(profile="cross-region")})
+                     network=NetworkConfig(profile="cross-region"))
     on_top = NetemInjector(NetemFault.model_validate({"delay": "100ms", "jitter": "30ms"}), ctx)
     base = NetemFault.model_validate({"profile": "cross-region"})
     assert on_top.effective.delay_ms == pytest.approx(base.delay_ms + 100)
@@ -177,7 +178,8 @@ def test_tbf_parameters() -> None:
     assert (f.rate_bytes_per_s, f.burst, f.latency_ms) == (ONE_MBIT, 32768, 40.0)
     with pytest.raises(ValidationError, match="full-size"):
         TbfFault.model_validate({"rate": "1mbit", "burst": 100})
-    assert injector_class("tbf") is TbfInjector and injector_class("netem") is NetemInjector
+    assert fault_type("tbf").injector() is TbfInjector
+    assert fault_type("netem").injector() is NetemInjector
 
 
 # ---------------------------------------------------------------------------- preflight
@@ -213,8 +215,8 @@ def test_preflight_says_this_kernel_has_no_netem(topo: NamespaceTopology, client
 def test_preflight_without_cap_net_admin_is_one_sentence() -> None:
     code = textwrap.dedent("""
         from pathlib import Path
-        from streamquake.injectors.base import RunContext
-        from streamquake.injectors.tbf import TbfFault, TbfInjector
+        from streamquake.faults.contract import RunContext
+        from streamquake.faults.tc.tbf import TbfFault, TbfInjector
         inj = TbfInjector(TbfFault(rate="1mbit"), RunContext("127.0.0.1", 80, Path("/tmp")))
         print(repr(inj.preflight()))
     """)
@@ -366,32 +368,31 @@ def test_two_faults_share_our_root_and_the_newest_wins(topo: NamespaceTopology,
 _APPLY_AND_WAIT = """
 import sys, time
 from pathlib import Path
-from streamquake.injectors.base import RunContext
-from streamquake.injectors.tbf import TbfFault, TbfInjector
+from streamquake.faults.contract import RunContext
+from streamquake.faults.tc.tbf import TbfFault, TbfInjector
 from streamquake.journal import Journal
-from streamquake.netns import NamespaceTopology, NetworkConfig
+from streamquake.faults.tc.netns import NamespaceTopology, NetworkConfig
 client = sys.argv[1]
 topo = NamespaceTopology(host_netns=client).create()
 for mode in ("namespace", "host"):
     ctx = RunContext(topo.target_addr, 8080, Path("/tmp"),
                      target_netns=topo.netns if mode == "namespace" else None,
-                     extra={"client_netns": client,
-                            "network": NetworkConfig(mode=mode, direction="both")})
+                     client_netns=client, network=NetworkConfig(mode=mode, direction="both"))
     TbfInjector(TbfFault(rate="1mbit"), ctx).apply(Journal().add("tbf", mode))
 print("APPLIED", topo.netns, topo.host_ifname, flush=True)
 time.sleep(60)
 """
 
 _RECOVER = """
-from streamquake.injectors.base import injector_class
+from streamquake.faults.catalog import recoverer
 from streamquake.journal import Journal
-from streamquake.netns import TOPOLOGY_JOURNAL_TYPE, NamespaceTopology
+from streamquake.faults.tc.netns import TOPOLOGY_JOURNAL_TYPE, NamespaceTopology
 journal = Journal()
 for e in reversed(journal.entries()):  # faults before the topology they live in
     if e["type"] == TOPOLOGY_JOURNAL_TYPE:
         print(NamespaceTopology.recover(e["state"]))
     else:
-        print(injector_class(e["type"]).recover(e["state"]))
+        print(recoverer(e["type"])(e["state"]))
     journal.remove(e["id"])
 """
 

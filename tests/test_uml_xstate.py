@@ -23,7 +23,8 @@ LINE = re.compile(r"^proc (\d+) (x87=\S+ sse=\S+ avx=\S+ avx512=\S+) preempted=(
 
 
 def cpu_has(flag: str) -> bool:
-    return re.search(rf"^flags\s*:.*\b{flag}\b", Path("/proc/cpuinfo").read_text(), re.M) is not None
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    return re.search(rf"^flags\s*:.*\b{flag}\b", cpuinfo, re.M) is not None
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +77,7 @@ def test_a_boot_that_cannot_restore_fp_registers_fails_with_one_sentence(tmp_pat
     fake = tmp_path / "linux.uml"
     fake.write_text("#!/bin/sh\n"
                     "echo 'userspace - ptrace set fp regs failed, errno = 14'\n"
-                    "echo 'Kernel panic - not syncing: Attempted to kill init! exitcode=0x0000000b'\n"
+                    "echo 'Kernel panic - not syncing: Attempted to kill init!'\n"
                     "exit 1\n")
     fake.chmod(0o755)
     for shim_mode, says in [("auto", "even with the XSAVE shim"),

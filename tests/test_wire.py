@@ -19,7 +19,8 @@ from streamquake.loadgen.wire import (
     decode,
     protocol_headers,
 )
-from streamquake.target.config import Protocol, TargetConfig
+from streamquake.protocols import Protocol
+from streamquake.target.config import TargetConfig
 from streamquake.target.formats import VOCABULARY
 from streamquake.target.process import TargetProcess, start_target
 

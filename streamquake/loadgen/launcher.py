@@ -145,7 +145,7 @@ def start_load(
     scenario: Scenario, *, base_url: str, work_dir: Path, end_at: float, run_time_s: float
 ) -> LocustRun:
     """The runner's entry: a scenario's load against ``base_url`` until ``end_at``."""
-    from streamquake.loadplan import load_plan_for
+    from streamquake.run.loadplan import load_plan_for
 
     plan = load_plan_for(scenario, base_url, work_dir / "samples", end_at)
     return start_locust(plan, work_dir, run_time_s, workers=scenario.load.workers)

@@ -7,9 +7,9 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+# Re-exported: the scenario schema and the load plan name protocols through this module.
+from streamquake.protocols import Protocol as Protocol
 from streamquake.units import parse_duration_ms, parse_fraction
-
-Protocol = Literal["gemini", "openai", "anthropic", "sse"]
 
 
 class _Frozen(BaseModel):

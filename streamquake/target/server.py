@@ -12,16 +12,11 @@ from typing import Any
 
 from aiohttp import web
 
+from streamquake import protocols
 from streamquake.errors import TargetError
+from streamquake.protocols import BadRequest, Completion, StreamEncoder, WireProtocol
 from streamquake.target.config import TargetConfig
-from streamquake.target.formats import (
-    FORMATS,
-    TOKEN_JSON,
-    BadRequest,
-    Completion,
-    StreamEncoder,
-    WireFormat,
-)
+from streamquake.target.formats import TOKEN_JSON
 from streamquake.target.timing import DelaySampler, ResponsePlan, plan_response
 
 SSE_HEADERS = {
@@ -56,7 +51,7 @@ def _gpu_scale() -> Callable[[], float]:
     return slowdown_factor
 
 
-def _json_error(fmt: WireFormat, status: int, message: str) -> web.Response:
+def _json_error(fmt: WireProtocol, status: int, message: str) -> web.Response:
     return web.json_response(fmt.error_body(status, message), status=status)
 
 
@@ -89,7 +84,7 @@ async def _generate(
     await resp.write_eof()
 
 
-async def _stream(request: web.Request, fmt: WireFormat, model: str | None) -> web.StreamResponse:
+async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) -> web.StreamResponse:
     state = request.app[STATE_KEY]
     cfg = state.config
     try:
@@ -112,7 +107,7 @@ async def _stream(request: web.Request, fmt: WireFormat, model: str | None) -> w
     return resp
 
 
-def _stream_handler(fmt: WireFormat) -> Callable[[web.Request], Any]:
+def _stream_handler(fmt: WireProtocol) -> Callable[[web.Request], Any]:
     async def handle(request: web.Request) -> web.StreamResponse:
         return await _stream(request, fmt, None)
 
@@ -120,7 +115,7 @@ def _stream_handler(fmt: WireFormat) -> Callable[[web.Request], Any]:
 
 
 async def _gemini(request: web.Request) -> web.StreamResponse:
-    fmt = FORMATS["gemini"]
+    fmt = protocols.get("gemini")
     model, _, method = request.match_info["target"].partition(":")
     if method == "generateContent":
         return _json_error(
@@ -149,11 +144,11 @@ def build_app(config: TargetConfig) -> web.Application:
     app.router.add_get("/healthz", _healthz)
     enabled = set(config.protocols)
     if "openai" in enabled:
-        app.router.add_post("/v1/chat/completions", _stream_handler(FORMATS["openai"]))
+        app.router.add_post("/v1/chat/completions", _stream_handler(protocols.get("openai")))
     if "anthropic" in enabled:
-        app.router.add_post("/v1/messages", _stream_handler(FORMATS["anthropic"]))
+        app.router.add_post("/v1/messages", _stream_handler(protocols.get("anthropic")))
     if "sse" in enabled:
-        app.router.add_post("/v1/stream", _stream_handler(FORMATS["sse"]))
+        app.router.add_post("/v1/stream", _stream_handler(protocols.get("sse")))
     if "gemini" in enabled:
         # google-genai calls /v1beta/ or /v1/ depending on its version and options.
         app.router.add_post("/{version:v1beta|v1}/models/{target}", _gemini)

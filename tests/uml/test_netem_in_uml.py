@@ -23,16 +23,16 @@ from typing import Any
 
 import pytest
 
-from streamquake.injectors.base import RunContext
-from streamquake.injectors.netem import (
+from streamquake.faults.contract import RunContext
+from streamquake.faults.tc.netem import (
     NetemFault,
     NetemInjector,
     load_table,
     network_profile_fault,
 )
-from streamquake.injectors.tbf import TbfFault, TbfInjector
+from streamquake.faults.tc.netns import NamespaceTopology, NetworkConfig
+from streamquake.faults.tc.tbf import TbfFault, TbfInjector
 from streamquake.journal import Journal
-from streamquake.netns import NamespaceTopology, NetworkConfig
 from tests.netns_fixtures import Serve, tcp_socket
 
 pytestmark = [
@@ -127,7 +127,7 @@ class Applied:
         self.topo, self.client_ns = topo, client_ns
         ctx = RunContext(topo.target_addr, port, Path("/tmp"),
                          target_netns=topo.netns if net.mode == "namespace" else None,
-                         extra={"client_netns": client_ns, "network": net})
+                         client_netns=client_ns, network=net)
         self.injector = NetemInjector(NetemFault.model_validate(fields), ctx)
         self.entry = Journal().add("netem", "uml")
 
@@ -357,7 +357,7 @@ def test_network_profile_stays_under_later_faults(topo: NamespaceTopology,
                                                   client_ns: str) -> None:
     net = NetworkConfig(mode="namespace", profile="cross-region")
     ctx = RunContext(topo.target_addr, 8080, Path("/tmp"), target_netns=topo.netns,
-                     extra={"client_netns": client_ns, "network": net})
+                     client_netns=client_ns, network=net)
     profile_fault = network_profile_fault(net)
     assert profile_fault is not None
     profile = NetemInjector(profile_fault, ctx)

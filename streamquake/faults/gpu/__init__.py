@@ -1,0 +1,37 @@
+"""gpu: down-clock or power-cap NVIDIA GPUs through NVML (nvidia-ml-py), and GPU telemetry.
+
+Private machinery: ``nvml`` (loading, GPU selection, errors as sentences), ``clocks`` (the
+injector: journal the originals, set, read back, restore), ``telemetry`` (the sampler).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from streamquake.faults.contract import Family, FaultType, InjectorFactory, Resource
+from streamquake.faults.gpu.spec import GpuClocksFault
+
+if TYPE_CHECKING:
+    from streamquake.scenario import Scenario
+
+
+def _injector() -> InjectorFactory:
+    from streamquake.faults.gpu.clocks import GpuClocksInjector
+
+    return GpuClocksInjector  # type: ignore[return-value]
+
+
+def _resources(scenario: Scenario) -> Sequence[Resource]:
+    # Every run records GPU telemetry where NVML is present, faults or not.
+    from streamquake.faults.gpu.resources import GpuTelemetry
+
+    return (GpuTelemetry(),)
+
+
+FAMILY = Family(
+    name="gpu",
+    faults=(FaultType("gpu_clocks", GpuClocksFault, _injector,
+                      "lock SM or memory clocks, or cap the power limit"),),
+    resources=_resources,
+)

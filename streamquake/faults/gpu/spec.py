@@ -1,0 +1,83 @@
+"""The GPU family's scenario model. Light on purpose: ``streamquake validate`` imports it."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import PositiveFloat, PositiveInt, field_validator, model_validator
+
+from streamquake.faults.envelope import FaultSpec
+from streamquake.units import parse_fraction
+
+
+class GpuClocksFault(FaultSpec):
+    """``{type: gpu_clocks, gpus: all, sm_clocks_mhz: [500, 800], power_limit: 70%}``."""
+
+    type: Literal["gpu_clocks"] = "gpu_clocks"
+    gpus: Literal["all"] | list[int | str] = "all"
+    sm_clocks_mhz: tuple[PositiveInt, PositiveInt] | None = None
+    sm_clocks: tuple[float, float] | None = None  # fractions of the max SM clock
+    mem_clocks_mhz: tuple[PositiveInt, PositiveInt] | None = None
+    mem_clocks: tuple[float, float] | None = None  # fractions of the max memory clock
+    power_limit_w: PositiveFloat | None = None
+    power_limit: float | None = None  # fraction of the default power limit
+
+    @field_validator("gpus", mode="before")
+    @classmethod
+    def _gpus(cls, v: object) -> object:
+        items = [v] if isinstance(v, int | str) and v != "all" else v
+        if not isinstance(items, list):
+            return items
+        if not items:
+            raise ValueError("list at least one GPU, or write 'all'")
+        out: list[int | str] = []
+        for item in items:
+            if isinstance(item, str) and item.strip().isdigit():
+                item = int(item)
+            if isinstance(item, str) and not item.startswith(("GPU-", "MIG-")):
+                raise ValueError(f"{item!r} is neither a GPU index nor a UUID like 'GPU-...'")
+            if isinstance(item, int) and item < 0:
+                raise ValueError(f"GPU index {item} cannot be negative")
+            out.append(item)
+        return out
+
+    @field_validator("sm_clocks", "mem_clocks", mode="before")
+    @classmethod
+    def _fraction_pair(cls, v: object) -> object:
+        if v is None or not isinstance(v, list | tuple):
+            return v
+        fracs = tuple(parse_fraction(x) for x in v)
+        if any(f <= 0.0 for f in fracs):
+            raise ValueError("clock percentages must be above 0%")
+        return fracs
+
+    @field_validator("power_limit", mode="before")
+    @classmethod
+    def _fraction(cls, v: object) -> object:
+        if v is None:
+            return v
+        frac = parse_fraction(v)  # type: ignore[arg-type]
+        if frac <= 0.0:
+            raise ValueError("a power limit must be above 0%")
+        return frac
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GpuClocksFault:
+        pairs = [
+            ("sm_clocks_mhz", "sm_clocks"),
+            ("mem_clocks_mhz", "mem_clocks"),
+            ("power_limit_w", "power_limit"),
+        ]
+        for absolute, relative in pairs:
+            if getattr(self, absolute) is not None and getattr(self, relative) is not None:
+                raise ValueError(f"give either {absolute} or {relative}, not both")
+        for name in ("sm_clocks_mhz", "sm_clocks", "mem_clocks_mhz", "mem_clocks"):
+            rng = getattr(self, name)
+            if rng is not None and rng[0] > rng[1]:
+                raise ValueError(f"{name}: the low end must not exceed the high end")
+        if all(getattr(self, a) is None and getattr(self, r) is None for a, r in pairs):
+            raise ValueError(
+                "a gpu_clocks fault needs at least one of sm_clocks_mhz / sm_clocks, "
+                "mem_clocks_mhz / mem_clocks, power_limit_w / power_limit"
+            )
+        return self

@@ -1,0 +1,180 @@
+"""GPU telemetry during a run: one sample per GPU per interval, read through NVML on a thread.
+
+A GPU that errors mid-run (fell off the bus, stopped answering) records the error in its
+samples and the sampler keeps going; nothing here raises into the run.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from streamquake.errors import InjectorError, PreflightError
+from streamquake.faults.gpu.nvml import (
+    Gpu,
+    arch_name,
+    clock_event_reasons,
+    decode_reasons,
+    error_code,
+    explain,
+    is_emulated,
+    nvml_available,
+    nvml_session,
+    power_limit_range_w,
+    read_or_none,
+    select_gpus,
+    supported_mem_clocks,
+    supported_sm_range,
+)
+
+_GPU_IS_LOST = 15
+_MIB = 1 << 20
+
+
+def _sample(nv: Any, gpu: Gpu) -> dict[str, Any]:
+    """One reading; a field the GPU does not report is None. GPU_IS_LOST propagates."""
+    h = gpu.handle
+
+    def read(fn: str, *args: Any) -> Any:
+        try:
+            return getattr(nv, fn)(h, *args)
+        except nv.NVMLError as exc:
+            if error_code(exc) == _GPU_IS_LOST:
+                raise
+            return None
+
+    util = read("nvmlDeviceGetUtilizationRates")
+    mem = read("nvmlDeviceGetMemoryInfo")
+    power_mw = read("nvmlDeviceGetPowerUsage")
+    try:
+        reasons: list[str] | None = decode_reasons(clock_event_reasons(nv, h))
+    except nv.NVMLError as exc:
+        if error_code(exc) == _GPU_IS_LOST:
+            raise
+        reasons = None
+    return {
+        "sm_clock_mhz": read("nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM),
+        "mem_clock_mhz": read("nvmlDeviceGetClockInfo", nv.NVML_CLOCK_MEM),
+        "util_gpu_pct": util.gpu if util is not None else None,
+        "util_mem_pct": util.memory if util is not None else None,
+        "mem_used_mib": round(mem.used / _MIB, 1) if mem is not None else None,
+        "temperature_c": read("nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU),
+        "power_w": power_mw / 1000.0 if power_mw is not None else None,
+        "clock_event_reasons": reasons,
+    }
+
+
+class GpuSampler:
+    """``start()``, then ``stop()`` returns every sample taken, oldest first.
+
+    Each sample: ``t`` (epoch s), ``gpu`` (NVML index), ``uuid``, ``sm_clock_mhz``,
+    ``mem_clock_mhz``, ``util_gpu_pct``, ``util_mem_pct``, ``mem_used_mib``, ``temperature_c``,
+    ``power_w``, ``clock_event_reasons`` (names); a GPU that cannot be read gives a sample with
+    ``error`` (a sentence) instead of readings.
+    """
+
+    def __init__(self, interval_s: float = 1.0, gpus: Any = "all") -> None:
+        if interval_s <= 0:
+            raise ValueError("interval_s must be positive")
+        self.interval_s = interval_s
+        self.gpus = gpus
+        self._samples: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.error: str | None = None  # why the sampler could not run at all, if it could not
+
+    @staticmethod
+    def available() -> bool:
+        """True when NVML loads here; when False the runner skips GPU telemetry."""
+        return nvml_available()
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("GpuSampler.start() called twice")
+        self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+        """Stop sampling and return all samples. Safe to call twice, or without ``start()``."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout_s)
+        return self.samples()
+
+    def samples(self) -> list[dict[str, Any]]:
+        """A copy of the samples so far (the run may read them live)."""
+        with self._lock:
+            return list(self._samples)
+
+    def _run(self) -> None:
+        try:
+            with nvml_session() as nv:
+                gpus, problems = select_gpus(nv, self.gpus)
+                if problems:
+                    self.error = " ".join(problems)
+                self._loop(nv, gpus)
+        except Exception as exc:  # a sampler must never take the run down with it
+            self.error = f"GPU telemetry stopped: {exc}"
+
+    def _loop(self, nv: Any, gpus: list[Gpu]) -> None:
+        started = time.monotonic()
+        tick = 0
+        while not self._stop.is_set():
+            now = time.time()
+            batch = [self._one(nv, gpu, now) for gpu in gpus]
+            with self._lock:
+                self._samples.extend(batch)
+            tick += 1
+            # Scheduled from the start, so slow reads do not make the rate drift.
+            self._stop.wait(max(0.0, started + tick * self.interval_s - time.monotonic()))
+
+    def _one(self, nv: Any, gpu: Gpu, now: float) -> dict[str, Any]:
+        base: dict[str, Any] = {"t": now, "gpu": gpu.index, "uuid": gpu.uuid}
+        try:
+            return {**base, **_sample(nv, gpu)}
+        except nv.NVMLError as exc:
+            return {**base, "error": explain(exc, "query", gpu)}
+
+
+def describe_gpus() -> list[dict[str, Any]]:
+    """What NVML knows about each GPU, read-only: for `streamquake check` and reports.
+
+    Raises ``PreflightError`` when there is no usable NVIDIA driver.
+    """
+    try:
+        with nvml_session() as nv:
+            gpus, problems = select_gpus(nv, "all")
+            driver = read_or_none(nv, "nvmlSystemGetDriverVersion")
+            return [_describe(nv, gpu, driver) for gpu in gpus] + [
+                {"error": p} for p in problems
+            ]
+    except InjectorError as exc:
+        raise PreflightError(str(exc)) from exc
+
+
+def _describe(nv: Any, gpu: Gpu, driver: str | None) -> dict[str, Any]:
+    h = gpu.handle
+    sm = supported_sm_range(nv, h)
+    mem = supported_mem_clocks(nv, h)
+    power = power_limit_range_w(nv, h)
+    default_mw = read_or_none(nv, "nvmlDeviceGetPowerManagementDefaultLimit", h)
+    arch = read_or_none(nv, "nvmlDeviceGetArchitecture", h)
+    return {
+        "index": gpu.index,
+        "uuid": gpu.uuid,
+        "name": gpu.name,
+        "driver": driver,
+        "architecture": arch_name(arch) if arch is not None else None,
+        "max_sm_clock_mhz": read_or_none(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_SM),
+        "max_mem_clock_mhz": read_or_none(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_MEM),
+        "supported_sm_clocks_mhz": {"min": sm[0], "max": sm[1]} if sm else None,
+        "supported_mem_clocks_mhz": mem or None,
+        "power_limit_w": {
+            "default": default_mw / 1000.0 if default_mw is not None else None,
+            "min": power[0] if power else None,
+            "max": power[1] if power else None,
+        },
+        "emulated": is_emulated(nv),
+    }

@@ -1,0 +1,205 @@
+"""The proxy's fault decisions: per-stream fault state, what each event and stream meets, and
+the counters of what was done.
+
+Nothing here touches the network: the server (``proxy_server.py``) asks a ``StreamFaults``
+what to do with each event and when a stream must end, and does it.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from streamquake.faults.proxy.framing import SSEEvent, corrupt_event, is_content_event
+from streamquake.faults.proxy.spec import SSEProxyFault
+
+
+@dataclass
+class Stats:
+    """What the proxy did; per fault, and in total (each action counted once there).
+
+    Per fault, ``requests``/``events_seen``/``content_events``/``events_forwarded``/``bytes``
+    count what passed while the fault was active, so ``events_dropped / content_events`` is the
+    drop rate injected and ``first_event_delays`` the streams whose first event it held back.
+    """
+
+    requests: int = 0
+    events_seen: int = 0
+    content_events: int = 0
+    events_forwarded: int = 0
+    events_dropped: int = 0
+    events_delayed: int = 0
+    delay_ms_total: float = 0.0
+    first_event_delays: int = 0
+    stalls: int = 0
+    truncations: int = 0
+    aborts_by_status: dict[str, int] = field(default_factory=dict)
+    resets: int = 0
+    corruptions: int = 0
+    upstream_errors: int = 0
+    bytes: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        out = asdict(self)
+        out["delay_ms_total"] = round(self.delay_ms_total, 3)
+        return out
+
+
+@dataclass(eq=False)
+class ActiveFault:
+    name: str
+    spec: SSEProxyFault
+    seed: int
+    stats: Stats = field(default_factory=Stats)
+    streams: int = 0
+
+    def open_stream(self) -> FaultStream:
+        # One generator per (seed, fault, stream number): a replay makes the same choices.
+        rng = random.Random(f"{self.seed}:{self.name}:{self.streams}")
+        self.streams += 1
+        self.stats.requests += 1
+        reset = self.spec.reset
+        reset_after = None
+        if reset is not None and rng.random() < reset.probability:
+            reset_after = reset.after_events
+        return FaultStream(self, rng, reset_after)
+
+
+@dataclass
+class FaultStream:
+    """One fault as one stream sees it."""
+
+    fault: ActiveFault
+    rng: random.Random
+    reset_after: int | None
+
+    def roll(self, probability: float | None) -> bool:
+        return probability is not None and self.rng.random() < probability
+
+
+# What a stream does after an event: go on, end cleanly, or end with a TCP reset.
+CONTINUE, END, RESET = "continue", "end", "reset"
+
+
+class StreamFaults:
+    """Per-request fault bookkeeping: the faults met so far, what was forwarded, the lag.
+
+    ``active`` is the proxy's live table of faults, read afresh at each event, so a fault switched
+    on mid-stream applies from the next event on; ``totals`` counts across all faults.
+    """
+
+    def __init__(self, active: dict[str, ActiveFault], totals: Stats) -> None:
+        self._active = active
+        self.totals = totals
+        self._mine: dict[ActiveFault, FaultStream] = {}
+        self.events = 0
+        self.bytes = 0
+        self.lag_s = 0.0
+        self.first = True
+
+    def faults(self) -> list[FaultStream]:
+        active = self._active
+        if not active:
+            return []
+        out = []
+        for af in active.values():
+            fs = self._mine.get(af)
+            if fs is None:
+                fs = self._mine[af] = af.open_stream()
+            out.append(fs)
+        return out
+
+    def abort_status(self, faults: list[FaultStream]) -> tuple[int, str | None, str] | None:
+        for fs in faults:
+            abort = fs.fault.spec.abort
+            if abort is not None and fs.roll(abort.probability):
+                key = str(abort.status)
+                for st in (fs.fault.stats, self.totals):
+                    st.aborts_by_status[key] = st.aborts_by_status.get(key, 0) + 1
+                return abort.status, abort.retry_after_header(), fs.fault.name
+        return None
+
+    def decide(self, ev: SSEEvent, raw: bytes, faults: list[FaultStream]) -> bytes | None:
+        """Apply per-event faults: the bytes to send, or None to drop the event."""
+        totals = self.totals
+        totals.events_seen += 1
+        content = bool(faults) and is_content_event(ev)
+        for fs in faults:
+            fs.fault.stats.events_seen += 1
+            fs.fault.stats.content_events += content
+        totals.content_events += content
+        if content:
+            dropped = [fs for fs in faults if fs.roll(fs.fault.spec.drop)]
+            for fs in dropped:
+                fs.fault.stats.events_dropped += 1
+            if dropped:
+                totals.events_dropped += 1
+                return None
+        added_s = 0.0
+        for fs in faults:
+            added_s += self._delays(fs)
+        if added_s > 0:
+            self.lag_s += added_s
+            totals.delay_ms_total += added_s * 1000.0
+        self.first = False
+        if content:
+            corrupted = [fs for fs in faults if fs.roll(fs.fault.spec.corrupt)]
+            for fs in corrupted:
+                fs.fault.stats.corruptions += 1
+            if corrupted:
+                totals.corruptions += 1
+                raw = corrupt_event(raw)
+        return raw
+
+    def _delays(self, fs: FaultStream) -> float:
+        spec, st, totals = fs.fault.spec, fs.fault.stats, self.totals
+        added_ms = 0.0
+        if self.first and spec.first_event_delay_ms is not None:
+            added_ms += spec.first_event_delay_ms
+            st.first_event_delays += 1
+            totals.first_event_delays += 1
+        if spec.delay_ms is not None and fs.roll(spec.delay_probability):
+            jitter = spec.delay_jitter_ms or 0.0
+            added_ms += max(0.0, spec.delay_ms + fs.rng.uniform(-jitter, jitter))
+            st.events_delayed += 1
+            totals.events_delayed += 1
+        if spec.stall is not None and fs.roll(spec.stall.probability):
+            added_ms += spec.stall.duration_ms
+            st.stalls += 1
+            totals.stalls += 1
+        st.delay_ms_total += added_ms
+        return added_ms / 1000.0
+
+    def byte_budget(self, faults: list[FaultStream]) -> int | None:
+        limits = [fs.fault.spec.truncate_after_bytes for fs in faults]
+        left = [lim - self.bytes for lim in limits if lim is not None]
+        return min(left) if left else None
+
+    def limits_reached(self, faults: list[FaultStream]) -> str:
+        """After each event (and at the start): has a truncation or a reset come due?"""
+        for fs in faults:
+            if fs.reset_after is not None and self.events >= fs.reset_after:
+                fs.fault.stats.resets += 1
+                self.totals.resets += 1
+                return RESET
+        due = [fs for fs in faults if self._truncate_due(fs)]
+        for fs in due:
+            fs.fault.stats.truncations += 1
+        if due:
+            self.totals.truncations += 1
+            return END
+        return CONTINUE
+
+    def _truncate_due(self, fs: FaultStream) -> bool:
+        spec = fs.fault.spec
+        return (spec.truncate_after_events is not None and self.events >= spec.truncate_after_events
+                ) or (spec.truncate_after_bytes is not None
+                      and self.bytes >= spec.truncate_after_bytes)
+
+    def count_forwarded(self, faults: list[FaultStream], nbytes: int, event: bool) -> None:
+        self.bytes += nbytes
+        self.events += event
+        for st in [fs.fault.stats for fs in faults] + [self.totals]:
+            st.bytes += nbytes
+            st.events_forwarded += event

@@ -1,0 +1,179 @@
+"""SSE proxy faults: the scenario model and the injector that drives a running proxy.
+
+The proxy process itself (``proxy_server.py``) does the work; this module only validates the
+parameters and switches a fault on and off through the proxy's control API. All HTTP here is
+blocking ``urllib`` with timeouts, because the runner is not asyncio.
+
+Semantics, per fault (several may be active at once; their effects add up):
+
+* ``drop``: probability to drop each *content* event. A content event carries generated text:
+  its ``data`` is JSON with a non-empty string under ``text``/``content``/``partial_json``/
+  ``thinking``/``reasoning_content``/``refusal`` at any depth and no finish marker
+  (``finish_reason``/``finishReason``/``stop_reason`` set), or non-JSON data other than
+  ``[DONE]``. Everything else (role-only first chunks, usage, finish, ``[DONE]``, Anthropic
+  ``message_start``/``content_block_start``/``ping``/``message_delta``/``message_stop``, errors,
+  comments) always passes, so a client can still count what it lost.
+* ``delay`` (``delay_jitter``: uniform +-, ``delay_probability``): holds an event back; the rest
+  of the stream follows it, so every delay adds to the gap before that event and order holds.
+* ``first_event_delay``: the same, for the first event of each stream only.
+* ``stall``: ``{probability, duration}`` per event: the stream pauses, then carries on.
+* ``truncate_after_events`` / ``truncate_after_bytes``: the stream ends cleanly (a proper end
+  of the HTTP body) after N events, or exactly N bytes of body (possibly mid-event).
+* ``abort``: ``{status, probability, retry_after}``: answer that status (and ``Retry-After``)
+  without contacting the upstream.
+* ``reset``: ``{probability, after_events}`` per stream: TCP RST after N events.
+* ``corrupt``: probability per content event: the JSON payload is cut and garbled.
+* ``seed``: per-stream random generators come from (seed, fault name, stream number).
+"""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Any
+
+from streamquake.errors import InjectorError, RevertError
+from streamquake.faults.contract import RunContext
+from streamquake.faults.proxy.resources import FaultProxy
+from streamquake.faults.proxy.spec import SSEProxyFault
+from streamquake.journal import JournalEntry
+
+CONTROL_PREFIX = "/_streamquake"
+_HTTP_TIMEOUT_S = 5.0
+_PREFLIGHT_TIMEOUT_S = 2.0
+_ENVELOPE = {"type", "name", "phase"}
+
+
+# --- talking to the proxy -----------------------------------------------------------------------
+
+
+class ProxyUnreachable(Exception):
+    """Nothing answers at the control URL (connection refused, host gone)."""
+
+
+def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method=method)
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            answer: dict[str, Any] = json.loads(resp.read() or b"{}")
+            return answer
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise InjectorError(
+            f"the SSE proxy answered {exc.code} to {method} {url}: {detail}"
+        ) from exc
+    except urllib.error.URLError as exc:
+        if isinstance(exc.reason, ConnectionRefusedError | FileNotFoundError):
+            raise ProxyUnreachable(str(exc.reason)) from exc
+        if isinstance(exc.reason, TimeoutError):
+            raise InjectorError(
+                f"the SSE proxy at {url} did not answer within {timeout_s:.0f} s"
+            ) from exc
+        raise InjectorError(f"cannot reach the SSE proxy at {url}: {exc.reason}") from exc
+    except TimeoutError as exc:
+        raise InjectorError(
+            f"the SSE proxy at {url} did not answer within {timeout_s:.0f} s"
+        ) from exc
+    except ConnectionResetError as exc:
+        raise ProxyUnreachable(str(exc)) from exc
+
+
+def _fault_url(control_url: str, name: str) -> str:
+    return f"{control_url.rstrip('/')}/faults/{urllib.parse.quote(name, safe='')}"
+
+
+def _delete(control_url: str, name: str) -> dict[str, Any]:
+    return _call("DELETE", _fault_url(control_url, name), None, _HTTP_TIMEOUT_S)
+
+
+class SSEProxyInjector:
+    """Switches one ``SSEProxyFault`` on and off in the run's proxy."""
+
+    type_name = "sse_proxy"
+
+    def __init__(self, spec: SSEProxyFault, ctx: RunContext) -> None:
+        self.spec = spec
+        self.ctx = ctx
+
+    @property
+    def _proxy_url(self) -> str | None:
+        proxy = self.ctx.find(FaultProxy)
+        return proxy.control_url if proxy is not None else None
+
+    @property
+    def _control_url(self) -> str:
+        url = self._proxy_url
+        if not url:
+            raise InjectorError(
+                f"fault '{self.spec.label}' needs the streamquake SSE proxy, but this run has "
+                "none: the proxy family starts it (FaultProxy) when a scenario lists such a fault"
+            )
+        return url
+
+    def preflight(self) -> list[str]:
+        try:
+            url = self._control_url
+        except InjectorError as exc:
+            return [str(exc)]
+        try:
+            _call("GET", f"{url.rstrip('/')}/faults", None, _PREFLIGHT_TIMEOUT_S)
+        except ProxyUnreachable as exc:
+            return [f"the SSE proxy control API at {url} refuses connections ({exc}); "
+                    "is the proxy process running?"]
+        except InjectorError as exc:
+            return [str(exc)]
+        return []
+
+    def apply(self, entry: JournalEntry) -> dict[str, Any]:
+        url = self._control_url
+        entry.save({"proxy_control_url": url, "name": self.spec.label})
+        try:
+            echo = _call("PUT", _fault_url(url, self.spec.label), self.spec.proxy_params(),
+                         _HTTP_TIMEOUT_S)
+        except ProxyUnreachable as exc:
+            raise InjectorError(
+                f"cannot apply fault '{self.spec.label}': the SSE proxy at {url} is gone ({exc})"
+            ) from exc
+        return {"proxy_control_url": url, **echo}
+
+    def revert(self) -> dict[str, Any]:
+        url = self._proxy_url
+        if not url:
+            return {"name": self.spec.label, "removed": False, "note": "no proxy in this run"}
+        try:
+            return _delete(url, self.spec.label)
+        except ProxyUnreachable:
+            return {"name": self.spec.label, "removed": False,
+                    "note": "the proxy process is gone, and the fault ended with it"}
+        except InjectorError as exc:
+            raise RevertError(
+                f"could not remove fault '{self.spec.label}' from the SSE proxy: {exc}; stop the "
+                "proxy process to end it"
+            ) from exc
+
+    def describe(self) -> dict[str, Any]:
+        return {"type": self.type_name, "name": self.spec.label, "phase": self.spec.phase,
+                **self.spec.proxy_params()}
+
+    @classmethod
+    def recover(cls, state: dict[str, Any]) -> str:
+        url, name = state.get("proxy_control_url"), state.get("name")
+        if not url or not name:
+            return "nothing to undo: the fault was never sent to a proxy"
+        try:
+            answer = _delete(url, name)
+        except ProxyUnreachable:
+            return f"fault '{name}' ended with its proxy process ({url} no longer answers)"
+        except InjectorError as exc:
+            raise RevertError(
+                f"could not remove fault '{name}' from the SSE proxy at {url}: {exc}; stop the "
+                "proxy process to end it"
+            ) from exc
+        if answer.get("removed"):
+            return f"removed fault '{name}' from the SSE proxy at {url}"
+        return f"fault '{name}' was no longer active in the SSE proxy at {url}"

@@ -1,0 +1,50 @@
+"""The proxy family's run-long part: the SSE fault proxy in front of the target.
+
+It stands there for the whole run, faults or not, so that baseline and recovery are measured
+through the same hop as the fault phase; faults are switched on and off through its control API.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Literal
+
+from streamquake.faults.contract import JsonDict, RunContext, Wiring
+
+if TYPE_CHECKING:
+    from streamquake.faults.proxy.server import ProxyProcess
+
+
+class FaultProxy:
+    key = "sse_proxy"
+    title = "the SSE fault proxy"
+    stage: Literal["before_target", "after_target"] = "after_target"
+
+    def __init__(self, *, insecure: bool = False) -> None:
+        self.insecure = insecure
+        self.process: ProxyProcess | None = None
+        self.control_url: str | None = None
+
+    @classmethod
+    def attached(cls, control_url: str) -> FaultProxy:
+        """A proxy someone else started (tests, a hand-run proxy), known by its control URL."""
+        proxy = cls()
+        proxy.control_url = control_url
+        return proxy
+
+    def start(self, ctx: RunContext, wiring: Wiring) -> None:
+        from streamquake.faults.proxy.server import start_proxy
+
+        self.process = start_proxy(wiring.target_url, seed=ctx.seed, insecure=self.insecure,
+                                   log_path=Path(ctx.run_dir) / "proxy.log")
+        self.control_url = self.process.control_url
+        wiring.load_url = self.process.url
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def report(self) -> JsonDict | None:
+        if self.process is None:
+            return None
+        return {"url": self.process.url, "control_url": self.control_url}

@@ -1,0 +1,515 @@
+"""The SSE-aware fault proxy: a reverse proxy that applies faults per SSE event.
+
+Run: ``python -m streamquake.faults.proxy.server --upstream URL --host 127.0.0.1 --port 0``;
+it prints ``LISTENING http://host:port`` once bound. Everything under ``/_streamquake/`` is the
+control API (``PUT``/``DELETE /_streamquake/faults/{name}``, ``GET /_streamquake/faults``,
+``GET /_streamquake/stats``); everything else is forwarded to the upstream.
+
+``text/event-stream`` responses are cut into events and each event is written and drained as
+soon as it is complete, after the active faults have had their say (see ``sse_proxy.py`` for
+what each fault does; ``sse_framing.py`` cuts the events, ``proxy_faults.py`` decides). Other
+responses are copied chunk by chunk, untouched. Header values are never logged, nor query
+strings (Gemini puts its API key there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from aiohttp import web
+from multidict import CIMultiDict
+from pydantic import ValidationError
+from yarl import URL
+
+from streamquake.faults.proxy.decisions import (
+    CONTINUE,
+    END,
+    RESET,
+    ActiveFault,
+    Stats,
+    StreamFaults,
+)
+from streamquake.faults.proxy.framing import SSEFramer, parse_event
+from streamquake.faults.proxy.injector import CONTROL_PREFIX
+from streamquake.faults.proxy.spec import fault_from_params
+from streamquake.procs import child_env, python_module_cmd, read_listening_line, spawn, stop
+from streamquake.units import parse_duration_s
+
+log = logging.getLogger("streamquake.proxy")
+
+HOP_BY_HOP = frozenset({
+    "connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "proxy-connection",
+    "te", "trailer", "transfer-encoding", "upgrade",
+})
+# Encodings aiohttp decodes without optional packages; the proxy must see plain SSE text.
+_DECODABLE = frozenset({"gzip", "deflate", "identity"})
+
+
+@dataclass
+class ProxyState:
+    upstream: URL
+    seed: int
+    connect_timeout_s: float
+    read_timeout_s: float
+    insecure: bool = False
+    faults: dict[str, ActiveFault] = field(default_factory=dict)
+    totals: Stats = field(default_factory=Stats)
+    session: aiohttp.ClientSession | None = None
+    _last_error_log: float = 0.0
+
+    def log_upstream_error(self, message: str) -> None:
+        # Under load a dead upstream fails every request; one line a second is enough.
+        now = time.monotonic()
+        if now - self._last_error_log >= 1.0:
+            self._last_error_log = now
+            log.warning("%s (upstream errors so far: %d)", message, self.totals.upstream_errors)
+
+
+PROXY = web.AppKey("proxy", ProxyState)
+
+
+# --- one proxied SSE stream ---------------------------------------------------------------------
+
+# The upstream failed mid-stream: the client must not see a clean end.
+_BROKEN = "broken"
+_EOF = object()
+
+
+async def _pump(upstream: aiohttp.ClientResponse, queue: asyncio.Queue[Any]) -> None:
+    """Read the upstream as fast as it sends; queue each chunk's blocks with their arrival time."""
+    loop = asyncio.get_running_loop()
+    framer = SSEFramer()
+    try:
+        async for chunk in upstream.content.iter_any():
+            blocks = framer.feed(chunk)
+            if blocks:
+                await queue.put((loop.time(), blocks, False))
+        rest = framer.flush()
+        if rest:
+            await queue.put((loop.time(), [rest], True))
+        await queue.put(_EOF)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        await queue.put(exc)
+
+
+def _reset_connection(request: web.Request) -> None:
+    """RST, not FIN: SO_LINGER with a zero timeout makes close() abort the connection."""
+    transport = request.transport
+    if transport is None:
+        return
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+class _SSERelay:
+    """Moves one stream's events from the upstream queue to the client, faults applied.
+
+    Each event goes out as soon as it is due. Events that are due together (they came in one
+    upstream read, or the client fell behind) leave in one write: nothing waits for that.
+    """
+
+    def __init__(self, resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
+                 stream: StreamFaults, proxy: ProxyState) -> None:
+        self.resp = resp
+        self.upstream = upstream
+        self.stream = stream
+        self.proxy = proxy
+        self.loop = asyncio.get_running_loop()
+        self.pending: list[bytes] = []
+
+    async def run(self) -> str:
+        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
+        pump = asyncio.create_task(_pump(self.upstream, queue))
+        try:
+            outcome = self.stream.limits_reached(self.stream.faults())
+            while outcome == CONTINUE:
+                if queue.empty():
+                    await self._flush()
+                item = await queue.get()
+                if item is _EOF:
+                    outcome = END
+                    break
+                if isinstance(item, BaseException):
+                    self.proxy.totals.upstream_errors += 1
+                    self.proxy.log_upstream_error(f"upstream failed mid-stream: {item!r}")
+                    outcome = _BROKEN
+                    break
+                arrived, blocks, tail = item
+                for raw in blocks:
+                    outcome = await self._step(arrived, raw, tail)
+                    if outcome != CONTINUE:
+                        break
+            await self._flush()
+            return outcome
+        finally:
+            pump.cancel()
+            await asyncio.gather(pump, return_exceptions=True)
+
+    async def _flush(self) -> None:
+        if self.pending:
+            data = b"".join(self.pending)
+            self.pending.clear()
+            await self.resp.write(data)
+
+    async def _step(self, arrived: float, raw: bytes, tail: bool) -> str:
+        stream = self.stream
+        faults = stream.faults()
+        ev = None if tail else parse_event(raw)
+        if ev is not None:
+            out = stream.decide(ev, raw, faults)
+            if out is None:
+                return CONTINUE
+            raw = out
+        wait = arrived + stream.lag_s - self.loop.time()
+        if wait > 0:
+            await self._flush()
+            await asyncio.sleep(wait)
+        budget = stream.byte_budget(faults)
+        if budget is not None and budget < len(raw):
+            raw = raw[:budget]
+        if raw:
+            self.pending.append(raw)
+        stream.count_forwarded(faults, len(raw), ev is not None)
+        return stream.limits_reached(faults)
+
+
+# --- HTTP plumbing ------------------------------------------------------------------------------
+
+
+def _connection_listed(headers: Any) -> set[str]:
+    listed: set[str] = set()
+    for value in headers.getall("Connection", []):
+        listed.update(v.strip().lower() for v in value.split(","))
+    return listed
+
+
+def _request_headers(request: web.Request) -> CIMultiDict[str]:
+    drop = HOP_BY_HOP | _connection_listed(request.headers) | {"host", "content-length"}
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in request.headers.items():
+        lk = key.lower()
+        if lk in drop:
+            continue
+        if lk == "accept-encoding":
+            codings = [c for c in value.split(",") if c.split(";")[0].strip().lower() in _DECODABLE]
+            if not codings:
+                continue
+            value = ",".join(codings).strip()
+        out.add(key, value)
+    return out
+
+
+def _response_headers(upstream: aiohttp.ClientResponse, sse: bool) -> CIMultiDict[str]:
+    drop = HOP_BY_HOP | _connection_listed(upstream.headers)
+    encoding = upstream.headers.get("Content-Encoding", "identity").strip().lower()
+    if sse or encoding != "identity":
+        # SSE bytes may change and decoded bodies have a new length: both go out chunked.
+        drop = drop | {"content-length"}
+    if encoding != "identity":
+        drop = drop | {"content-encoding"}
+    out: CIMultiDict[str] = CIMultiDict()
+    for key, value in upstream.headers.items():
+        if key.lower() not in drop:
+            out.add(key, value)
+    return out
+
+
+def _error(status: int, message: str, **headers: str) -> web.Response:
+    body = {"error": {"code": status, "message": message, "source": "streamquake-proxy"}}
+    return web.json_response(body, status=status, headers=headers)
+
+
+async def _open_upstream(request: web.Request, proxy: ProxyState
+                         ) -> aiohttp.ClientResponse | web.Response:
+    assert proxy.session is not None
+    body = await request.read()
+    url = URL(str(proxy.upstream).rstrip("/") + request.raw_path, encoded=True)
+    where = f"{request.method} {request.path}"
+    try:
+        return await proxy.session.request(
+            request.method, url, headers=_request_headers(request), data=body or None,
+            allow_redirects=False,
+        )
+    except TimeoutError as exc:
+        proxy.totals.upstream_errors += 1
+        message = (f"the upstream {proxy.upstream.host}:{proxy.upstream.port} did not answer "
+                   f"{where} in time ({type(exc).__name__})")
+        proxy.log_upstream_error(message)
+        return _error(504, message, **{"X-Streamquake-Proxy": "upstream-timeout"})
+    except aiohttp.ClientError as exc:
+        proxy.totals.upstream_errors += 1
+        message = (f"the proxy could not get {where} from the upstream "
+                   f"{proxy.upstream.host}:{proxy.upstream.port}: {exc}")
+        proxy.log_upstream_error(message)
+        return _error(502, message, **{"X-Streamquake-Proxy": "upstream-error"})
+
+
+async def forward(request: web.Request) -> web.StreamResponse:
+    proxy = request.app[PROXY]
+    proxy.totals.requests += 1
+    stream = StreamFaults(proxy.faults, proxy.totals)
+    aborted = stream.abort_status(stream.faults())
+    if aborted is not None:
+        status, retry_after, name = aborted
+        headers = {"X-Streamquake-Fault": name}
+        if retry_after is not None:
+            headers["Retry-After"] = retry_after
+        return _error(status, f"injected by streamquake fault '{name}'", **headers)
+    opened = await _open_upstream(request, proxy)
+    if isinstance(opened, web.Response):
+        return opened
+    upstream = opened
+    resp: web.StreamResponse | None = None
+    try:
+        sse = upstream.content_type == "text/event-stream"
+        resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
+                                  headers=_response_headers(upstream, sse))
+        await resp.prepare(request)
+        outcome = await (_SSERelay(resp, upstream, stream, proxy).run() if sse
+                         else _relay_raw(resp, upstream, proxy))
+        if outcome == RESET:
+            _reset_connection(request)
+        elif outcome == _BROKEN and request.transport is not None:
+            # A clean end would tell the client the stream was complete; it was not.
+            request.transport.abort()
+        else:
+            await resp.write_eof()
+        return resp
+    except ConnectionResetError:
+        # The client went away; nothing to tell it.
+        return resp if resp is not None else web.Response(status=499)
+    except (TimeoutError, aiohttp.ClientError) as exc:
+        proxy.totals.upstream_errors += 1
+        proxy.log_upstream_error(f"upstream failed during {request.method} {request.path}: {exc!r}")
+        if resp is None:
+            return _error(502, f"the upstream failed: {exc!r}",
+                          **{"X-Streamquake-Proxy": "upstream-error"})
+        if request.transport is not None:
+            request.transport.abort()
+        return resp
+    finally:
+        upstream.close()
+
+
+async def _relay_raw(resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
+                     proxy: ProxyState) -> str:
+    async for chunk in upstream.content.iter_any():
+        await resp.write(chunk)
+        proxy.totals.bytes += len(chunk)
+    return END
+
+
+# --- control API --------------------------------------------------------------------------------
+
+
+def _problems(exc: ValidationError) -> list[str]:
+    return [f"{'.'.join(str(p) for p in e['loc']) or 'fault'}: {e['msg']}" for e in exc.errors()]
+
+
+async def put_fault(request: web.Request) -> web.Response:
+    proxy = request.app[PROXY]
+    name = request.match_info["name"]
+    try:
+        params = await request.json()
+    except ValueError:
+        return web.json_response({"error": "the body must be a JSON object of fault parameters"},
+                                 status=400)
+    if not isinstance(params, dict):
+        return web.json_response({"error": "the body must be a JSON object of fault parameters"},
+                                 status=400)
+    try:
+        spec = fault_from_params(params)
+    except ValidationError as exc:
+        return web.json_response({"error": f"invalid fault '{name}'", "problems": _problems(exc)},
+                                 status=400)
+    seed = spec.seed if spec.seed is not None else proxy.seed
+    replaced = proxy.faults.pop(name, None) is not None
+    proxy.faults[name] = ActiveFault(name, spec, seed)
+    log.info("fault '%s' on: %s", name, json.dumps(spec.proxy_params()))
+    return web.json_response({"name": name, "fault": spec.proxy_params(), "replaced": replaced})
+
+
+async def delete_fault(request: web.Request) -> web.Response:
+    proxy = request.app[PROXY]
+    name = request.match_info["name"]
+    af = proxy.faults.pop(name, None)
+    if af is None:
+        return web.json_response({"name": name, "removed": False, "fault": None, "stats": None})
+    log.info("fault '%s' off", name)
+    return web.json_response({"name": name, "removed": True, "fault": af.spec.proxy_params(),
+                              "stats": af.stats.as_dict()})
+
+
+async def list_faults(request: web.Request) -> web.Response:
+    proxy = request.app[PROXY]
+    return web.json_response(
+        {"faults": {n: af.spec.proxy_params() for n, af in proxy.faults.items()}}
+    )
+
+
+async def get_stats(request: web.Request) -> web.Response:
+    proxy = request.app[PROXY]
+    return web.json_response({
+        "faults": {n: af.stats.as_dict() for n, af in proxy.faults.items()},
+        "totals": proxy.totals.as_dict(),
+    })
+
+
+async def unknown_control(request: web.Request) -> web.Response:
+    return web.json_response(
+        {"error": f"no control endpoint {request.method} {request.path}; see "
+                  f"{CONTROL_PREFIX}/faults and {CONTROL_PREFIX}/stats"},
+        status=404,
+    )
+
+
+def build_app(state: ProxyState) -> web.Application:
+    app = web.Application(client_max_size=64 << 20)
+    app[PROXY] = state
+
+    async def client_session(app: web.Application) -> AsyncIterator[None]:
+        connector = aiohttp.TCPConnector(limit=0, ssl=not state.insecure)
+        timeout = aiohttp.ClientTimeout(total=None, connect=state.connect_timeout_s,
+                                        sock_read=state.read_timeout_s)
+        async with aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=True,
+            skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
+        ) as session:
+            state.session = session
+            yield
+            state.session = None
+
+    app.cleanup_ctx.append(client_session)
+    faults = f"{CONTROL_PREFIX}/faults"
+    app.router.add_put(faults + "/{name}", put_fault)
+    app.router.add_delete(faults + "/{name}", delete_fault)
+    app.router.add_get(faults, list_faults)
+    app.router.add_get(f"{CONTROL_PREFIX}/stats", get_stats)
+    app.router.add_route("*", CONTROL_PREFIX + "/{tail:.*}", unknown_control)
+    app.router.add_route("*", "/{tail:.*}", forward)
+    return app
+
+
+# --- process entry point and handle -------------------------------------------------------------
+
+
+def _url_host(host: str) -> str:
+    return f"[{host}]" if ":" in host else host
+
+
+async def serve(state: ProxyState, host: str, port: int) -> None:
+    runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False,
+                           shutdown_timeout=1.0)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, backlog=1024)
+    await site.start()
+    bound = runner.addresses[0][1]
+    print(f"LISTENING http://{_url_host(host)}:{bound}", flush=True)
+    stopping = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    try:
+        await stopping.wait()
+    finally:
+        await runner.cleanup()
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m streamquake.faults.proxy.server",
+                                description="SSE-aware fault proxy")
+    p.add_argument("--upstream", required=True, help="base URL to forward to")
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--upstream-insecure", action="store_true",
+                   help="do not verify the upstream's TLS certificate")
+    p.add_argument("--connect-timeout", default="10s")
+    p.add_argument("--read-timeout", default="120s",
+                   help="longest silence from the upstream before the request fails")
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = _parse_args(argv)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+                        format="streamquake-proxy: %(levelname)s %(message)s")
+    upstream = URL(args.upstream)
+    if upstream.scheme not in ("http", "https") or not upstream.host:
+        sys.exit(f"--upstream must be an http:// or https:// URL with a host, got {args.upstream}")
+    state = ProxyState(
+        upstream=upstream, seed=args.seed, insecure=args.upstream_insecure,
+        connect_timeout_s=parse_duration_s(args.connect_timeout),
+        read_timeout_s=parse_duration_s(args.read_timeout),
+    )
+    asyncio.run(serve(state, args.host, args.port))
+
+
+@dataclass
+class ProxyProcess:
+    """A running proxy child process; ``with`` stops it."""
+
+    proc: subprocess.Popen[bytes]
+    url: str
+
+    @property
+    def control_url(self) -> str:
+        return self.url + CONTROL_PREFIX
+
+    def stop(self) -> int | None:
+        """SIGTERM, then SIGKILL; safe to call twice."""
+        code = stop(self.proc)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return code
+
+    def __enter__(self) -> ProxyProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def start_proxy(upstream_url: str, seed: int = 0, ready_timeout_s: float = 15.0, *,
+                host: str = "127.0.0.1", port: int = 0, insecure: bool = False,
+                connect_timeout: str = "10s", read_timeout: str = "120s",
+                log_path: Path | None = None) -> ProxyProcess:
+    """Start the proxy as a child that dies with us; returns once it is listening."""
+    args = ["--upstream", upstream_url, "--host", host, "--port", str(port), "--seed", str(seed),
+            "--connect-timeout", connect_timeout, "--read-timeout", read_timeout]
+    if insecure:
+        args.append("--upstream-insecure")
+    cmd = python_module_cmd("streamquake.faults.proxy.server", *args)
+    log_file = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
+    try:
+        proc = spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
+                     env=child_env())
+    finally:
+        if log_file is not None:
+            log_file.close()
+    try:
+        url = read_listening_line(proc, ready_timeout_s, "the SSE proxy")
+    except BaseException:
+        ProxyProcess(proc, "").stop()
+        raise
+    return ProxyProcess(proc, url)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,138 @@
+"""The SSE proxy family's scenario model (see injector.py for the semantics). Light on purpose:
+``streamquake validate`` imports it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from streamquake.faults.envelope import FaultSpec
+from streamquake.units import parse_duration_ms, parse_duration_s, parse_fraction, parse_size_bytes
+
+_ENVELOPE = {"type", "name", "phase"}
+
+
+def _fraction(v: Any) -> float:
+    return parse_fraction(v)
+
+
+def _positive_ms(v: Any) -> float:
+    ms = parse_duration_ms(v)
+    if ms <= 0:
+        raise ValueError(
+            f"must be a positive duration like '200ms', got {v!r}; leave it out instead"
+        )
+    return ms
+
+
+class _Part(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+class Stall(_Part):
+    """Pause the stream for ``duration`` before an event, with ``probability`` per event."""
+
+    probability: float
+    duration_ms: float = Field(alias="duration")
+
+    _p = field_validator("probability", mode="before")(_fraction)
+    _d = field_validator("duration_ms", mode="before")(_positive_ms)
+
+
+class Abort(_Part):
+    """Answer ``status`` before streaming, without contacting the upstream."""
+
+    status: int = Field(ge=400, le=599, description="an HTTP error status such as 503 or 429")
+    probability: float = 1.0
+    retry_after_s: float | None = Field(default=None, alias="retry_after")
+
+    _p = field_validator("probability", mode="before")(_fraction)
+
+    @field_validator("retry_after_s", mode="before")
+    @classmethod
+    def _retry_after(cls, v: Any) -> float | None:
+        return None if v is None else parse_duration_s(v)
+
+    def retry_after_header(self) -> str | None:
+        # Retry-After takes whole seconds (RFC 9110); round up so a client never retries early.
+        return None if self.retry_after_s is None else str(math.ceil(self.retry_after_s))
+
+
+class Reset(_Part):
+    """Reset the TCP connection (RST) after ``after_events`` events, with ``probability``."""
+
+    probability: float = 1.0
+    after_events: int = Field(default=0, ge=0)
+
+    _p = field_validator("probability", mode="before")(_fraction)
+
+
+_ACTIONS = (
+    "drop", "delay_ms", "first_event_delay_ms", "stall", "truncate_after_events",
+    "truncate_after_bytes", "abort", "reset", "corrupt",
+)
+
+
+class SSEProxyFault(FaultSpec):
+    """A fault the SSE proxy applies per event or per stream (see the module docstring)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    type: Literal["sse_proxy"]
+    drop: float | None = None
+    delay_ms: float | None = Field(default=None, alias="delay")
+    delay_jitter_ms: float | None = Field(default=None, alias="delay_jitter")
+    delay_probability: float = 1.0
+    first_event_delay_ms: float | None = Field(default=None, alias="first_event_delay")
+    stall: Stall | None = None
+    truncate_after_events: int | None = Field(default=None, ge=0)
+    truncate_after_bytes: int | None = Field(default=None, ge=0)
+    abort: Abort | None = None
+    reset: Reset | None = None
+    corrupt: float | None = None
+    seed: int | None = None
+
+    _f = field_validator("drop", "corrupt", "delay_probability", mode="before")(
+        lambda v: None if v is None else _fraction(v)
+    )
+    _d = field_validator("delay_ms", "first_event_delay_ms", mode="before")(
+        lambda v: None if v is None else _positive_ms(v)
+    )
+
+    @field_validator("delay_jitter_ms", mode="before")
+    @classmethod
+    def _jitter(cls, v: Any) -> float | None:
+        return None if v is None else parse_duration_ms(v)
+
+    @field_validator("truncate_after_bytes", mode="before")
+    @classmethod
+    def _size(cls, v: Any) -> int | None:
+        return None if v is None else parse_size_bytes(v)
+
+    @model_validator(mode="after")
+    def _coherent(self) -> SSEProxyFault:
+        if all(getattr(self, f) is None for f in _ACTIONS):
+            raise ValueError(
+                "an sse_proxy fault needs at least one action: drop, delay, first_event_delay, "
+                "stall, truncate_after_events, truncate_after_bytes, abort, reset or corrupt"
+            )
+        if self.delay_jitter_ms is not None and self.delay_ms is None:
+            raise ValueError("delay_jitter needs delay: set delay (e.g. '100ms') as well")
+        if self.delay_probability != 1.0 and self.delay_ms is None:
+            raise ValueError("delay_probability needs delay: set delay (e.g. '100ms') as well")
+        return self
+
+    def proxy_params(self) -> dict[str, Any]:
+        """The parameters as the proxy's control API takes them (explicit units, no envelope)."""
+        params = self.model_dump(mode="json", exclude=_ENVELOPE, exclude_none=True)
+        if self.delay_ms is None:
+            params.pop("delay_probability")  # a default that means nothing without a delay
+        return params
+
+
+def fault_from_params(params: dict[str, Any]) -> SSEProxyFault:
+    """Validate what a control API caller sent (``ValidationError`` if it is wrong)."""
+    body = {k: v for k, v in params.items() if k not in _ENVELOPE}
+    return SSEProxyFault.model_validate({"type": "sse_proxy", **body})

@@ -1,0 +1,69 @@
+"""tc: the network path through the kernel's traffic control (netem, tbf), via pyroute2.
+
+Private machinery: ``netlink`` (raw tc messages), ``placement`` (which interfaces and packets),
+``install``/``remove``/``readback``/``probe`` (the scoped htb tree), ``scope`` (all of it for one
+fault), ``netns`` (the target's own namespace), ``profiles`` (named network paths).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from streamquake.errors import PreflightError
+from streamquake.faults.contract import Family, FaultType, InjectorFactory, Recoverer, Resource
+from streamquake.faults.envelope import FaultSpec
+from streamquake.faults.tc.spec import NetemFault, TbfFault, network_profile_fault
+
+if TYPE_CHECKING:
+    from streamquake.scenario import Scenario
+
+
+def _netem() -> InjectorFactory:
+    from streamquake.faults.tc.netem import NetemInjector
+
+    return NetemInjector  # type: ignore[return-value]
+
+
+def _tbf() -> InjectorFactory:
+    from streamquake.faults.tc.tbf import TbfInjector
+
+    return TbfInjector  # type: ignore[return-value]
+
+
+def _resources(scenario: Scenario) -> Sequence[Resource]:
+    if scenario.network.mode != "namespace":
+        return ()
+    if scenario.target.embedded is None:
+        raise PreflightError(
+            "network mode 'namespace' runs the embedded target in its own namespace; "
+            "with a 'url' target use mode 'host' and a scope"
+        )
+    from streamquake.faults.tc.resources import TargetNamespace
+
+    return (TargetNamespace(),)
+
+
+def _implied(scenario: Scenario) -> Sequence[FaultSpec]:
+    """A network profile (``network.profile``) shapes the path for the whole run."""
+    profile = network_profile_fault(scenario.network)
+    return () if profile is None else (profile,)
+
+
+def _namespace_recoverer() -> Recoverer:
+    from streamquake.faults.tc.netns import NamespaceTopology
+
+    return NamespaceTopology.recover
+
+
+FAMILY = Family(
+    name="tc",
+    faults=(
+        FaultType("netem", NetemFault, _netem,
+                  "delay, jitter, loss, duplication, corruption, reordering, rate (needs netem)"),
+        FaultType("tbf", TbfFault, _tbf, "a token-bucket bandwidth limit"),
+    ),
+    resources=_resources,
+    implied=_implied,
+    recoverers={"netns": _namespace_recoverer},
+)

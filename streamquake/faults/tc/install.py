@@ -1,0 +1,170 @@
+"""Installing a fault's htb class, leaf qdiscs and u32 filters on one hop, and the ownership
+checks that keep streamquake off qdiscs it did not install (the rules are in ``tc_scope``)."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.rtnl import TC_H_INGRESS, TC_H_ROOT
+
+from streamquake.errors import InjectorError
+from streamquake.faults.tc.netlink import (
+    DEFAULT_CLASS,
+    FIRST_SHAPED_MINOR,
+    IFB_PREFIX,
+    INGRESS_HANDLE,
+    LEAF_MAJORS,
+    PREF_FLOOR,
+    PREF_TOP,
+    ROOT_HANDLE,
+    add_filters,
+    classes,
+    filter_pref,
+    filters,
+    fmt_handle,
+    is_our_pref,
+    link_index,
+    qdisc_at,
+    qdiscs,
+)
+from streamquake.faults.tc.placement import Hop
+
+# "Unshaped": far above what any interface here carries, so htb never holds a packet back.
+UNSHAPED_BYTES_PER_S = 100_000_000_000 // 8
+_HTB_QUANTUM = 60_000
+
+
+@dataclass(frozen=True)
+class LeafQdisc:
+    """A qdisc the fault supplies: ``add(ipr, ifindex, parent, handle)`` installs it."""
+
+    kind: str
+    add: Callable[[IPRoute, int, int, int], None]
+
+
+# ---------------------------------------------------------------------------- ownership
+
+
+def _foreign_root(present: list[Any], hop: Hop) -> str | None:
+    root = qdisc_at(present, TC_H_ROOT)
+    if root is None or root["handle"] == 0 or (
+            root["handle"] == ROOT_HANDLE and root.get_attr("TCA_KIND") == "htb"):
+        return None
+    where = f" -n {hop.netns}" if hop.netns else ""
+    return (
+        f"interface {hop.ifname} already has a root qdisc ({root.get_attr('TCA_KIND')} "
+        f"{fmt_handle(root['handle'])}) that streamquake did not install, and streamquake never "
+        f"replaces someone else's; if it is no longer needed remove it with "
+        f"`tc{where} qdisc del dev {hop.ifname} root`, or shape another interface"
+    )
+
+
+def _foreign_ingress(ipr: IPRoute, index: int, present: list[Any], hop: Hop) -> str | None:
+    ingress = qdisc_at(present, TC_H_INGRESS)
+    if ingress is None:
+        return None
+    kind = ingress.get_attr("TCA_KIND")
+    if kind == "ingress" and all(is_our_pref(filter_pref(f))
+                                 for f in filters(ipr, index, INGRESS_HANDLE)):
+        return None
+    where = f" -n {hop.netns}" if hop.netns else ""
+    return (
+        f"interface {hop.ifname} already has an {kind} qdisc with filters that streamquake did "
+        f"not install, and shaping the target's answers would need it; remove it with "
+        f"`tc{where} qdisc del dev {hop.ifname} {kind}`, or use direction: egress"
+    )
+
+
+def ownership_problem(ipr: IPRoute, hop: Hop) -> str | None:
+    index = link_index(ipr, hop.netns, hop.ifname)
+    present = qdiscs(ipr, index)
+    if hop.via_ifb:
+        return _foreign_ingress(ipr, index, present, hop)
+    return _foreign_root(present, hop)
+
+
+# ---------------------------------------------------------------------------- install
+
+
+def _free(candidates: Sequence[int], used: set[int], n: int, what: str) -> list[int]:
+    free = [c for c in candidates if c not in used][:n]
+    if len(free) < n:
+        raise InjectorError(f"no free {what} left in streamquake's reserved range; revert or "
+                            "recover earlier faults first")
+    return free
+
+
+def _new_prefs(in_use: set[int], n: int) -> list[int]:
+    ours = [p for p in in_use if is_our_pref(p)]
+    top = min(ours) - 1 if ours else PREF_TOP
+    if top - n + 1 < PREF_FLOOR:
+        raise InjectorError("too many streamquake filters on one interface; revert some faults")
+    return list(range(top, top - n, -1))
+
+
+def _add_unshaped_class(ipr: IPRoute, index: int, classid: int) -> None:
+    ipr.tc("add-class", "htb", index=index, handle=classid, parent=ROOT_HANDLE,
+           rate=UNSHAPED_BYTES_PER_S, ceil=UNSHAPED_BYTES_PER_S, quantum=_HTB_QUANTUM)
+
+
+def _add_chain(ipr: IPRoute, index: int, parent: int, leaves: Sequence[LeafQdisc],
+               majors: list[int]) -> None:
+    for leaf, major in zip(leaves, majors, strict=True):
+        leaf.add(ipr, index, parent, major << 16)
+        parent = (major << 16) | 1  # the next leaf hangs under this one's single class
+
+
+def install_htb(ipr: IPRoute, hop: Hop, st: dict[str, Any], leaves: Sequence[LeafQdisc],
+                selectors: list[tuple[int, list[str]]], save: Callable[[], None]) -> None:
+    index = link_index(ipr, hop.netns, hop.ifname)
+    present = qdiscs(ipr, index)
+    problem = _foreign_root(present, hop)
+    if problem:
+        raise InjectorError(problem)
+    root = qdisc_at(present, TC_H_ROOT)
+    ours = root is not None and root["handle"] == ROOT_HANDLE
+    minors = {c["handle"] & 0xFFFF for c in classes(ipr, index)} if ours else set()
+    st["class_minor"] = _free(range(FIRST_SHAPED_MINOR, 0xFFFF), minors, 1, "class id")[0]
+    st["leaf_majors"] = _free(LEAF_MAJORS, {q["handle"] >> 16 for q in present}, len(leaves),
+                              "qdisc handle")
+    st["prefs"] = _new_prefs({filter_pref(f) for f in filters(ipr, index, ROOT_HANDLE)} if ours
+                             else set(), len(selectors))
+    save()  # all that recover needs is on disk before the first change
+    if not ours:
+        ipr.tc("add", "htb", index=index, handle=ROOT_HANDLE, parent=TC_H_ROOT, default=1)
+    if 1 not in minors:
+        _add_unshaped_class(ipr, index, DEFAULT_CLASS)
+    classid = ROOT_HANDLE | st["class_minor"]
+    _add_unshaped_class(ipr, index, classid)
+    _add_chain(ipr, index, classid, leaves, st["leaf_majors"])
+    add_filters(ipr, index, ROOT_HANDLE, st["prefs"], selectors, target=classid)
+
+
+def install_ifb(ipr: IPRoute, hop: Hop, st: dict[str, Any], leaves: Sequence[LeafQdisc],
+                selectors: list[tuple[int, list[str]]], save: Callable[[], None]) -> None:
+    index = link_index(ipr, hop.netns, hop.ifname)
+    present = qdiscs(ipr, index)
+    problem = _foreign_ingress(ipr, index, present, hop)
+    if problem:
+        raise InjectorError(problem)
+    in_use = {filter_pref(f) for f in filters(ipr, index, INGRESS_HANDLE)}
+    has_ingress = qdisc_at(present, TC_H_INGRESS) is not None
+    # An ingress qdisc we create, or one whose filters are all ours, is ours to remove later.
+    st["ingress_owned"] = not has_ingress or bool(in_use)
+    st["ifb"] = f"{IFB_PREFIX}{uuid.uuid4().hex[:8]}"
+    st["leaf_majors"] = list(LEAF_MAJORS[: len(leaves)])
+    st["ingress_prefs"] = _new_prefs(in_use, len(selectors))
+    save()
+    ipr.link("add", ifname=st["ifb"], kind="ifb")
+    ifb = ipr.link_lookup(ifname=st["ifb"])[0]
+    ipr.link("set", index=ifb, state="up")
+    _add_chain(ipr, ifb, TC_H_ROOT, leaves, st["leaf_majors"])
+    if not has_ingress:
+        ipr.tc("add", "ingress", index=index, handle=INGRESS_HANDLE)
+    add_filters(ipr, index, INGRESS_HANDLE, st["ingress_prefs"], selectors, target=0,
+                action={"kind": "mirred", "direction": "egress", "action": "redirect",
+                        "ifindex": ifb})

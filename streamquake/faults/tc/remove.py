@@ -1,0 +1,137 @@
+"""Removing what a tc fault installed, from its journal state alone (so ``recover`` can too),
+and checking that none of it is left."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import TC_H_INGRESS, TC_H_ROOT
+
+from streamquake.deadline import run_with_deadline
+from streamquake.errors import RevertError
+from streamquake.faults.tc.netlink import (
+    DEFAULT_CLASS,
+    INGRESS_HANDLE,
+    ROOT_HANDLE,
+    classes,
+    del_filters,
+    filter_pref,
+    filters,
+    fmt_handle,
+    qdisc_at,
+    qdiscs,
+)
+from streamquake.faults.tc.netns import iproute, is_gone, netns_exists
+
+_EINVAL = 22
+
+
+def _step(removed: list[str], what: str, fn: Callable[..., Any], *args: Any,
+          **kwargs: Any) -> None:
+    """One removal step; an object that is already gone is not an error."""
+    try:
+        fn(*args, **kwargs)
+    except NetlinkError as exc:
+        if is_gone(exc) or exc.code == _EINVAL:  # EINVAL: no filter at that pref any more
+            return
+        raise
+    removed.append(what)
+
+
+def _remove_htb(ipr: IPRoute, index: int, st: dict[str, Any], removed: list[str]) -> None:
+    root = qdisc_at(qdiscs(ipr, index), TC_H_ROOT)
+    if root is None or root["handle"] != ROOT_HANDLE or root.get_attr("TCA_KIND") != "htb":
+        return  # not ours (any more): nothing of ours can hang below it
+    dev = st["ifname"]
+    for pref in st.get("prefs", []):
+        _step(removed, f"filter pref {pref} on {dev}", del_filters, ipr, index, ROOT_HANDLE,
+              pref)
+    if "class_minor" in st:
+        classid = ROOT_HANDLE | st["class_minor"]
+        # Deleting the class deletes the leaf qdiscs hanging from it.
+        _step(removed, f"class {fmt_handle(classid)} and its qdiscs on {dev}", ipr.tc,
+              "del-class", None, index, classid, parent=ROOT_HANDLE)
+    shaped = [c for c in classes(ipr, index) if c["handle"] != DEFAULT_CLASS]
+    if not shaped and not filters(ipr, index, ROOT_HANDLE):
+        _step(removed, f"root qdisc 5351: on {dev}", ipr.tc, "del", None, index, ROOT_HANDLE,
+              parent=TC_H_ROOT)
+
+
+def _remove_ingress(ipr: IPRoute, index: int, st: dict[str, Any], removed: list[str]) -> None:
+    dev = st["ifname"]
+    for pref in st.get("ingress_prefs", []):
+        _step(removed, f"ingress filter pref {pref} on {dev}", del_filters, ipr, index,
+              INGRESS_HANDLE, pref)
+    ingress = qdisc_at(qdiscs(ipr, index), TC_H_INGRESS)
+    if (ingress is not None and ingress.get_attr("TCA_KIND") == "ingress"
+            and st.get("ingress_owned") and not filters(ipr, index, INGRESS_HANDLE)):
+        _step(removed, f"ingress qdisc on {dev}", ipr.tc, "del", "ingress", index,
+              INGRESS_HANDLE)
+
+
+def _remove_hop(st: dict[str, Any]) -> list[str]:
+    netns = st.get("netns")
+    removed: list[str] = []
+    if netns and not netns_exists(netns):
+        return removed  # the namespace is gone, and everything in it
+    with iproute(netns) as ipr:
+        found = ipr.link_lookup(ifname=st["ifname"])
+        if found and st.get("via_ifb"):
+            _remove_ingress(ipr, found[0], st, removed)
+        elif found:
+            _remove_htb(ipr, found[0], st, removed)
+        ifb = ipr.link_lookup(ifname=st["ifb"]) if st.get("ifb") else []
+        if ifb:
+            _step(removed, f"ifb {st['ifb']}", ipr.link, "del", index=ifb[0])
+    return removed
+
+
+def leftovers(st: dict[str, Any]) -> list[str]:
+    """This hop's own objects still in the kernel (none after a good revert)."""
+    netns = st.get("netns")
+    if netns and not netns_exists(netns):
+        return []
+    with iproute(netns) as ipr:
+        left = [f"ifb {st['ifb']}"] if st.get("ifb") and ipr.link_lookup(ifname=st["ifb"]) else []
+        found = ipr.link_lookup(ifname=st["ifname"])
+        if not found:
+            return left
+        index = found[0]
+        if st.get("via_ifb"):
+            return left + [f"ingress filter pref {filter_pref(f)}" for f in
+                           filters(ipr, index, INGRESS_HANDLE)
+                           if filter_pref(f) in st.get("ingress_prefs", [])]
+        present = qdiscs(ipr, index)
+        root = qdisc_at(present, TC_H_ROOT)
+        if root is None or root["handle"] != ROOT_HANDLE:
+            return left
+        left += [f"filter pref {filter_pref(f)}" for f in filters(ipr, index, ROOT_HANDLE)
+                 if filter_pref(f) in st.get("prefs", [])]
+        return left + [f"qdisc {fmt_handle(q['handle'])}" for q in present
+                       if q["handle"] >> 16 in st.get("leaf_majors", [])]
+
+
+def remove_hops(hops: list[dict[str, Any]], timeout_s: float) -> list[str]:
+    """Remove what ``hops`` (journal state) installed, newest hop first; check none is left."""
+
+    def work() -> list[str]:
+        removed = [x for st in reversed(hops) for x in _remove_hop(st)]
+        left = [x for st in hops for x in leftovers(st)]
+        if left:
+            raise RevertError(f"the tc fault is still partly in place after revert: "
+                              f"{', '.join(left)}; run `streamquake recover`")
+        return removed
+
+    try:
+        return run_with_deadline(work, timeout_s, "reverting the tc fault")
+    except (NetlinkError, OSError, TimeoutError) as exc:
+        where = ", ".join(h["ifname"] + (f" (netns {h['netns']})" if h.get("netns") else "")
+                          for h in hops)
+        raise RevertError(
+            f"could not revert the tc fault on {where}: {exc}. It may still be in place: run "
+            "`streamquake recover`, or remove it by hand (`tc qdisc del dev IFACE root` where "
+            "the root is htb 5351:, `ip link del sqifb...`)"
+        ) from exc

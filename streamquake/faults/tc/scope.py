@@ -1,0 +1,147 @@
+"""Where a tc fault lands: the target's packets only, on the interfaces that carry them.
+
+Shared by the netem and tbf injectors, which hand in the qdisc(s) to install ("leaves"). Every
+change goes through rtnetlink (pyroute2), never through the ``tc`` program.
+
+Layout on each interface we shape, in ``tc`` notation::
+
+    qdisc htb 5351: root default 1                 our root: reserved handle 5351: ("SQ")
+      class htb 5351:1   rate 100gbit              unshaped: everything unmatched (SSH...)
+      class htb 5351:10  rate 100gbit              one shaped class per applied fault
+        qdisc netem|tbf 5352: parent 5351:10       the fault (leaf handles 5352: to 53ff:)
+      filter pref 21328 u32 match ip dst T/32 dport P  flowid 5351:10
+
+u32 matches address and port only (TCP and UDP to the target's port are both its traffic) and
+assumes a 20-byte IPv4 header, as ``tc ... match ip dport`` does. Filter prefs come from
+0x5300-0x5350, each new fault taking one below the lowest in use: the newest fault on a path
+sees its packets, and an older one (a whole-run network profile) takes over when it goes.
+
+Where each direction is shaped: packets toward the target as they leave the load generator's
+interface (the route to the target, or ``interface``). With ``direction: both``, the answers as
+they leave the target's end of the veth pair (namespace mode), or leave ``lo`` (a local target),
+or, for a remote target, as they arrive: an ``ingress`` qdisc whose u32 filter (at one of our
+prefs) redirects them with mirred to an ifb device of ours, ``sqifb<id>``, rooted in the fault.
+
+Ownership: a root qdisc with handle 0: is the kernel's default (ours to replace; the kernel
+restores it when ours goes); 5351: htb is ours and shared; anything else is someone else's and
+is never touched: apply refuses and says how to remove it. An ``ingress`` qdisc is used only
+when every filter on it is ours. Revert removes exactly the filters, class, leaves and ifb it
+made, then our root once no shaped class is left on it, and the ``ingress`` qdisc once no filter
+is left on it.
+
+The parts, with imports flowing one way: ``tc_netlink`` (requests, and the reserved handles
+and prefs above) underlies ``tc_readback`` (decoding the kernel's view), ``tc_probe``
+(preflight), ``tc_placement`` (hops, u32 selectors), ``tc_install`` (ownership checks, install;
+it takes ``tc_placement``'s Hop) and ``tc_remove``. Only this module ties them into one fault;
+none of them imports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pyroute2.netlink.exceptions import NetlinkError
+
+from streamquake.deadline import run_with_deadline
+from streamquake.errors import InjectorError, RevertError
+from streamquake.faults.contract import RunContext
+from streamquake.faults.tc.install import LeafQdisc, install_htb, install_ifb, ownership_problem
+from streamquake.faults.tc.netns import iproute, netns_exists
+from streamquake.faults.tc.placement import (
+    plan_hops,
+    resolve_addresses,
+    resolve_placement,
+    u32_selectors,
+)
+from streamquake.faults.tc.probe import capability_problems
+from streamquake.faults.tc.readback import Decoder, read_hop
+from streamquake.faults.tc.remove import remove_hops
+from streamquake.faults.tc.spec import TcPlacement
+from streamquake.journal import JournalEntry
+
+
+class ScopedTc:
+    """Installs a fault's leaf qdiscs on every hop that carries the target's packets."""
+
+    apply_timeout_s = 15.0
+    revert_timeout_s = 10.0
+
+    def __init__(self, ctx: RunContext, placement: TcPlacement, leaves: Sequence[LeafQdisc],
+                 decoders: dict[str, Decoder] | None = None) -> None:
+        self.ctx = ctx
+        self.placement = resolve_placement(placement, ctx)
+        self.leaves = list(leaves)
+        self.decoders = decoders or {}
+        self._hops: list[dict[str, Any]] = []
+
+    def preflight(self) -> list[str]:
+        problems = capability_problems({leaf.kind for leaf in self.leaves} | {"htb", "u32"})
+        if problems or (self.ctx.target_netns and not netns_exists(self.ctx.target_netns)):
+            return problems  # no namespace yet: apply checks the hops
+        try:
+            hops = plan_hops(self.ctx, self.placement)
+            if any(h.via_ifb for h in hops):
+                problems += capability_problems({"ifb"})
+            for hop in hops:
+                with iproute(hop.netns) as ipr:
+                    problem = ownership_problem(ipr, hop)
+                if problem:
+                    problems.append(problem)
+        except InjectorError as exc:
+            problems.append(str(exc))
+        except (NetlinkError, OSError) as exc:
+            problems.append(f"cannot find the route to the target {self.ctx.target_host}: {exc}")
+        return problems
+
+    def apply(self, entry: JournalEntry) -> dict[str, Any]:
+        """Install on every hop; return the hops, the kernel's read-back, and apply_ms."""
+        started = time.perf_counter()
+        try:
+            run_with_deadline(lambda: self._apply(entry), self.apply_timeout_s,
+                              "applying the tc fault")
+        except BaseException as exc:
+            with contextlib.suppress(RevertError):  # the journal keeps the state for recover
+                self.revert()
+            if isinstance(exc, NetlinkError | OSError | TimeoutError):
+                raise InjectorError(f"could not apply the tc fault: {exc}") from exc
+            raise
+        apply_ms = (time.perf_counter() - started) * 1000
+        return {"hops": self.hop_states(), "kernel": self.read_back(), "apply_ms": apply_ms}
+
+    def _apply(self, entry: JournalEntry) -> None:
+        hops = plan_hops(self.ctx, self.placement)
+        addrs = resolve_addresses(self.ctx.target_host)
+        for hop in hops:
+            st: dict[str, Any] = {"netns": hop.netns, "ifname": hop.ifname, "match": hop.match,
+                                  "via_ifb": hop.via_ifb}
+            self._hops.append(st)
+            install = install_ifb if hop.via_ifb else install_htb
+            with iproute(hop.netns) as ipr:
+                install(ipr, hop, st, self.leaves,
+                        u32_selectors(addrs, self.ctx.target_port, hop.match),
+                        lambda: entry.save({"hops": self._hops}))
+
+    def hop_states(self) -> list[dict[str, Any]]:
+        return [dict(h) for h in self._hops]
+
+    def read_back(self) -> list[dict[str, Any]]:
+        views = []
+        for st in self._hops:
+            with iproute(st.get("netns")) as ipr:
+                views.append(read_hop(ipr, st, self.decoders))
+        return views
+
+    def revert(self) -> dict[str, Any]:
+        """Remove what apply installed; idempotent, and fine after a partial apply."""
+        started = time.perf_counter()
+        removed = remove_hops(self._hops, self.revert_timeout_s) if self._hops else []
+        self._hops = []
+        return {"removed": removed, "revert_ms": (time.perf_counter() - started) * 1000}
+
+    @classmethod
+    def recover(cls, state: dict[str, Any]) -> str:
+        removed = remove_hops(state.get("hops", []), cls.revert_timeout_s)
+        return ("removed " + "; ".join(removed)) if removed else "nothing of it was left"

@@ -1,0 +1,196 @@
+"""The tc family's scenario models: the ``network:`` section, netem and tbf faults. Light on
+purpose (pydantic and the standard library only): ``streamquake validate`` imports it."""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from streamquake.faults.envelope import FaultSpec
+from streamquake.faults.tc.profiles import get_profile
+from streamquake.units import (
+    parse_duration_ms,
+    parse_fraction,
+    parse_rate_bytes_per_s,
+    parse_size_bytes,
+)
+
+
+class NetworkConfig(BaseModel):
+    """The scenario's ``network:`` section: where the target lives and where tc faults land."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    mode: Literal["host", "namespace"] = "host"
+    # host mode: the interface to shape; default: the one the kernel routes the target through.
+    interface: str | None = None
+    # target: only packets to/from the target's address and port; interface: everything on it.
+    scope: Literal["target", "interface"] = "target"
+    # egress: packets toward the target; both: also the target's answers.
+    direction: Literal["egress", "both"] = "egress"
+    # a path profile (netprofiles.py) applied on the target path for the whole run.
+    profile: str | None = None
+
+    @field_validator("profile")
+    @classmethod
+    def _known_profile(cls, v: str | None) -> str | None:
+        if v is not None:
+            get_profile(v)
+        return v
+
+    @model_validator(mode="after")
+    def _interface_in_host_mode(self) -> NetworkConfig:
+        if self.mode == "namespace" and self.interface is not None:
+            raise ValueError(
+                "network.interface applies to mode: host; in mode: namespace the faults land on "
+                "the target's own veth pair, so remove `interface`"
+            )
+        return self
+
+
+class TcPlacement(BaseModel):
+    """Per-fault overrides of the scenario's ``network:`` section (None: take it from there)."""
+
+    interface: str | None = None
+    scope: Literal["target", "interface"] | None = None
+    direction: Literal["egress", "both"] | None = None
+
+
+Distribution = Literal["normal", "pareto", "paretonormal"]
+_UNIFORM = (
+    "netem has no 'uniform' distribution table: its default jitter is already uniform over "
+    "delay +- jitter, so leave `distribution` out for uniform; the tables are normal, pareto "
+    "and paretonormal"
+)
+
+
+class NetemFault(FaultSpec, TcPlacement):
+    """A netem fault as a scenario writes it (``delay: 100ms``, ``loss: 1.5%``, ``rate: 8mbit``)."""
+
+    type: Literal["netem"] = "netem"
+    profile: str | None = None
+    delay_ms: float = Field(0.0, alias="delay", ge=0, le=3_600_000)
+    jitter_ms: float = Field(0.0, alias="jitter", ge=0, le=3_600_000)
+    correlation: float = 0.0  # of successive delays
+    distribution: Distribution | None = None
+    loss: float = 0.0
+    loss_correlation: float = 0.0
+    duplicate: float = 0.0
+    duplicate_correlation: float = 0.0
+    corrupt: float = 0.0
+    corrupt_correlation: float = 0.0
+    reorder: float = 0.0
+    reorder_correlation: float = 0.0
+    gap: int = Field(0, ge=0)
+    rate_bytes_per_s: float | None = Field(None, alias="rate", gt=0)
+    limit: int = Field(1000, ge=1, description="packets netem may hold at once")
+
+    _durations = field_validator("delay_ms", "jitter_ms", mode="before")(
+        lambda v: parse_duration_ms(v))
+    _fractions = field_validator(
+        "correlation", "loss", "loss_correlation", "duplicate", "duplicate_correlation",
+        "corrupt", "corrupt_correlation", "reorder", "reorder_correlation", mode="before",
+    )(lambda v: parse_fraction(v))
+    _rate = field_validator("rate_bytes_per_s", mode="before")(
+        lambda v: None if v is None else parse_rate_bytes_per_s(v))
+
+    @field_validator("distribution", mode="before")
+    @classmethod
+    def _no_uniform(cls, v: object) -> object:
+        if isinstance(v, str) and v.strip().lower() == "uniform":
+            raise ValueError(_UNIFORM)
+        return v
+
+    @model_validator(mode="before")
+    @classmethod
+    def _profile_defaults(cls, data: Any) -> Any:
+        if isinstance(data, dict) and data.get("profile"):
+            return {**get_profile(str(data["profile"])).netem_fields(), **data}
+        return data
+
+    @model_validator(mode="after")
+    def _consistent(self) -> NetemFault:
+        needs = [
+            (self.distribution is not None, self.jitter_ms > 0,
+             "`distribution` shapes the jitter, so it needs `jitter` > 0"),
+            (self.correlation > 0, self.jitter_ms > 0,
+             "`correlation` ties successive delays together, so it needs `jitter` > 0"),
+            (self.loss_correlation > 0, self.loss > 0, "`loss_correlation` needs `loss` > 0"),
+            (self.duplicate_correlation > 0, self.duplicate > 0,
+             "`duplicate_correlation` needs `duplicate` > 0"),
+            (self.corrupt_correlation > 0, self.corrupt > 0,
+             "`corrupt_correlation` needs `corrupt` > 0"),
+            (self.reorder > 0, self.delay_ms > 0,
+             "`reorder` sends some packets at once while the rest wait `delay`, so it needs "
+             "`delay` > 0"),
+            (self.reorder_correlation > 0 or self.gap > 0, self.reorder > 0,
+             "`reorder_correlation` and `gap` need `reorder` > 0"),
+        ]
+        for given, required, sentence in needs:
+            if given and not required:
+                raise ValueError(sentence)
+        if not (self.delay_ms or self.loss or self.duplicate or self.corrupt or self.reorder
+                or self.rate_bytes_per_s):
+            raise ValueError("this netem fault changes nothing: set at least one of delay, "
+                             "loss, duplicate, corrupt, reorder or rate")
+        return self
+
+    def over(self, base: NetemFault) -> NetemFault:
+        """This fault on top of the path ``base`` (a network profile)."""
+
+        def either(a: float, b: float) -> float:
+            return 1 - (1 - a) * (1 - b)
+
+        return self.model_copy(update={
+            "delay_ms": base.delay_ms + self.delay_ms,
+            "jitter_ms": math.hypot(base.jitter_ms, self.jitter_ms),
+            "distribution": self.distribution or base.distribution,
+            "loss": either(base.loss, self.loss),
+            "duplicate": either(base.duplicate, self.duplicate),
+            "corrupt": either(base.corrupt, self.corrupt),
+            "rate_bytes_per_s": self.rate_bytes_per_s or base.rate_bytes_per_s,
+        })
+
+
+def network_profile_fault(network: NetworkConfig | dict[str, Any] | None) -> NetemFault | None:
+    """The whole-run netem fault for ``network.profile`` (None when no profile is set)."""
+    if isinstance(network, dict):
+        network = NetworkConfig.model_validate(network)
+    if network is None or network.profile is None:
+        return None
+    return NetemFault.model_validate(
+        {"profile": network.profile, "name": f"network profile {network.profile}"})
+
+
+_MAX_RATE = 0xFFFFFFFF  # bytes/s in tc_tbf_qopt; above that needs TCA_TBF_RATE64
+_FULL_PACKET = 1514
+
+
+class TbfFault(FaultSpec, TcPlacement):
+    type: Literal["tbf"] = "tbf"
+    rate_bytes_per_s: float = Field(alias="rate", gt=0)
+    # Bucket size: how much may go out at line speed after an idle spell. Default: 10 ms of rate.
+    burst_bytes: int | None = Field(None, alias="burst")
+    # How long a packet may wait for tokens; sets the queue limit (rate * latency + burst).
+    latency_ms: float = Field(50.0, alias="latency", gt=0)
+
+    _rate = field_validator("rate_bytes_per_s", mode="before")(lambda v: parse_rate_bytes_per_s(v))
+    _burst = field_validator("burst_bytes", mode="before")(
+        lambda v: None if v is None else parse_size_bytes(v))
+    _latency = field_validator("latency_ms", mode="before")(lambda v: parse_duration_ms(v))
+
+    @model_validator(mode="after")
+    def _sane(self) -> TbfFault:
+        if self.rate_bytes_per_s > _MAX_RATE:
+            raise ValueError("tbf rate above 34 gbit is not supported; use a lower `rate`")
+        if self.burst_bytes is not None and self.burst_bytes < _FULL_PACKET:
+            raise ValueError(f"`burst` {self.burst_bytes} bytes is smaller than one full-size "
+                             f"packet ({_FULL_PACKET} bytes), so such packets could never pass; "
+                             "use at least 2kb")
+        return self
+
+    @property
+    def burst(self) -> int:
+        return self.burst_bytes or max(round(self.rate_bytes_per_s / 100), 4 * 1024)

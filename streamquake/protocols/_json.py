@@ -1,0 +1,71 @@
+"""JSON in and out of SSE events, the same for every format: compact encoding, byte templates,
+and lenient reading of payloads that come off the network."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from streamquake.protocols.base import Event, ProtocolError
+
+# Stands where a token's JSON string goes in an event template (see ``split``).
+TOKEN_MARK = "\x00TOKEN\x00"
+_DETAIL_MAX = 200
+
+
+def dumps(obj: object) -> bytes:
+    return json.dumps(obj, separators=(",", ":")).encode()
+
+
+def split(template: object) -> tuple[bytes, bytes]:
+    """Encode ``template`` once and cut it where ``TOKEN_MARK``'s JSON string is.
+
+    A token event is then ``head + token_json + tail``: no JSON encoding per token.
+    """
+    head, tail = dumps(template).split(dumps(TOKEN_MARK), 1)
+    return head, tail
+
+
+# Payloads are Any inside the formats: what a server sent is only known after isinstance checks.
+def json_object(event: Event) -> dict[str, Any]:
+    """The event's data as a JSON object; ProtocolError when it is not one."""
+    try:
+        obj = json.loads(event.data)
+    except ValueError as exc:
+        raise ProtocolError(
+            f"event data is not JSON: {short(event.data)!r} ({exc.args[0]})"
+        ) from exc
+    if not isinstance(obj, dict):
+        raise ProtocolError(f"event data is JSON but not an object: {short(event.data)!r}")
+    return obj
+
+
+def object_or_none(event: Event) -> dict[str, Any] | None:
+    """The event's data as a JSON object, or None (``[DONE]``, not JSON, not an object)."""
+    try:
+        obj = json.loads(event.data)
+    except ValueError:
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def short(text: str) -> str:
+    return text if len(text) <= _DETAIL_MAX else text[: _DETAIL_MAX - 3] + "..."
+
+
+def error_text(err: object) -> str:
+    """One line from an API's error object: ``{"type"|"status"|"code": ..., "message": ...}``."""
+    if isinstance(err, dict):
+        kind = err.get("type") or err.get("status") or err.get("code")
+        message = err.get("message")
+        text = ": ".join(str(p) for p in (kind, message) if p not in (None, ""))
+        return short(text or json.dumps(err))
+    return short(str(err))
+
+
+def int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def nonempty_str(value: object) -> bool:
+    return isinstance(value, str) and bool(value)

@@ -1,0 +1,176 @@
+"""Anthropic messages (``POST /v1/messages``, ``"stream": true``).
+
+Named events: ``message_start``, then per content block ``content_block_start``, its
+``content_block_delta`` events and ``content_block_stop``; ``message_delta`` (stop reason,
+usage) and ``message_stop`` end the stream; ``ping`` and ``error`` may come at any time.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from streamquake.jsontypes import JsonDict
+from streamquake.protocols import _requests as req
+from streamquake.protocols._json import (
+    TOKEN_MARK,
+    dumps,
+    error_text,
+    int_or_none,
+    json_object,
+    nonempty_str,
+    object_or_none,
+    split,
+)
+from streamquake.protocols.base import (
+    BadRequest,
+    Completion,
+    Decoded,
+    Event,
+    GenRequest,
+    StreamEncoder,
+    WireProtocol,
+)
+
+ANTHROPIC_VERSION = "2023-06-01"
+
+# Deltas that carry generated text, and the key that holds it. input_json_delta (tool
+# arguments) is not prose, so the client does not count it; but it is generated and dropping
+# it loses nothing else, so for the proxy it is content.
+_TEXT_KEYS = {"text_delta": "text", "thinking_delta": "thinking"}
+_CONTENT_KEYS = {**_TEXT_KEYS, "input_json_delta": "partial_json"}
+
+_NOTHING = Decoded()
+
+
+class AnthropicEncoder(StreamEncoder):
+    def __init__(self, request: GenRequest, ids: bool) -> None:
+        super().__init__(request, ids)
+        self._id = f"msg_{uuid.uuid4().hex[:24]}"
+        self._head, self._tail = split(
+            {
+                "type": "content_block_delta",
+                "index": 0,
+                "delta": {"type": "text_delta", "text": TOKEN_MARK},
+            }
+        )
+
+    def opening(self) -> bytes:
+        message: dict[str, object] = {
+            "id": self._id,
+            "type": "message",
+            "role": "assistant",
+            "model": self.request.model,
+            "content": [],
+            "stop_reason": None,
+            "stop_sequence": None,
+            "usage": {"input_tokens": self.request.prompt_tokens, "output_tokens": 1},
+        }
+        block = {"type": "text", "text": ""}
+        return (
+            self._event(dumps({"type": "message_start", "message": message}), b"message_start")
+            + self._event(
+                dumps({"type": "content_block_start", "index": 0, "content_block": block}),
+                b"content_block_start",
+            )
+            + self._event(b'{"type":"ping"}', b"ping")
+        )
+
+    def token(self, text_json: bytes) -> bytes:
+        return self._event(self._head + text_json + self._tail, b"content_block_delta")
+
+    def closing(self, done: Completion) -> bytes:
+        delta = {
+            "type": "message_delta",
+            "delta": {
+                "stop_reason": "max_tokens" if done.truncated else "end_turn",
+                "stop_sequence": None,
+            },
+            "usage": {"output_tokens": done.output_tokens},
+        }
+        return (
+            self._event(b'{"type":"content_block_stop","index":0}', b"content_block_stop")
+            + self._event(dumps(delta), b"message_delta")
+            + self._event(b'{"type":"message_stop"}', b"message_stop")
+        )
+
+
+class Anthropic(WireProtocol):
+    name = "anthropic"
+
+    def path(self, model: str) -> str:
+        return "/v1/messages"
+
+    def headers(self) -> dict[str, str]:
+        return {**super().headers(), "anthropic-version": ANTHROPIC_VERSION}
+
+    def body(self, model: str, prompt: str, max_tokens: int) -> JsonDict:
+        return {
+            "model": model,
+            "max_tokens": max_tokens,
+            "messages": [{"role": "user", "content": prompt}],
+            "stream": True,
+        }
+
+    def force_streaming(self, model: str, body: JsonDict) -> JsonDict:
+        body.setdefault("model", model)
+        body["stream"] = True
+        return body
+
+    def decode(self, event: Event) -> Decoded:
+        obj = json_object(event)
+        # The type is in the data; the event name is the fallback for servers that omit it.
+        kind = obj.get("type") or event.event
+        if kind == "content_block_delta":
+            delta = obj.get("delta")
+            if not isinstance(delta, dict):
+                return _NOTHING
+            piece = delta.get(_TEXT_KEYS.get(str(delta.get("type")), ""))
+            return Decoded(text=piece) if isinstance(piece, str) else _NOTHING
+        if kind == "message_delta":
+            usage = obj.get("usage")
+            return Decoded(
+                usage_output_tokens=int_or_none(usage.get("output_tokens"))
+                if isinstance(usage, dict) else None
+            )
+        if kind == "message_stop":
+            return Decoded(done=True)
+        if kind == "error" or event.event == "error":
+            return Decoded(error=error_text(obj.get("error", obj)))
+        if kind == "content_block_start":
+            block = obj.get("content_block")
+            text = block.get("text") if isinstance(block, dict) else None
+            return Decoded(text=text) if isinstance(text, str) and text else _NOTHING
+        return _NOTHING   # message_start, ping, content_block_stop, and types added later
+
+    def parse(self, body: object, model: str | None) -> GenRequest:
+        obj = req.require_object(body)
+        model_name = req.required_str(obj, "model")
+        prompt = req.messages_text(obj)
+        if "system" in obj:
+            prompt += " " + req.text_of_content(obj["system"], "'system'")
+        cap = req.optional_positive_int(obj, "max_tokens")
+        if cap is None:
+            raise BadRequest("'max_tokens' is required")
+        req.require_stream(obj)
+        return GenRequest(model=model_name, prompt_tokens=req.count_tokens(prompt), max_tokens=cap)
+
+    def error_body(self, status: int, message: str) -> JsonDict:
+        kind = "api_error" if status >= 500 else "invalid_request_error"
+        return {"type": "error", "error": {"type": kind, "message": message}}
+
+    def encoder(self, request: GenRequest, ids: bool) -> StreamEncoder:
+        return AnthropicEncoder(request, ids)
+
+    def is_content_event(self, event: Event) -> bool:
+        # Only deltas: a content_block_start that carries text also opens the block, and
+        # losing it would leave the client's blocks out of step.
+        obj = object_or_none(event)
+        if obj is None or (obj.get("type") or event.event) != "content_block_delta":
+            return False
+        delta = obj.get("delta")
+        if not isinstance(delta, dict):
+            return False
+        return nonempty_str(delta.get(_CONTENT_KEYS.get(str(delta.get("type")), "")))
+
+
+PROTOCOL = Anthropic()

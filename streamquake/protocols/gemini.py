@@ -1,0 +1,164 @@
+"""Gemini ``streamGenerateContent?alt=sse`` (``POST /v1beta/models/{model}:...``).
+
+Every event is a whole ``GenerateContentResponse``: candidates with text parts, and usage
+metadata; the chunk with a ``finishReason`` is the last. No ``[DONE]``, and the model is in the
+URL, not the body. Events end in CRLF, as Google's servers send them.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from streamquake.jsontypes import JsonDict
+from streamquake.protocols import _requests as req
+from streamquake.protocols._json import (
+    TOKEN_MARK,
+    dumps,
+    error_text,
+    int_or_none,
+    json_object,
+    nonempty_str,
+    object_or_none,
+    split,
+)
+from streamquake.protocols.base import (
+    BadRequest,
+    Completion,
+    Decoded,
+    Event,
+    GenRequest,
+    StreamEncoder,
+    WireProtocol,
+)
+
+
+class GeminiEncoder(StreamEncoder):
+    _eol = b"\r\n"
+
+    def __init__(self, request: GenRequest, ids: bool) -> None:
+        super().__init__(request, ids)
+        self._response_id = uuid.uuid4().hex[:22]
+        self._head, self._tail = split(self._chunk(TOKEN_MARK, None))
+
+    def _chunk(self, text: str, finish: Completion | None) -> dict[str, object]:
+        candidate: dict[str, object] = {"content": {"parts": [{"text": text}], "role": "model"}}
+        usage: dict[str, object] = {"promptTokenCount": self.request.prompt_tokens}
+        if finish is not None:
+            candidate["finishReason"] = "MAX_TOKENS" if finish.truncated else "STOP"
+            usage["candidatesTokenCount"] = finish.output_tokens
+            usage["totalTokenCount"] = self.request.prompt_tokens + finish.output_tokens
+        else:
+            usage["totalTokenCount"] = self.request.prompt_tokens
+        candidate["index"] = 0
+        return {
+            "candidates": [candidate],
+            "usageMetadata": usage,
+            "modelVersion": self.request.model,
+            "responseId": self._response_id,
+        }
+
+    def token(self, text_json: bytes) -> bytes:
+        return self._event(self._head + text_json + self._tail)
+
+    def closing(self, done: Completion) -> bytes:
+        return self._event(dumps(self._chunk("", done)))
+
+
+def _prompt_text(obj: dict[str, object]) -> str:
+    contents = obj.get("contents")
+    if not isinstance(contents, list) or not contents:
+        raise BadRequest("'contents' is required and must be a non-empty list")
+    texts: list[str] = []
+    for i, content in enumerate(contents):
+        parts = content.get("parts") if isinstance(content, dict) else None
+        if not isinstance(parts, list):
+            raise BadRequest(f"contents[{i}].parts must be a list")
+        texts.extend(p.get("text", "") for p in parts if isinstance(p, dict))
+    system = obj.get("systemInstruction")
+    if isinstance(system, dict) and isinstance(system.get("parts"), list):
+        texts.extend(p.get("text", "") for p in system["parts"] if isinstance(p, dict))
+    return " ".join(t for t in texts if isinstance(t, str))
+
+
+class Gemini(WireProtocol):
+    name = "gemini"
+
+    def path(self, model: str) -> str:
+        return f"/v1beta/models/{model}:streamGenerateContent?alt=sse"
+
+    def body(self, model: str, prompt: str, max_tokens: int) -> JsonDict:
+        return {
+            "contents": [{"role": "user", "parts": [{"text": prompt}]}],
+            "generationConfig": {"maxOutputTokens": max_tokens},
+        }
+
+    def decode(self, event: Event) -> Decoded:
+        obj = json_object(event)
+        if "error" in obj:
+            return Decoded(error=error_text(obj["error"]))
+        texts: list[str] = []
+        done = False
+        for cand in obj.get("candidates") or ():
+            if not isinstance(cand, dict):
+                continue
+            content = cand.get("content")
+            for part in (content.get("parts") or ()) if isinstance(content, dict) else ():
+                text = part.get("text") if isinstance(part, dict) else None
+                if isinstance(text, str) and text:
+                    texts.append(text)
+            reason = cand.get("finishReason")
+            done = done or bool(reason and reason != "FINISH_REASON_UNSPECIFIED")
+        feedback = obj.get("promptFeedback")
+        if not texts and isinstance(feedback, dict) and feedback.get("blockReason"):
+            return Decoded(done=True, error=f"prompt blocked: {feedback['blockReason']}")
+        meta = obj.get("usageMetadata")
+        tokens = int_or_none(meta.get("candidatesTokenCount")) if isinstance(meta, dict) else None
+        if tokens is not None and isinstance(meta, dict):
+            # Thinking tokens are generated output too; Gemini counts them apart.
+            tokens += int_or_none(meta.get("thoughtsTokenCount")) or 0
+        return Decoded(text="".join(texts), usage_output_tokens=tokens, done=done)
+
+    def parse(self, body: object, model: str | None) -> GenRequest:
+        obj = req.require_object(body)
+        prompt = _prompt_text(obj)
+        config = obj.get("generationConfig") or {}
+        if not isinstance(config, dict):
+            raise BadRequest("'generationConfig' must be an object")
+        return GenRequest(
+            model=model or "gemini",
+            prompt_tokens=req.count_tokens(prompt),
+            max_tokens=req.optional_positive_int(config, "maxOutputTokens"),
+        )
+
+    def error_body(self, status: int, message: str) -> JsonDict:
+        state = "INTERNAL" if status >= 500 else "INVALID_ARGUMENT"
+        if status == 404:
+            state = "NOT_FOUND"
+        return {"error": {"code": status, "message": message, "status": state}}
+
+    def encoder(self, request: GenRequest, ids: bool) -> StreamEncoder:
+        return GeminiEncoder(request, ids)
+
+    def is_content_event(self, event: Event) -> bool:
+        obj = object_or_none(event)
+        if obj is None or "error" in obj:
+            return False
+        candidates = obj.get("candidates")
+        text = False
+        for cand in candidates if isinstance(candidates, list) else ():
+            if not isinstance(cand, dict):
+                continue
+            # The last chunk often has text too, but it also ends the stream. Any finishReason
+            # counts here, even FINISH_REASON_UNSPECIFIED: when in doubt, not content.
+            if cand.get("finishReason") is not None:
+                return False
+            content = cand.get("content")
+            parts = content.get("parts") if isinstance(content, dict) else None
+            if isinstance(parts, list) and any(
+                isinstance(p, dict) and nonempty_str(p.get("text")) for p in parts
+            ):
+                text = True
+        return text
+
+
+PROTOCOL = Gemini()

@@ -1,0 +1,108 @@
+"""Applying and reverting faults: journal first, revert registered before apply, a record of
+each for the report. Knows faults only through the contract."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+from streamquake.deadline import run_with_deadline
+from streamquake.errors import InjectorError, PreflightError
+from streamquake.events import Events
+from streamquake.faults.catalog import fault_type
+from streamquake.faults.contract import Describes, FaultSpec, Injector, RunContext
+from streamquake.journal import Journal, JournalEntry
+from streamquake.jsontypes import JsonDict
+from streamquake.result import FaultRecord
+from streamquake.run.preflight import injector_problems
+from streamquake.run.signals import Signals
+
+REVERT_TIMEOUT_S = 30.0
+WHOLE_RUN = "whole run"
+
+
+@dataclass
+class PlannedFault:
+    spec: FaultSpec
+    injector: Injector
+    phase: str                     # a phase name, or WHOLE_RUN
+
+    def describe(self) -> JsonDict:
+        if isinstance(self.injector, Describes):
+            return self.injector.describe()
+        # The default report shape: the spec as the scenario gave it, with its envelope.
+        described: JsonDict = self.spec.model_dump(mode="json", by_alias=True, exclude_none=True)
+        return described
+
+
+class Ledger:
+    def __init__(self, journal: Journal, signals: Signals, events: Events) -> None:
+        self.journal = journal
+        self.signals = signals
+        self.events = events
+        self.records: list[FaultRecord] = []
+        self.errors: list[str] = []
+        self.revert_failed = False
+        self.owner = f"{socket.gethostname()}:{os.getpid()}"
+
+    def plan(self, ctx: RunContext, implied: list[FaultSpec],
+             listed: list[FaultSpec]) -> list[PlannedFault]:
+        """Build every injector and run every preflight; raise once with all problems."""
+        planned, problems = [], []
+        for spec, phase in [*((s, WHOLE_RUN) for s in implied),
+                            *((s, s.phase) for s in listed)]:
+            type_name = spec.type
+            injector = fault_type(type_name).injector()(spec, ctx)
+            problems += injector_problems(spec.label, type_name, injector)
+            planned.append(PlannedFault(spec, injector, phase))
+        if problems:
+            raise PreflightError(problems)
+        return planned
+
+    def apply(self, stack: contextlib.ExitStack, fault: PlannedFault) -> None:
+        spec = fault.spec
+        record = FaultRecord(name=spec.label, type=spec.type,
+                             phase=fault.phase, configured=fault.describe(), owner=self.owner)
+        self.records.append(record)
+        entry = self.journal.add(record.type, record.name)
+        stack.callback(self._revert, record, fault.injector, entry)
+        try:
+            record.applied = fault.injector.apply(entry)
+        except InjectorError as exc:
+            record.error = f"apply failed: {exc}"
+            raise
+        record.applied_at = time.time()
+        self.events.emit("fault_applied", record)
+
+    def _revert(self, record: FaultRecord, injector: Injector, entry: JournalEntry) -> None:
+        with self.signals.shield():
+            self._revert_shielded(record, injector, entry)
+
+    def _revert_shielded(self, record: FaultRecord, injector: Injector,
+                         entry: JournalEntry) -> None:
+        if record.applied_at is not None and not entry.present():
+            # Another process (a second run, `streamquake recover`) took it away mid-phase:
+            # the phase was not faulted throughout, and saying "reverted" would be a lie.
+            record.error = ("removed under this run by another process (its journal entry "
+                            "vanished) before the phase ended; the phase was not faulted "
+                            "throughout")
+            self.errors.append(f"fault '{record.name}': {record.error}")
+        try:
+            record.reverted = run_with_deadline(
+                injector.revert, REVERT_TIMEOUT_S, f"reverting {record.name}"
+            )
+        except Exception as exc:  # noqa: BLE001 - a failed revert must never stop other reverts
+            self.revert_failed = True
+            record.error = (record.error + "; " if record.error else "") + f"revert failed: {exc}"
+            self.errors.append(
+                f"fault '{record.name}' may still be in place ({exc}); "
+                "run `streamquake recover` to retry"
+            )
+            self.events.emit("fault_reverted", record)
+            return
+        record.reverted_at = time.time()
+        entry.done()
+        self.events.emit("fault_reverted", record)

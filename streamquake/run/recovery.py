@@ -1,0 +1,65 @@
+"""``streamquake recover``: undo what the journal says a killed run left behind.
+
+Only orphans (entries whose owner is gone) are undone: the journal is shared by every run on the
+host, and removing a live run's fault would change its experiment mid-phase.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from streamquake.faults import catalog
+from streamquake.faults.contract import Recoverer
+from streamquake.journal import Journal, JournalRecord
+
+CHECK_BY_HAND = "tc qdisc show, ip netns list, nvidia-smi -q -d CLOCK"
+
+
+def _recoverer(entry_type: str) -> Recoverer:
+    """What undoes an entry of ``entry_type`` from its state alone (the fault catalog knows)."""
+    return catalog.recoverer(entry_type)
+
+
+def _resource_last(rec: JournalRecord) -> bool:
+    # Faults first, then what they were applied in (a namespace and its links).
+    return rec.type in catalog.resource_journal_types()
+
+
+def _skipped(rec: JournalRecord) -> str:
+    started = rec.owner_started_at
+    when = "start time unknown"
+    if started is not None:
+        at = datetime.fromtimestamp(started).astimezone()
+        when = f"started {at.isoformat(timespec='seconds')}"
+    return (f"skipped {rec.name} ({rec.type}): owned by the running process {rec.pid} ({when}), "
+            "still in use; stop that run first")
+
+
+def recover_all(journal: Journal | None = None) -> tuple[list[str], bool]:
+    """Revert every orphaned fault, idempotently. Returns (lines to print, any failed).
+
+    Entries of live runs are left alone and listed as skipped, which is not a failure.
+    """
+    journal = journal or Journal()
+    records = journal.records()
+    # After the read: reading is what moves a damaged file aside.
+    lines = [f"WARNING: the journal {journal.path} was damaged and moved to {aside}; faults it "
+             f"listed may still be in place: check by hand ({CHECK_BY_HAND})"
+             for aside in journal.damaged]
+    failed = bool(lines)
+    if not records and not lines:
+        return [f"nothing to recover: the journal {journal.path} lists no applied fault"], False
+    live = [r for r in records if r.owner_alive]
+    orphans = [r for r in records if not r.owner_alive]
+    for rec in sorted(orphans, key=_resource_last):
+        label = f"{rec.name} ({rec.type}, applied by pid {rec.pid})"
+        try:
+            said = _recoverer(rec.type)(dict(rec.state))
+        except Exception as exc:  # noqa: BLE001 - keep going; the entry stays for a retry
+            failed = True
+            lines.append(f"FAILED {label}: {exc}")
+            continue
+        journal.remove(rec.id)
+        lines.append(f"recovered {label}: {said}")
+    lines.extend(_skipped(r) for r in live)
+    return lines, failed

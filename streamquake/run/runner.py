@@ -1,0 +1,142 @@
+"""The runner owns time: it starts the parts, walks warm-up, baseline, fault and recovery,
+applies and reverts faults at phase edges, and asks for verdicts. It knows faults only through
+the contract (``faults/contract.py``): no fault's name appears in ``run/``.
+
+Every fault's revert is pushed on an ExitStack *before* its apply starts (so a partial apply is
+undone too), and the journal records it on disk, so success, SLO failure, exceptions, Ctrl-C,
+SIGTERM and even SIGKILL (through ``streamquake recover``) all end with nothing left behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from pathlib import Path
+
+from streamquake import __version__
+from streamquake.errors import EXIT_OK, EXIT_SLO_BROKEN, PreflightError, StreamquakeError
+from streamquake.events import Events
+from streamquake.faults.catalog import families
+from streamquake.faults.contract import FaultSpec
+from streamquake.journal import Journal
+from streamquake.jsontypes import JsonDict
+from streamquake.loadgen.launcher import LocustRun
+from streamquake.loadgen.samples import RequestSample
+from streamquake.result import RunResult
+from streamquake.run import preflight
+from streamquake.run.ledger import WHOLE_RUN, Ledger, PlannedFault
+from streamquake.run.outcome import exit_code_for, redacted_echo
+from streamquake.run.parts import start_loadgen, start_parts
+from streamquake.run.scoring import score
+from streamquake.run.signals import Interrupted, Signals
+from streamquake.run.timeline import STARTUP_LEAD_S, PhaseWindow, plan_windows, sleep_until
+from streamquake.run.verdicts import evaluate
+from streamquake.scenario import Scenario
+
+
+class Runner:
+    def __init__(self, scenario: Scenario, scenario_file: str, out_dir: Path,
+                 events: Events | None = None, journal: Journal | None = None) -> None:
+        self.scenario = scenario
+        self.scenario_file = scenario_file
+        self.out_dir = out_dir
+        self.work_dir = out_dir / "run"
+        self.events = events or Events()
+        self.signals = Signals(self.events)
+        self.journal = journal or Journal()
+        self.ledger = Ledger(self.journal, self.signals, self.events)
+        self.warnings: list[str] = []
+
+    def run(self) -> RunResult:
+        self._preflight()
+        self.work_dir.mkdir(parents=True, exist_ok=True)
+        started = time.time()
+        windows: list[PhaseWindow] = []
+        load: LocustRun | None = None
+        target_info: JsonDict = {}
+        telemetry: JsonDict = {}
+        interrupted: str | None = None
+        failure: StreamquakeError | None = None
+        with self.signals:
+            parts = None
+            try:
+                with contextlib.ExitStack() as stack:
+                    parts = start_parts(stack, self.scenario, self.work_dir, self.journal,
+                                        self.events)
+                    target_info = parts.target_info
+                    planned = self.ledger.plan(parts.ctx, self._implied(),
+                                               list(self.scenario.faults))
+                    for fault in (f for f in planned if f.phase == WHOLE_RUN):
+                        self.ledger.apply(stack, fault)
+                    self.events.emit("run_started", self.scenario, self.out_dir)
+                    t0 = time.time() + STARTUP_LEAD_S
+                    windows = plan_windows(self.scenario, t0)
+                    load = start_loadgen(stack, self.scenario, parts, windows[-1].end,
+                                         self.events)
+                    self._walk(windows, planned, load)
+                    self.events.emit("message", "waiting for in-flight requests to finish")
+                    load.wait()
+            except Interrupted as exc:
+                interrupted = exc.signame
+                self.events.emit("message", f"{exc}: faults reverted, writing a partial report")
+            except StreamquakeError as exc:
+                if load is None:
+                    raise  # nothing measured yet: the CLI reports it and exits with its code
+                failure = exc
+                self.ledger.errors.append(str(exc))
+            finally:
+                if parts is not None:
+                    telemetry = parts.reports()
+        samples = load.samples() if load is not None else []
+        result = self._result(started, windows, samples, interrupted, target_info, telemetry)
+        if failure is not None and result.exit_code in (EXIT_OK, EXIT_SLO_BROKEN):
+            result.exit_code = failure.exit_code
+        return result
+
+    def _preflight(self) -> None:
+        problems, warnings = preflight.journal_problems(self.journal)
+        problems += preflight.header_problems(self.scenario)
+        for w in warnings:
+            self.events.emit("message", f"warning: {w}")
+        self.warnings += warnings
+        if problems:
+            raise PreflightError(problems)
+
+    def _implied(self) -> list[FaultSpec]:
+        return [spec for family in families() for spec in family.implied(self.scenario)]
+
+    def _walk(self, windows: list[PhaseWindow], planned: list[PlannedFault],
+              load: LocustRun) -> None:
+        for w in windows:
+            sleep_until(w.start, load, self.work_dir)
+            self.events.emit("phase_started", w.name, w.end - w.start)
+            with contextlib.ExitStack() as phase_stack:
+                for fault in planned:
+                    if fault.phase == w.name:
+                        self.ledger.apply(phase_stack, fault)
+                sleep_until(w.end, load, self.work_dir)
+
+    def _result(self, started: float, windows: list[PhaseWindow], samples: list[RequestSample],
+                interrupted: str | None, target_info: JsonDict,
+                telemetry: JsonDict) -> RunResult:
+        scored = score(self.scenario, windows, samples)
+        measured = {k: v for k, v in scored.stats.items() if k != "warmup"}
+        checks = evaluate(self.scenario, measured, scored.class_stats)
+        result = RunResult(
+            scenario_name=self.scenario.name,
+            scenario_file=self.scenario_file,
+            scenario_echo=redacted_echo(self.scenario),
+            tool_version=__version__,
+            started_at=started,
+            finished_at=time.time(),
+            interrupted=interrupted,
+            phases=scored.phases,
+            checks=checks,
+            faults=self.ledger.records,
+            target=target_info,
+            telemetry=telemetry,
+            errors=[*self.ledger.errors, *scored.warnings, *self.warnings],
+        )
+        result.exit_code = exit_code_for(result, self.ledger.revert_failed)
+        self.events.emit("run_finished", result)
+        return result

@@ -1,0 +1,272 @@
+"""The scenario schema (pydantic v2): one validated, immutable plan. The fault union is built
+from the fault catalog, so a new family needs no change here."""
+
+from __future__ import annotations
+
+import re
+import typing
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    field_validator,
+    model_validator,
+)
+
+from streamquake.faults.catalog import fault_types
+from streamquake.faults.envelope import FaultSpec, PhaseName
+from streamquake.faults.tc.spec import NetworkConfig
+from streamquake.target.config import Protocol, TargetConfig
+from streamquake.units import parse_duration_ms, parse_duration_s, parse_fraction
+
+SCORED_PHASES: tuple[PhaseName, ...] = ("baseline", "fault", "recovery")
+PHASE_ORDER: tuple[PhaseName, ...] = ("warmup", "baseline", "fault", "recovery")
+
+HistogramMetric = Literal["ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
+RateMetric = Literal["error_rate", "stall_rate", "chunk_loss"]
+Metric = Literal[
+    "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
+    "error_rate", "stall_rate", "chunk_loss",
+]
+HISTOGRAM_METRICS: tuple[str, ...] = typing.get_args(HistogramMetric)
+RATE_METRICS: tuple[str, ...] = typing.get_args(RateMetric)
+# Metrics where a bigger number is the better one.
+HIGHER_IS_BETTER: frozenset[str] = frozenset({"output_tokens_per_s"})
+
+ENV_REF = re.compile(r"\$\{([^}]*)\}")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+
+def _dur_s(v: Any) -> float:
+    return parse_duration_s(v)
+
+
+class TargetSpec(_Model):
+    protocol: Protocol
+    model: str = "sim-1"
+    url: str | None = None
+    embedded: TargetConfig | None = None
+    path: str | None = None
+    headers: dict[str, str] = Field(default_factory=dict)
+    verify_tls: bool = True
+    timeout_s: float = Field(default=60.0, alias="timeout", gt=0)
+    connect_timeout_s: float = Field(default=5.0, alias="connect_timeout", gt=0)
+
+    _t = field_validator("timeout_s", "connect_timeout_s", mode="before")(_dur_s)
+
+    @field_validator("url")
+    @classmethod
+    def _url_scheme(cls, v: str | None) -> str | None:
+        if v is not None and not re.match(r"^https?://[^/]+", v):
+            raise ValueError(
+                "must start with http:// or https:// and name a host, e.g. http://127.0.0.1:8000"
+            )
+        return v.rstrip("/") if v else v
+
+    @field_validator("headers")
+    @classmethod
+    def _env_refs(cls, v: dict[str, str]) -> dict[str, str]:
+        for value in v.values():
+            for name in ENV_REF.findall(value):
+                if not _ENV_NAME.match(name):
+                    raise ValueError(f"'${{{name}}}' is not an environment variable name")
+        return v
+
+    @model_validator(mode="after")
+    def _one_target(self) -> TargetSpec:
+        if (self.url is None) == (self.embedded is None):
+            raise ValueError(
+                "give exactly one of 'url' (a running endpoint) or 'embedded' (the simulated "
+                "server, e.g. 'embedded: {}')"
+            )
+        return self
+
+
+class ThinkTime(_Model):
+    min_s: float = Field(default=0.0, alias="min", ge=0)
+    max_s: float = Field(default=0.0, alias="max", ge=0)
+
+    _t = field_validator("min_s", "max_s", mode="before")(_dur_s)
+
+    @model_validator(mode="after")
+    def _order(self) -> ThinkTime:
+        if self.max_s < self.min_s:
+            raise ValueError("'max' must not be smaller than 'min'")
+        return self
+
+
+class Arrival(_Model):
+    rate_per_s: float = Field(alias="rate", gt=0)
+    process: Literal["constant", "poisson"] = "poisson"
+    max_inflight: int = Field(default=1000, ge=1)
+
+    @field_validator("rate_per_s", mode="before")
+    @classmethod
+    def _rate(cls, v: Any) -> Any:
+        # "10/s", "600/m" or a bare number of requests per second.
+        if isinstance(v, str):
+            m = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|m|min)\s*$", v)
+            if not m:
+                raise ValueError(f"expected a rate like '10/s' or '600/m', got {v!r}")
+            return float(m[1]) / (1.0 if m[2] == "s" else 60.0)
+        return v
+
+
+class SLOSpec(_Model):
+    metric: Metric
+    percentile: float | None = Field(default=None, gt=0, le=100)
+    max: float | None = None
+    min: float | None = None
+    phases: list[PhaseName] = Field(default_factory=lambda: list(SCORED_PHASES))
+    name: str | None = None
+
+    @field_validator("max", "min", mode="before")
+    @classmethod
+    def _threshold(cls, v: Any) -> Any:
+        # Rates may be written as percentages ("1%"); ms metrics as durations ("350ms").
+        if isinstance(v, str) and v.strip().endswith("%"):
+            return parse_fraction(v)
+        if isinstance(v, str):
+            return parse_duration_ms(v)
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> SLOSpec:
+        if (self.max is None) == (self.min is None):
+            raise ValueError("give exactly one threshold: 'max' (must stay below) or 'min'")
+        if self.metric in HISTOGRAM_METRICS and self.percentile is None:
+            raise ValueError(f"'{self.metric}' is a distribution: add 'percentile', e.g. 95")
+        if self.metric in RATE_METRICS and self.percentile is not None:
+            raise ValueError(f"'{self.metric}' is a rate over the phase: remove 'percentile'")
+        if "warmup" in self.phases:
+            raise ValueError("warm-up is never scored: use baseline, fault and/or recovery")
+        return self
+
+    @property
+    def label(self) -> str:
+        if self.name:
+            return self.name
+        what = f"{self.metric} p{self.percentile:g}" if self.percentile else self.metric
+        op = f"<= {self.max:g}" if self.max is not None else f">= {self.min:g}"
+        return f"{what} {op}"
+
+
+class RequestClass(_Model):
+    name: str = "default"
+    weight: float = Field(default=1.0, gt=0)
+    prompt: str | None = None
+    prompts: list[str] | None = None
+    max_tokens: int = Field(default=64, ge=1)
+    body: dict[str, Any] | None = None
+    slos: list[SLOSpec] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _one_prompt(self) -> RequestClass:
+        if self.prompt is not None and self.prompts is not None:
+            raise ValueError("give 'prompt' or 'prompts', not both")
+        return self
+
+    @property
+    def prompt_list(self) -> list[str]:
+        if self.prompts:
+            return list(self.prompts)
+        return [self.prompt or "Say something."]
+
+
+class LoadSpec(_Model):
+    users: int = Field(default=1, ge=1)
+    spawn_rate: float = Field(default=0.0, ge=0, description="users started per second; 0 = all")
+    think_time: ThinkTime | None = None
+    arrival: Arrival | None = None
+    classes: list[RequestClass] = Field(default_factory=lambda: [RequestClass()])
+    stall_threshold_ms: float = Field(default=250.0, alias="stall_threshold", gt=0)
+    workers: int = Field(default=0, ge=0, description="Locust worker processes; 0 = one process")
+    seed: int = 0
+
+    _st = field_validator("stall_threshold_ms", mode="before")(lambda v: parse_duration_ms(v))
+
+    @model_validator(mode="after")
+    def _loop(self) -> LoadSpec:
+        if self.think_time is not None and self.arrival is not None:
+            raise ValueError(
+                "give 'think_time' (closed loop) or 'arrival' (open loop), not both"
+            )
+        names = [c.name for c in self.classes]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"request class names must be unique; repeated: {', '.join(dupes)}")
+        return self
+
+
+class PhasesSpec(_Model):
+    warmup_s: float = Field(default=0.0, alias="warmup", ge=0)
+    baseline_s: float = Field(alias="baseline", gt=0)
+    fault_s: float = Field(alias="fault", ge=0)
+    recovery_s: float = Field(alias="recovery", ge=0)
+
+    _d = field_validator("warmup_s", "baseline_s", "fault_s", "recovery_s", mode="before")(_dur_s)
+
+    def duration_s(self, phase: str) -> float:
+        return float(getattr(self, f"{phase}_s"))
+
+    @property
+    def total_s(self) -> float:
+        return sum(self.duration_s(p) for p in PHASE_ORDER)
+
+
+class RecoverySpec(_Model):
+    """Recovery must come back to within ``tolerance`` of baseline (plus an absolute slack)."""
+
+    tolerance: float = 0.10
+    percentile: float = Field(default=95.0, gt=0, le=100)
+    metrics: list[HistogramMetric] = Field(
+        default_factory=lambda: typing.cast(list[HistogramMetric], ["ttft_ms", "itl_ms"])
+    )
+    slack_ms: float = Field(default=5.0, alias="slack", ge=0)
+
+    _t = field_validator("tolerance", mode="before")(lambda v: parse_fraction(v))
+    _s = field_validator("slack_ms", mode="before")(lambda v: parse_duration_ms(v))
+
+
+def _fault_union() -> Any:
+    specs = tuple(t.spec for t in fault_types().values())
+    if len(specs) == 1:
+        return specs[0]
+    return Annotated[typing.Union[specs], Field(discriminator="type")]  # noqa: UP007
+
+
+if TYPE_CHECKING:
+    FaultModel = FaultSpec
+else:
+    FaultModel = _fault_union()
+
+
+class Scenario(_Model):
+    name: str
+    description: str = ""
+    target: TargetSpec
+    network: NetworkConfig = Field(default_factory=NetworkConfig)
+    load: LoadSpec = Field(default_factory=LoadSpec)
+    phases: PhasesSpec
+    faults: list[FaultModel] = Field(default_factory=list)
+    slos: list[SLOSpec] = Field(default_factory=list)
+    recovery: RecoverySpec | None = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Scenario:
+        labels = [f.label for f in self.faults]
+        dupes = sorted({n for n in labels if labels.count(n) > 1})
+        if dupes:
+            raise ValueError(f"give each fault a unique 'name'; repeated: {', '.join(dupes)}")
+        for f in self.faults:
+            if self.phases.duration_s(f.phase) <= 0:
+                raise ValueError(f"fault '{f.label}' lives in phase '{f.phase}', which lasts 0 s")
+        return self
+
+
