@@ -1,32 +1,79 @@
-"""Every event the runner emits, declared in one place. Reporters and the live view listen;
-the runner never calls them by name."""
+"""Every event the runner emits, declared in one place as a typed record. Reporters and the live
+view subscribe by event class; the runner never calls them by name."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
-Handler = Callable[..., None]
+from streamquake.result import FaultRecord, RunResult
 
-EVENTS: dict[str, str] = {
-    "run_started": "(scenario, out_dir) once the parts are up and preflight passed.",
-    "phase_started": "(phase: str, duration_s: float) at each phase edge.",
-    "fault_applied": "(record: FaultRecord) after a fault is in place, with its read-back.",
-    "fault_reverted": "(record: FaultRecord) after a fault is undone (or failed to be).",
-    "run_finished": "(result: RunResult) after verdicts are computed, before reports are written.",
-    "message": "(text: str) a line for humans: starting parts, waiting, reverting...",
-}
+if TYPE_CHECKING:
+    from streamquake.scenario import Scenario
+
+
+@dataclass(frozen=True)
+class RunStarted:
+    """Once the parts are up and preflight passed."""
+
+    scenario: Scenario
+    out_dir: Path
+
+
+@dataclass(frozen=True)
+class PhaseStarted:
+    """At each phase edge."""
+
+    phase: str
+    duration_s: float
+
+
+@dataclass(frozen=True)
+class FaultApplied:
+    """After a fault is in place, with its read-back in ``record.applied``."""
+
+    record: FaultRecord
+
+
+@dataclass(frozen=True)
+class FaultReverted:
+    """After a fault is undone, or failed to be (``record.error``)."""
+
+    record: FaultRecord
+
+
+@dataclass(frozen=True)
+class RunFinished:
+    """After verdicts are computed, before reports are written."""
+
+    result: RunResult
+
+
+@dataclass(frozen=True)
+class Message:
+    """A line for humans: starting parts, waiting, reverting..."""
+
+    text: str
+
+
+Event = RunStarted | PhaseStarted | FaultApplied | FaultReverted | RunFinished | Message
+EVENTS: tuple[type[Event], ...] = (RunStarted, PhaseStarted, FaultApplied, FaultReverted,
+                                   RunFinished, Message)
+E = TypeVar("E", RunStarted, PhaseStarted, FaultApplied, FaultReverted, RunFinished, Message)
 
 
 class Events:
     def __init__(self) -> None:
-        self._handlers: dict[str, list[Handler]] = {name: [] for name in EVENTS}
+        self._handlers: dict[type[Event], list[Callable[[Event], None]]] = {k: [] for k in EVENTS}
 
-    def on(self, name: str, handler: Handler) -> None:
-        if name not in self._handlers:
-            raise KeyError(f"unknown event {name!r}; known: {', '.join(EVENTS)}")
-        self._handlers[name].append(handler)
+    def on(self, kind: type[E], handler: Callable[[E], None]) -> None:
+        self._handlers[kind].append(handler)  # type: ignore[arg-type]
 
-    def emit(self, name: str, *args: Any) -> None:
-        for handler in self._handlers[name]:
-            handler(*args)
+    def emit(self, event: Event) -> None:
+        for handler in self._handlers[type(event)]:
+            handler(event)
+
+    def message(self, text: str) -> None:
+        self.emit(Message(text))

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
+from streamquake.jsontypes import JsonDict
 from streamquake.result import Check, RunResult
 
 PHASE_COLUMNS = ("baseline", "fault", "recovery")
@@ -60,11 +60,11 @@ def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
     for label, metric, stat in SUMMARY_METRICS:
         cells = {}
         for phase in PHASE_COLUMNS:
-            stats: dict[str, Any] = by_phase.get(phase, {})
+            stats: JsonDict = by_phase.get(phase, {})
             value = stats.get(metric)
             if stat is not None:
                 value = value.get(stat) if isinstance(value, dict) else None
-            cells[phase] = fmt_value(metric, value)
+            cells[phase] = fmt_value(metric, value if isinstance(value, int | float) else None)
         rows.append((label, cells))
     return rows
 

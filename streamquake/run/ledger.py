@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from streamquake.deadline import run_with_deadline
 from streamquake.errors import InjectorError, PreflightError
-from streamquake.events import Events
+from streamquake.events import Events, FaultApplied, FaultReverted
 from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import Describes, FaultSpec, Injector, RunContext
 from streamquake.journal import Journal, JournalEntry
@@ -75,7 +75,7 @@ class Ledger:
             record.error = f"apply failed: {exc}"
             raise
         record.applied_at = time.time()
-        self.events.emit("fault_applied", record)
+        self.events.emit(FaultApplied(record))
 
     def _revert(self, record: FaultRecord, injector: Injector, entry: JournalEntry) -> None:
         with self.signals.shield():
@@ -101,8 +101,8 @@ class Ledger:
                 f"fault '{record.name}' may still be in place ({exc}); "
                 "run `streamquake recover` to retry"
             )
-            self.events.emit("fault_reverted", record)
+            self.events.emit(FaultReverted(record))
             return
         record.reverted_at = time.time()
         entry.done()
-        self.events.emit("fault_reverted", record)
+        self.events.emit(FaultReverted(record))

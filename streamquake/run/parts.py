@@ -64,7 +64,7 @@ def start_parts(stack: contextlib.ExitStack, scenario: Scenario, run_dir: Path,
 
 def _start(stack: contextlib.ExitStack, resource: Resource, parts: Parts,
            events: Events) -> None:
-    events.emit("message", f"starting {resource.title}")
+    events.message(f"starting {resource.title}")
     stack.callback(resource.stop)
     resource.start(parts.ctx, parts.wiring)
     parts.resources.append(resource)
@@ -77,7 +77,7 @@ def _start_target(stack: contextlib.ExitStack, scenario: Scenario, parts: Parts,
     if spec.embedded is not None:
         from streamquake.target.process import start_target
 
-        events.emit("message", "starting the embedded target")
+        events.message("starting the embedded target")
         target = stack.enter_context(start_target(
             spec.embedded, host=wiring.target_bind_host,
             cmd_prefix=wiring.target_cmd_prefix or None,
@@ -112,7 +112,7 @@ def check_reachable(url: str, timeout_s: float) -> None:
 
 def start_loadgen(stack: contextlib.ExitStack, scenario: Scenario, parts: Parts,
                   end_at: float, events: Events) -> LocustRun:
-    events.emit("message", "starting the load generator (Locust)")
+    events.message("starting the load generator (Locust)")
     run = start_load(scenario, base_url=parts.wiring.load_url, work_dir=parts.ctx.run_dir,
                      end_at=end_at, run_time_s=end_at - time.time())
     stack.callback(run.stop)

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from streamquake import __version__
 from streamquake.errors import EXIT_OK, EXIT_SLO_BROKEN, PreflightError, StreamquakeError
-from streamquake.events import Events
+from streamquake.events import Events, PhaseStarted, RunFinished, RunStarted
 from streamquake.faults.catalog import families
 from streamquake.faults.contract import FaultSpec
 from streamquake.journal import Journal
@@ -68,17 +68,17 @@ class Runner:
                                                list(self.scenario.faults))
                     for fault in (f for f in planned if f.phase == WHOLE_RUN):
                         self.ledger.apply(stack, fault)
-                    self.events.emit("run_started", self.scenario, self.out_dir)
+                    self.events.emit(RunStarted(self.scenario, self.out_dir))
                     t0 = time.time() + STARTUP_LEAD_S
                     windows = plan_windows(self.scenario, t0)
                     load = start_loadgen(stack, self.scenario, parts, windows[-1].end,
                                          self.events)
                     self._walk(windows, planned, load)
-                    self.events.emit("message", "waiting for in-flight requests to finish")
+                    self.events.message("waiting for in-flight requests to finish")
                     load.wait()
             except Interrupted as exc:
                 interrupted = exc.signame
-                self.events.emit("message", f"{exc}: faults reverted, writing a partial report")
+                self.events.message(f"{exc}: faults reverted, writing a partial report")
             except StreamquakeError as exc:
                 if load is None:
                     raise  # nothing measured yet: the CLI reports it and exits with its code
@@ -97,7 +97,7 @@ class Runner:
         problems, warnings = preflight.journal_problems(self.journal)
         problems += preflight.header_problems(self.scenario)
         for w in warnings:
-            self.events.emit("message", f"warning: {w}")
+            self.events.message(f"warning: {w}")
         self.warnings += warnings
         if problems:
             raise PreflightError(problems)
@@ -109,7 +109,7 @@ class Runner:
               load: LocustRun) -> None:
         for w in windows:
             sleep_until(w.start, load, self.work_dir)
-            self.events.emit("phase_started", w.name, w.end - w.start)
+            self.events.emit(PhaseStarted(w.name, w.end - w.start))
             with contextlib.ExitStack() as phase_stack:
                 for fault in planned:
                     if fault.phase == w.name:
@@ -138,5 +138,5 @@ class Runner:
             errors=[*self.ledger.errors, *scored.warnings, *self.warnings],
         )
         result.exit_code = exit_code_for(result, self.ledger.revert_failed)
-        self.events.emit("run_finished", result)
+        self.events.emit(RunFinished(result))
         return result

@@ -34,7 +34,7 @@ class Signals:
         name = signal.Signals(signum).name
         if self.shielded or self.raised:
             self.held = self.held or name
-            self.events.emit("message", f"{name} received: still reverting faults, please wait")
+            self.events.message(f"{name} received: still reverting faults, please wait")
             return
         self.raised = name
         raise Interrupted(name)
