@@ -8,7 +8,11 @@ proxy with no fault, and through the proxy with a fault that inspects every even
 fires (so the per-event fault path is paid in full). Two measurements, each in the same run:
 
 * throughput: ``--streams`` concurrent streams of ``--events`` events written back to back;
-* latency: the same streams paced ``--gap-ms`` apart; per event, arrival minus write time.
+* latency: the same streams paced ``--gap-ms`` apart, read on all three paths *at once*, the
+  upstream writing event i of every stream at the same scheduled instant. "Added latency" is the
+  paired difference per event (arrival through the proxy minus arrival of the same event
+  direct), and its p50/p99 are percentiles of those differences: not the difference of two
+  percentiles, which can even be smaller at p99 than at p50 and says nothing about one event.
 
 Everything shares the machine's cores, so read the ratios rather than the absolute figures.
 """
@@ -43,14 +47,14 @@ def serve_upstream() -> None:
     async def handle(request: web.Request) -> web.StreamResponse:
         n = int(request.query["n"])
         gap = float(request.query.get("gap_ms", "0")) / 1000
+        t0 = int(request.query.get("t0_ns", "0"))   # paced on a shared wall clock when given
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await resp.prepare(request)
-        loop = asyncio.get_running_loop()
-        start = loop.time()
         for i in range(1, n + 1):
+            due = t0 + round(i * gap * 1e9)
             if gap:
-                await asyncio.sleep(max(0.0, start + i * gap - loop.time()))
-            await resp.write(_EVENT % (i, time.time_ns()))
+                await asyncio.sleep(max(0.0, (due - time.time_ns()) / 1e9))
+            await resp.write(_EVENT % (i, due if t0 else time.time_ns()))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -71,7 +75,11 @@ def serve_upstream() -> None:
 # --- the client ---------------------------------------------------------------------------------
 
 
-async def read_stream(session: ClientSession, url: str, latencies: list[float] | None) -> int:
+Arrivals = dict[tuple[int, int], tuple[int, int]]   # (stream, event id) -> (scheduled, arrived)
+
+
+async def read_stream(session: ClientSession, url: str, stream: int,
+                      arrivals: Arrivals | None) -> int:
     events = 0
     buf = b""
     async with session.get(url) as resp:
@@ -80,24 +88,35 @@ async def read_stream(session: ClientSession, url: str, latencies: list[float] |
             buf += chunk
             *done, buf = buf.split(b"\n\n")
             events += len(done)
-            if latencies is not None:
+            if arrivals is not None:
                 for raw in done:
                     if raw.startswith(b"id:"):
-                        sent = json.loads(raw.split(b"data: ", 1)[1])["t"]
-                        latencies.append((now - sent) / 1e6)
+                        event_id = int(raw.split(b"\n", 1)[0][3:])
+                        due = json.loads(raw.split(b"data: ", 1)[1])["t"]
+                        arrivals[(stream, event_id)] = (due, now)
     return events
 
 
-async def run_streams(base: str, streams: int, events: int, gap_ms: float,
-                      latencies: list[float] | None) -> tuple[int, float]:
-    url = f"{base}/stream?n={events}&gap_ms={gap_ms}"
+async def run_streams(base: str, streams: int, events: int) -> tuple[int, float]:
+    url = f"{base}/stream?n={events}&gap_ms=0"
     async with ClientSession(connector=TCPConnector(limit=0),
                              timeout=ClientTimeout(total=120)) as session:
         start = time.perf_counter()
-        counts = await asyncio.gather(
-            *(read_stream(session, url, latencies) for _ in range(streams))
-        )
+        counts = await asyncio.gather(*(read_stream(session, url, k, None)
+                                        for k in range(streams)))
         return sum(counts), time.perf_counter() - start
+
+
+async def run_paced(bases: dict[str, str], streams: int, events: int, gap_ms: float,
+                    arrivals: dict[str, Arrivals]) -> None:
+    """Every path's streams at once, each event due at the same instant on every path."""
+    t0 = time.time_ns() + 500_000_000
+    async with ClientSession(connector=TCPConnector(limit=0),
+                             timeout=ClientTimeout(total=120)) as session:
+        await asyncio.gather(*(
+            read_stream(session, f"{base}/stream?n={events}&gap_ms={gap_ms}&t0_ns={t0}", k,
+                        arrivals[name])
+            for name, base in bases.items() for k in range(streams)))
 
 
 def control(url: str, method: str, body: dict[str, object] | None = None) -> None:
@@ -140,15 +159,22 @@ def main() -> None:
             paths = {"direct": (upstream, False), "proxy": (proxy.url, False),
                      "proxy+fault": (proxy.url, True)}
             rate: dict[str, float] = {}
-            lat: dict[str, list[float]] = {k: [] for k in paths}
             for _ in range(args.rounds):
                 for name, (base, fault) in paths.items():
                     with_fault(fault)
-                    n, secs = asyncio.run(run_streams(base, args.streams, args.events, 0, None))
+                    n, secs = asyncio.run(run_streams(base, args.streams, args.events))
                     rate[name] = max(rate.get(name, 0.0), n / secs)
-                    asyncio.run(run_streams(base, args.streams, args.paced_events, args.gap_ms,
-                                            lat[name]))
                     with_fault(False)
+            # Latency: all paths at once; the fault path gets its own proxy process, so that the
+            # inspecting fault does not apply to the plain proxy path's streams.
+            with start_proxy(upstream) as faulty:
+                control(faulty.control_url + "/faults/inspect-only", "PUT",
+                        {"truncate_after_events": 10**9, "drop": 0.0})
+                bases = {"direct": upstream, "proxy": proxy.url, "proxy+fault": faulty.url}
+                arrivals: dict[str, Arrivals] = {k: {} for k in bases}
+                for _ in range(args.rounds):
+                    asyncio.run(run_paced(bases, args.streams, args.paced_events, args.gap_ms,
+                                          arrivals))
     finally:
         procs.stop(up)
         if up.stdout is not None:
@@ -157,14 +183,19 @@ def main() -> None:
     print(f"{args.streams} concurrent streams; throughput: {args.events} events/stream back to "
           f"back; latency: {args.paced_events} events/stream every {args.gap_ms:g} ms")
     print(f"{'path':<12} {'events/s':>10} {'vs direct':>9} {'p50 ms':>8} {'p99 ms':>8} "
-          f"{'added p50':>9} {'added p99':>9}")
-    d50, d99 = pct(lat["direct"], 50), pct(lat["direct"], 99)
+          f"{'added p50':>9} {'added p99':>9} {'pairs':>7}")
+    direct = arrivals["direct"]
     for name in paths:
-        p50, p99 = pct(lat[name], 50), pct(lat[name], 99)
+        got = arrivals[name]
+        lat = [(arrived - due) / 1e6 for due, arrived in got.values()]
+        added = [(got[k][1] - direct[k][1]) / 1e6 for k in got.keys() & direct.keys()]
+        a50, a99 = ((pct(added, 50), pct(added, 99)) if name != "direct" else (0.0, 0.0))
         print(f"{name:<12} {rate[name]:>10.0f} {rate[name] / rate['direct']:>9.2f} "
-              f"{p50:>8.2f} {p99:>8.2f} {p50 - d50:>9.2f} {p99 - d99:>9.2f}")
-    print(f"mean latency direct {statistics.mean(lat['direct']):.2f} ms, "
-          f"proxy {statistics.mean(lat['proxy']):.2f} ms")
+              f"{pct(lat, 50):>8.2f} {pct(lat, 99):>8.2f} {a50:>9.2f} {a99:>9.2f} "
+              f"{len(added):>7}")
+    print(f"mean added latency through the proxy "
+          f"{statistics.mean((arrivals['proxy'][k][1] - direct[k][1]) / 1e6 for k in direct):.2f}"
+          " ms (paired per event)")
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ target:
     itl: 10ms
     output_tokens: {{min: 30, max: 30}}
     seed: 3
+    sse_event_ids: true
   timeout: 10s
 load:
   users: 4

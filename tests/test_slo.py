@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from streamquake.errors import EXIT_OK, EXIT_REVERT_FAILED, EXIT_SLO_BROKEN
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
@@ -104,3 +106,21 @@ def test_exit_codes() -> None:
     failed_fault = FaultRecord("f", "netem", "fault", {}, error="apply failed: no")
     assert exit_code_for(_result(ok_checks, [failed_fault]), revert_failed=False) == 3
     assert exit_code_for(_result(ok_checks, interrupted="SIGTERM"), revert_failed=False) == 143
+
+
+@pytest.mark.timeout(10)
+def test_chunk_loss_against_a_server_that_numbers_nothing_is_not_measurable() -> None:
+    from streamquake.run.verdicts import check_slo
+    from streamquake.scenario.advice import scenario_warnings
+
+    scenario = parse_scenario(
+        "name: x\ntarget: {protocol: openai, embedded: {}}\nphases: {baseline: 1s, fault: 0s, "
+        "recovery: 0s}\nslos: [{metric: chunk_loss, max: 1%}]\n")
+    (warning,) = scenario_warnings(scenario)
+    assert "sse_event_ids: true" in warning
+    # 192 successful requests, none with numbered events (a LiteLLM proxy, say).
+    stats = Stats.from_samples([RequestSample(cls="c", sent=0.0, e2e_ms=10.0, content_events=5)
+                                for _ in range(192)])
+    check = check_slo(scenario.slos[0], "baseline", stats)
+    assert check.observed is None
+    assert check.detail.startswith("not measurable: the server numbers none of its events")

@@ -214,7 +214,8 @@ def delete(proxy: ProxyProcess, name: str) -> dict[str, Any]:
 @pytest.fixture(scope="module")
 def target() -> Iterator[TargetProcess]:
     cfg = TargetConfig.model_validate(
-        {"ttft": "20ms", "itl": "0ms", "output_tokens": {"min": 200, "max": 200}}
+        {"ttft": "20ms", "itl": "0ms", "output_tokens": {"min": 200, "max": 200},
+         "sse_event_ids": True}
     )
     with start_target(cfg) as t:
         yield t

@@ -25,7 +25,8 @@ from streamquake.target.formats import VOCABULARY
 from streamquake.target.process import TargetProcess, start_target
 from streamquake.target.timing import DelaySampler, plan_response, request_rng, sample_ms
 
-FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 4, "max": 8}, "seed": 7}
+FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 4, "max": 8}, "seed": 7,
+        "sse_event_ids": True}
 
 OPENAI = "/v1/chat/completions"
 ANTHROPIC = "/v1/messages"
@@ -552,3 +553,20 @@ def test_delay_sampling_is_seeded_and_shaped() -> None:
     fixed = TargetConfig().ttft
     sampler = DelaySampler(fixed, fixed, request_rng(0, 0), scale=lambda: 1.5)
     assert sampler.ttft_s() == pytest.approx(0.3)
+
+
+@pytest.mark.timeout(30)
+def test_default_streams_carry_only_data_lines_like_the_real_apis() -> None:
+    """The real Gemini, OpenAI and Anthropic APIs send no SSE ``id:`` lines (google-genai even
+    rejects them), so by default neither does the target; ``sse_event_ids: true`` adds them."""
+    cfg = TargetConfig.model_validate({**FAST, "sse_event_ids": False})
+    cfg_default = TargetConfig.model_validate({k: v for k, v in FAST.items()
+                                               if k != "sse_event_ids"})
+    assert cfg_default.sse_event_ids is False
+    with start_target(cfg) as target:
+        for path, body in [(OPENAI, openai_body()), (ANTHROPIC, anthropic_body()),
+                           (GEMINI, gemini_body())]:
+            reply = post(target.url + path, body)
+            assert reply.status == 200 and reply.events, path
+            assert b"\nid:" not in b"\n" + reply.raw and all(
+                "id" not in ev.fields for ev in reply.events), path

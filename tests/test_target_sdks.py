@@ -73,13 +73,12 @@ def test_anthropic_sdk_streams_text_and_usage(target: tuple[TargetProcess, Targe
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("target", [{"sse_event_ids": False}], indirect=True)
 @pytest.mark.parametrize("api_version", [None, "v1beta"])
 def test_google_genai_sdk_streams_text_and_usage(
     target: tuple[TargetProcess, TargetConfig], api_version: str | None
 ) -> None:
-    # google-genai treats any SSE line other than "data: " as raw JSON, so it needs the
-    # target's id lines off; its default path is /v1/, and v1beta is asked for explicitly.
+    # google-genai treats any SSE line other than "data: " as raw JSON: the target's default
+    # stream, like the real API's, has none. Its default path is /v1/, v1beta is asked for.
     from google import genai
     from google.genai import types
 

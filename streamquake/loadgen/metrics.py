@@ -144,6 +144,16 @@ class Stats:
             return self.missing_events / self.expected_events if self.expected_events else None
         raise KeyError(f"unknown rate metric {metric!r}; known: {', '.join(RATE_METRICS)}")
 
+    def unavailable(self, metric: str) -> str | None:
+        """Why ``metric`` has no value in these samples (None when it has one)."""
+        if metric == "chunk_loss" and self.successes and not self.expected_events:
+            return ("not measurable: the server numbers none of its events (no SSE `id:` "
+                    "lines), so lost chunks cannot be counted; the embedded target numbers "
+                    "them with `sse_event_ids: true`")
+        if not self.requests:
+            return "no data: no request was scored in this phase"
+        return None
+
     def summary(self, metric: str) -> dict[str, Any]:
         out: dict[str, Any] = {"count": self.count(metric), "mean": self.mean(metric)}
         for p in SUMMARY_PERCENTILES:

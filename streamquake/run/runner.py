@@ -32,6 +32,7 @@ from streamquake.run.signals import Interrupted, Signals
 from streamquake.run.timeline import STARTUP_LEAD_S, PhaseWindow, plan_windows, sleep_until
 from streamquake.run.verdicts import evaluate
 from streamquake.scenario import Scenario
+from streamquake.scenario.advice import scenario_warnings
 
 
 class Runner:
@@ -96,6 +97,7 @@ class Runner:
     def _preflight(self) -> None:
         problems, warnings = preflight.journal_problems(self.journal)
         problems += preflight.header_problems(self.scenario)
+        warnings += scenario_warnings(self.scenario)
         for w in warnings:
             self.events.message(f"warning: {w}")
         self.warnings += warnings

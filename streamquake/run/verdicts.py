@@ -18,6 +18,8 @@ class PhaseStats(Protocol):
 
     def value(self, metric: str) -> float | None: ...
 
+    def unavailable(self, metric: str) -> str | None: ...
+
 
 def observe(stats: PhaseStats, metric: str, percentile: float | None) -> float | None:
     if percentile is not None:
@@ -46,7 +48,8 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
         gating=phase in slo.phases,
         cls=cls,
         percentile=slo.percentile,
-        detail="" if observed is not None else "no data: no successful request in this phase",
+        detail="" if observed is not None else (
+            stats.unavailable(slo.metric) or "no data: no successful request in this phase"),
     )
 
 

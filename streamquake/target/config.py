@@ -73,9 +73,10 @@ class TargetConfig(_Frozen):
         description="scale TTFT/ITL by max_sm_clock / current_sm_clock read through NVML",
     )
     sse_event_ids: bool = Field(
-        default=True,
-        description="an SSE 'id: N' line on every event, so clients can count lost chunks; "
-        "the google-genai SDK rejects such lines, so turn this off to drive the target with it",
+        default=False,
+        description="an SSE 'id: N' line on every event, so clients can count lost chunks "
+        "(chunk_loss). Off by default: the real Gemini, OpenAI and Anthropic APIs send only "
+        "data: lines, and the google-genai SDK rejects any other line",
     )
     tls_cert: str | None = None
     tls_key: str | None = None
