@@ -351,8 +351,8 @@ def test_two_faults_share_our_root_and_the_newest_wins(topo: NamespaceTopology,
     newer = TbfInjector(TbfFault.model_validate({"rate": "1mbit"}), ctx)
     older.apply(Journal().add("tbf", "older"))
     applied = newer.apply(Journal().add("tbf", "newer"))
-    older_pref = older._tc.hop_states()[0]["prefs"][0]
-    newer_pref = newer._tc.hop_states()[0]["prefs"][0]
+    older_pref = older._tc.hop_states()[0].prefs[0]
+    newer_pref = newer._tc.hop_states()[0].prefs[0]
     assert newer_pref < older_pref  # a lower pref is matched first
     assert applied["kernel"][0]["filters"][0]["flowid"] == "5351:11"
     older.revert()

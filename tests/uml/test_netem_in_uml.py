@@ -133,7 +133,8 @@ class Applied:
 
     def __enter__(self) -> dict[str, Any]:
         assert self.injector.preflight() == []
-        return self.injector.apply(self.entry)
+        # The configured view is the record's (describe); apply returns what the kernel holds.
+        return {"configured": self.injector.describe(), **self.injector.apply(self.entry)}
 
     def __exit__(self, *exc: object) -> None:
         self.reverted = self.injector.revert()

@@ -1,11 +1,11 @@
 """Installing a fault's htb class, leaf qdiscs and u32 filters on one hop, and the ownership
-checks that keep streamquake off qdiscs it did not install (the rules are in ``tc_scope``)."""
+checks that keep streamquake off qdiscs it did not install (the rules are in ``scope``)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from pyroute2 import IPRoute
@@ -32,6 +32,7 @@ from streamquake.faults.tc.netlink import (
     qdiscs,
 )
 from streamquake.faults.tc.placement import Hop
+from streamquake.faults.tc.state import HopState
 
 # "Unshaped": far above what any interface here carries, so htb never holds a packet back.
 UNSHAPED_BYTES_PER_S = 100_000_000_000 // 8
@@ -118,8 +119,10 @@ def _add_chain(ipr: IPRoute, index: int, parent: int, leaves: Sequence[LeafQdisc
         parent = (major << 16) | 1  # the next leaf hangs under this one's single class
 
 
-def install_htb(ipr: IPRoute, hop: Hop, st: dict[str, Any], leaves: Sequence[LeafQdisc],
-                selectors: list[tuple[int, list[str]]], save: Callable[[], None]) -> None:
+def install_htb(ipr: IPRoute, hop: Hop, leaves: Sequence[LeafQdisc],
+                selectors: list[tuple[int, list[str]]], record: Callable[[HopState], None]
+                ) -> None:
+    """Plan our class, leaf handles and prefs on ``hop``, ``record`` them, then install."""
     index = link_index(ipr, hop.netns, hop.ifname)
     present = qdiscs(ipr, index)
     problem = _foreign_root(present, hop)
@@ -128,24 +131,27 @@ def install_htb(ipr: IPRoute, hop: Hop, st: dict[str, Any], leaves: Sequence[Lea
     root = qdisc_at(present, TC_H_ROOT)
     ours = root is not None and root["handle"] == ROOT_HANDLE
     minors = {c["handle"] & 0xFFFF for c in classes(ipr, index)} if ours else set()
-    st["class_minor"] = _free(range(FIRST_SHAPED_MINOR, 0xFFFF), minors, 1, "class id")[0]
-    st["leaf_majors"] = _free(LEAF_MAJORS, {q["handle"] >> 16 for q in present}, len(leaves),
-                              "qdisc handle")
-    st["prefs"] = _new_prefs({filter_pref(f) for f in filters(ipr, index, ROOT_HANDLE)} if ours
-                             else set(), len(selectors))
-    save()  # all that recover needs is on disk before the first change
+    minor = _free(range(FIRST_SHAPED_MINOR, 0xFFFF), minors, 1, "class id")[0]
+    majors = _free(LEAF_MAJORS, {q["handle"] >> 16 for q in present}, len(leaves),
+                   "qdisc handle")
+    prefs = _new_prefs({filter_pref(f) for f in filters(ipr, index, ROOT_HANDLE)} if ours
+                       else set(), len(selectors))
+    record(replace(HopState.bare(hop), class_minor=minor, leaf_majors=tuple(majors),
+                   prefs=tuple(prefs)))  # all that recover needs is on disk before any change
     if not ours:
         ipr.tc("add", "htb", index=index, handle=ROOT_HANDLE, parent=TC_H_ROOT, default=1)
     if 1 not in minors:
         _add_unshaped_class(ipr, index, DEFAULT_CLASS)
-    classid = ROOT_HANDLE | st["class_minor"]
+    classid = ROOT_HANDLE | minor
     _add_unshaped_class(ipr, index, classid)
-    _add_chain(ipr, index, classid, leaves, st["leaf_majors"])
-    add_filters(ipr, index, ROOT_HANDLE, st["prefs"], selectors, target=classid)
+    _add_chain(ipr, index, classid, leaves, majors)
+    add_filters(ipr, index, ROOT_HANDLE, prefs, selectors, target=classid)
 
 
-def install_ifb(ipr: IPRoute, hop: Hop, st: dict[str, Any], leaves: Sequence[LeafQdisc],
-                selectors: list[tuple[int, list[str]]], save: Callable[[], None]) -> None:
+def install_ifb(ipr: IPRoute, hop: Hop, leaves: Sequence[LeafQdisc],
+                selectors: list[tuple[int, list[str]]], record: Callable[[HopState], None]
+                ) -> None:
+    """Plan an ifb, leaf handles and ingress prefs on ``hop``, ``record`` them, then install."""
     index = link_index(ipr, hop.netns, hop.ifname)
     present = qdiscs(ipr, index)
     problem = _foreign_ingress(ipr, index, present, hop)
@@ -153,18 +159,19 @@ def install_ifb(ipr: IPRoute, hop: Hop, st: dict[str, Any], leaves: Sequence[Lea
         raise InjectorError(problem)
     in_use = {filter_pref(f) for f in filters(ipr, index, INGRESS_HANDLE)}
     has_ingress = qdisc_at(present, TC_H_INGRESS) is not None
-    # An ingress qdisc we create, or one whose filters are all ours, is ours to remove later.
-    st["ingress_owned"] = not has_ingress or bool(in_use)
-    st["ifb"] = f"{IFB_PREFIX}{uuid.uuid4().hex[:8]}"
-    st["leaf_majors"] = list(LEAF_MAJORS[: len(leaves)])
-    st["ingress_prefs"] = _new_prefs(in_use, len(selectors))
-    save()
-    ipr.link("add", ifname=st["ifb"], kind="ifb")
-    ifb = ipr.link_lookup(ifname=st["ifb"])[0]
+    ifb_name = f"{IFB_PREFIX}{uuid.uuid4().hex[:8]}"
+    majors = list(LEAF_MAJORS[: len(leaves)])
+    prefs = _new_prefs(in_use, len(selectors))
+    record(replace(
+        HopState.bare(hop), ifb=ifb_name, leaf_majors=tuple(majors), ingress_prefs=tuple(prefs),
+        # An ingress qdisc we create, or one whose filters are all ours, is ours to remove later.
+        ingress_owned=not has_ingress or bool(in_use)))
+    ipr.link("add", ifname=ifb_name, kind="ifb")
+    ifb = ipr.link_lookup(ifname=ifb_name)[0]
     ipr.link("set", index=ifb, state="up")
-    _add_chain(ipr, ifb, TC_H_ROOT, leaves, st["leaf_majors"])
+    _add_chain(ipr, ifb, TC_H_ROOT, leaves, majors)
     if not has_ingress:
         ipr.tc("add", "ingress", index=index, handle=INGRESS_HANDLE)
-    add_filters(ipr, index, INGRESS_HANDLE, st["ingress_prefs"], selectors, target=0,
+    add_filters(ipr, index, INGRESS_HANDLE, prefs, selectors, target=0,
                 action={"kind": "mirred", "direction": "egress", "action": "redirect",
                         "ifindex": ifb})

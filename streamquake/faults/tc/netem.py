@@ -22,7 +22,7 @@ import socket
 import struct
 import sysconfig
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from pyroute2 import IPRoute
 from pyroute2.netlink import NLM_F_ACK, NLM_F_CREATE, NLM_F_EXCL, NLM_F_REQUEST, nla, nlmsg
@@ -35,6 +35,7 @@ from streamquake.faults.tc.readback import psched_ns_per_tick
 from streamquake.faults.tc.scope import ScopedTc
 from streamquake.faults.tc.spec import NetemFault, network_profile_fault
 from streamquake.journal import JournalEntry
+from streamquake.jsontypes import JsonDict, JsonValue
 
 _U32 = 0xFFFFFFFF
 _DIST_MAX = 16384  # NETEM_DIST_MAX in the kernel
@@ -121,7 +122,20 @@ class netem_qdisc_msg(nlmsg):  # type: ignore[misc]
                       ("cell_overhead", "i"))
 
 
-def kernel_options(f: NetemFault, table: list[int] | None) -> dict[str, Any]:
+class NetemOptions(TypedDict):
+    """netem's TCA_OPTIONS as netem_qdisc_msg sends them: struct tc_netem_qopt's fields (delays
+    in psched ticks), then ``attrs``, pyroute2's ``[name, value]`` pairs."""
+
+    latency: int
+    jitter: int
+    limit: int
+    loss: int
+    gap: int
+    duplicate: int
+    attrs: list[list[Any]]
+
+
+def kernel_options(f: NetemFault, table: list[int] | None) -> NetemOptions:
     """``f`` in the kernel's units and attributes (what netem_change() parses)."""
     delay_ns, jitter_ns = round(f.delay_ms * 1e6), round(f.jitter_ms * 1e6)
     tick = psched_ns_per_tick()
@@ -152,7 +166,7 @@ def kernel_options(f: NetemFault, table: list[int] | None) -> dict[str, Any]:
     }
 
 
-def add_netem(ipr: IPRoute, index: int, parent: int, handle: int, options: dict[str, Any]) -> None:
+def add_netem(ipr: IPRoute, index: int, parent: int, handle: int, options: NetemOptions) -> None:
     msg = netem_qdisc_msg()
     msg["family"] = socket.AF_UNSPEC
     msg["index"] = index
@@ -163,7 +177,7 @@ def add_netem(ipr: IPRoute, index: int, parent: int, handle: int, options: dict[
                           NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL))
 
 
-def decode_netem(msg: Any) -> dict[str, Any]:
+def decode_netem(msg: Any) -> JsonDict:
     """The kernel's netem parameters from a dumped qdisc, in kernel units."""
     ours = netem_qdisc_msg(data=msg.data, offset=msg.offset)
     ours.decode()
@@ -188,7 +202,7 @@ def decode_netem(msg: Any) -> dict[str, Any]:
     }
 
 
-def expected_view(opts: dict[str, Any]) -> dict[str, Any]:
+def expected_view(opts: NetemOptions) -> dict[str, int]:
     """What decode_netem() must return for a qdisc installed with ``opts``."""
     a = {name: value for name, value in opts["attrs"]}
     rate = a.get("TCA_NETEM_RATE64") or a.get("TCA_NETEM_RATE", {}).get("rate", 0)
@@ -204,17 +218,24 @@ def expected_view(opts: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def _number(value: JsonValue) -> float:
+    """A read-back value as a number (one that is missing or not a number counts as 0)."""
+    return value if isinstance(value, int | float) else 0
+
+
 # ---------------------------------------------------------------------------- the injector
 
 
 class NetemInjector:
+    type_name = "netem"
+
     def __init__(self, spec: NetemFault, ctx: RunContext) -> None:
         self.spec = spec
         self.ctx = ctx
         base = network_profile_fault(ctx.network) if spec.profile is None else None
         self.base_profile = base.profile if base else None
         self.effective = spec.over(base) if base else spec
-        self._options: dict[str, Any] | None = None
+        self._options: NetemOptions | None = None
         self._table_sha256: str | None = None
         self._tc = ScopedTc(ctx, spec, [LeafQdisc("netem", self._add)], {"netem": decode_netem})
 
@@ -222,7 +243,7 @@ class NetemInjector:
         assert self._options is not None
         add_netem(ipr, index, parent, handle, self._options)
 
-    def _prepare(self) -> dict[str, Any]:
+    def _prepare(self) -> NetemOptions:
         table = None
         if self.effective.distribution:
             table = load_table(self.effective.distribution)
@@ -239,32 +260,32 @@ class NetemInjector:
                 problems.append(str(exc))
         return problems
 
-    def apply(self, entry: JournalEntry) -> dict[str, Any]:
+    def apply(self, entry: JournalEntry) -> JsonDict:
         opts = self._prepare()
-        result = self._tc.apply(entry)
+        applied = self._tc.apply(entry)
         want = expected_view(opts)
         # Kernels before 4.15 report delays in psched ticks only: allow that rounding.
         slack = {"delay_ns": psched_ns_per_tick(), "jitter_ns": psched_ns_per_tick()}
-        for hop in result["kernel"]:
-            got = [q["options"] for q in hop.get("qdiscs", []) if q["kind"] == "netem"]
+        for hop in applied.kernel:
+            got = [q.options or {} for q in hop.qdiscs if q.kind == "netem"]
             diff = {k: (v, got[0].get(k)) for k, v in want.items()
-                    if got and abs((got[0].get(k) or 0) - v) > slack.get(k, 0)}
+                    if got and abs(_number(got[0].get(k)) - v) > slack.get(k, 0)}
             if not got or diff:
                 self.revert()
                 raise InjectorError(
                     f"the kernel does not hold the netem parameters that were sent on "
-                    f"{hop['ifname']} (sent vs read back: {diff or 'no netem qdisc found'}); "
+                    f"{hop.ifname} (sent vs read back: {diff or 'no netem qdisc found'}); "
                     "the fault was reverted"
                 )
-        return {"configured": self.describe(), **result}
+        return applied.to_json()   # the configured view is describe()'s, in the record once
 
-    def revert(self) -> dict[str, Any]:
+    def revert(self) -> JsonDict:
         return self._tc.revert()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonDict:
         f = self.effective
         placement = self._tc.placement
-        view: dict[str, Any] = {
+        view: JsonDict = {
             "type": "netem", "name": self.spec.label, "delay_ms": f.delay_ms,
             "jitter_ms": f.jitter_ms, "correlation": f.correlation,
             "distribution": f.distribution or ("uniform" if f.jitter_ms else None),
@@ -281,5 +302,5 @@ class NetemInjector:
         return view
 
     @classmethod
-    def recover(cls, state: dict[str, Any]) -> str:
+    def recover(cls, state: dict[str, object]) -> str:
         return "netem fault: " + ScopedTc.recover(state)

@@ -72,7 +72,7 @@ def del_filters(ipr: IPRoute, index: int, parent: int, pref: int) -> None:
 
 
 def add_filters(ipr: IPRoute, index: int, parent: int, prefs: list[int],
-                selectors: list[tuple[int, list[str]]], **extra: Any) -> None:
+                selectors: list[tuple[int, list[str]]], **extra: object) -> None:
     for pref, (proto, keys) in zip(prefs, selectors, strict=True):
         ipr.tc("add-filter", "u32", index=index, parent=parent, prio=pref, protocol=proto,
                keys=keys, **extra)

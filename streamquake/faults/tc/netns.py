@@ -19,10 +19,9 @@ import os
 import random
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
 
 from pyroute2 import IPRoute
 from pyroute2 import netns as pr_netns
@@ -32,6 +31,7 @@ from streamquake.deadline import run_with_deadline
 from streamquake.errors import InjectorError, RevertError
 from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.journal import Journal, JournalEntry
+from streamquake.jsontypes import JsonDict
 
 TOPOLOGY_JOURNAL_TYPE = "netns"
 NETNS_DIR = Path(pr_netns.NETNS_RUN_DIR)
@@ -168,7 +168,7 @@ class NamespaceTopology:
         """Prefix for a command line that must run inside the target's namespace."""
         return ["ip", "netns", "exec", self.netns]
 
-    def state(self) -> dict[str, Any]:
+    def state(self) -> JsonDict:
         return {
             "netns": self.netns,
             "host_netns": self.host_netns,
@@ -177,7 +177,7 @@ class NamespaceTopology:
             "subnet": str(self.subnet) if self.subnet else None,
         }
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonDict:
         return {**self.state(), "create_ms": self.create_ms, "destroy_ms": self.destroy_ms}
 
     def __enter__(self) -> NamespaceTopology:
@@ -220,10 +220,10 @@ class NamespaceTopology:
             nsr.addr("add", index=idx, address=self.target_addr, prefixlen=30)
             nsr.link("set", index=idx, state="up")
 
-    def destroy(self) -> dict[str, Any]:
+    def destroy(self) -> JsonDict:
         """Remove the namespace and the veth pair. Idempotent; raises RevertError if it cannot."""
         started = time.perf_counter()
-        sentence = _destroy(self.state(), self.destroy_timeout_s)
+        sentence = _destroy(self.netns, self.host_netns, self.host_ifname, self.destroy_timeout_s)
         self.destroy_ms = (time.perf_counter() - started) * 1000
         if self._entry is not None:
             self._entry.done()
@@ -231,23 +231,30 @@ class NamespaceTopology:
         return {"removed": sentence, "destroy_ms": self.destroy_ms}
 
     @classmethod
-    def recover(cls, state: dict[str, Any]) -> str:
-        """Undo a topology from its journal state alone (after the creating process was killed)."""
-        return _destroy(state, cls.destroy_timeout_s)
+    def recover(cls, state: Mapping[str, object]) -> str:
+        """Undo a topology from its journal state alone (after the creating process was killed).
+
+        Raises ValueError for a state that names no namespace and host-side veth.
+        """
+        netns, host_netns, host_ifname = (state.get("netns"), state.get("host_netns"),
+                                          state.get("host_ifname"))
+        if not (isinstance(netns, str) and isinstance(host_ifname, str)
+                and (host_netns is None or isinstance(host_netns, str))):
+            raise ValueError(f"journal topology state: {dict(state)!r} names no namespace and "
+                             "veth (netns, host_netns, host_ifname)")
+        return _destroy(netns, host_netns, host_ifname, cls.destroy_timeout_s)
 
 
-def _destroy(state: dict[str, Any], timeout_s: float) -> str:
-    name = state["netns"]
-
+def _destroy(name: str, host_netns: str | None, host_ifname: str, timeout_s: float) -> str:
     def work() -> str:
         removed = []
         try:
-            with iproute(state.get("host_netns")) as ipr:
-                idx = ipr.link_lookup(ifname=state["host_ifname"])
+            with iproute(host_netns) as ipr:
+                idx = ipr.link_lookup(ifname=host_ifname)
                 if idx:
                     # Deleting one end of a veth pair deletes its peer in the namespace too.
                     ipr.link("del", index=idx[0])
-                    removed.append(f"veth {state['host_ifname']}")
+                    removed.append(f"veth {host_ifname}")
         except Exception as exc:
             if not is_gone(exc):
                 raise
@@ -261,5 +268,5 @@ def _destroy(state: dict[str, Any], timeout_s: float) -> str:
     except (NetlinkError, OSError, TimeoutError) as exc:
         raise RevertError(
             f"could not remove network namespace {name}: {exc}. Remove it by hand with "
-            f"`ip netns del {name}; ip link del {state['host_ifname']}`"
+            f"`ip netns del {name}; ip link del {host_ifname}`"
         ) from exc

@@ -9,7 +9,7 @@ import functools
 import os
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import ParamSpec
 
 from pyroute2 import netns as pr_netns
 from pyroute2.netlink.exceptions import NetlinkError
@@ -38,7 +38,10 @@ _FEATURE_CONFIG = {"tbf": "CONFIG_NET_SCH_TBF", "htb": "CONFIG_NET_SCH_HTB",
                    "u32": "CONFIG_NET_CLS_U32", "ifb": "CONFIG_IFB and CONFIG_NET_ACT_MIRRED"}
 
 
-def _works(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> bool:
+P = ParamSpec("P")
+
+
+def _works(fn: Callable[P, object], *args: P.args, **kwargs: P.kwargs) -> bool:
     try:
         fn(*args, **kwargs)
         return True

@@ -22,7 +22,6 @@ and delay correlation (netem's correlation reshapes the distribution and would m
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 # Quantiles of iproute2's paretonormal.dist, in units of jitter (table value / 8192).
 _PARETONORMAL_Q50 = -0.240478515625
@@ -45,7 +44,7 @@ class NetProfile:
     def delay_ms(self) -> float:
         return self.ttfb_median_ms - self.jitter_ms * _PARETONORMAL_Q50
 
-    def netem_fields(self) -> dict[str, Any]:
+    def netem_fields(self) -> dict[str, str]:
         """The profile as a netem fault's fields, in the units people write them."""
         return {
             "delay": f"{self.delay_ms:.1f}ms",

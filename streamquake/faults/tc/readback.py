@@ -1,5 +1,5 @@
 """The kernel's own view of an installed tc fault: dumped qdiscs, classes and u32 filters,
-decoded into plain dicts for the fault's ``kernel`` read-back."""
+decoded into a small typed model whose ``to_json()`` is the fault's ``kernel`` read-back."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import functools
 import socket
 import struct
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from pyroute2 import IPRoute
@@ -22,8 +23,104 @@ from streamquake.faults.tc.netlink import (
     link_index,
     qdiscs,
 )
+from streamquake.faults.tc.state import HopState
+from streamquake.jsontypes import JsonDict
 
-Decoder = Callable[[Any], dict[str, Any]]
+# A dumped pyroute2 message (untyped) -> its kind's options, in kernel units.
+Decoder = Callable[[Any], JsonDict]
+
+
+@dataclass(frozen=True, slots=True)
+class QdiscStats:
+    bytes: int
+    packets: int
+    drops: int
+
+    def to_json(self) -> JsonDict:
+        return {"bytes": self.bytes, "packets": self.packets, "drops": self.drops}
+
+
+@dataclass(frozen=True, slots=True)
+class QdiscView:
+    """``options`` only for a kind with a decoder (htb, tbf, and what the fault hands in)."""
+
+    kind: str
+    handle: str
+    parent: str
+    options: JsonDict | None = None
+    stats: QdiscStats | None = None
+
+    def to_json(self) -> JsonDict:
+        out: JsonDict = {"kind": self.kind, "handle": self.handle, "parent": self.parent}
+        if self.options is not None:
+            out["options"] = self.options
+        if self.stats is not None:
+            out["stats"] = self.stats.to_json()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ClassView:
+    """An htb class; its options (rate, ceil) sit beside ``classid`` in the JSON."""
+
+    classid: str
+    options: JsonDict
+
+    def to_json(self) -> JsonDict:
+        return {"classid": self.classid, **self.options}
+
+
+@dataclass(frozen=True, slots=True)
+class MirredAction:
+    eaction: int
+    ifindex: int
+
+    def to_json(self) -> JsonDict:
+        return {"kind": "mirred", "eaction": self.eaction, "ifindex": self.ifindex}
+
+
+@dataclass(frozen=True, slots=True)
+class FilterView:
+    kind: str
+    pref: int
+    protocol: str
+    parent: str
+    keys: tuple[str, ...]
+    flowid: str | None = None
+    action: MirredAction | None = None
+
+    def to_json(self) -> JsonDict:
+        out: JsonDict = {"kind": self.kind, "pref": self.pref, "protocol": self.protocol,
+                         "parent": self.parent}
+        if self.flowid is not None:
+            out["flowid"] = self.flowid
+        out["keys"] = list(self.keys)
+        if self.action is not None:
+            out["action"] = self.action.to_json()
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class HopReadback:
+    """What the kernel holds of one fault on one hop. An ifb hop names its ``ifb`` (whose
+    qdiscs these are) and has no ``classes``; an htb hop has no ``ifb``."""
+
+    netns: str | None
+    ifname: str
+    qdiscs: tuple[QdiscView, ...]
+    filters: tuple[FilterView, ...]
+    classes: tuple[ClassView, ...] | None = None
+    ifb: str | None = None
+
+    def to_json(self) -> JsonDict:
+        out: JsonDict = {"netns": self.netns, "ifname": self.ifname}
+        if self.ifb is not None:
+            out["ifb"] = self.ifb
+        out["qdiscs"] = [q.to_json() for q in self.qdiscs]
+        if self.classes is not None:
+            out["classes"] = [c.to_json() for c in self.classes]
+        out["filters"] = [f.to_json() for f in self.filters]
+        return out
 
 
 @functools.cache
@@ -35,7 +132,7 @@ def psched_ns_per_tick() -> int:
         return 64  # PSCHED_SHIFT 6, unchanged since Linux 2.6.31
 
 
-def _decode_htb(msg: Any) -> dict[str, Any]:
+def _decode_htb(msg: Any) -> JsonDict:
     opts = msg.get_attr("TCA_OPTIONS")
     if opts is None:
         return {}
@@ -47,7 +144,7 @@ def _decode_htb(msg: Any) -> dict[str, Any]:
             "ceil_bytes_per_s": opts.get_attr("TCA_HTB_CEIL64") or parms.get("ceil")}
 
 
-def _decode_tbf(msg: Any) -> dict[str, Any]:
+def _decode_tbf(msg: Any) -> JsonDict:
     opts = msg.get_attr("TCA_OPTIONS")
     parms = opts.get_attr("TCA_TBF_PARMS") if opts is not None else None
     if not parms:
@@ -61,21 +158,19 @@ def _decode_tbf(msg: Any) -> dict[str, Any]:
 _DECODERS: dict[str, Decoder] = {"htb": _decode_htb, "tbf": _decode_tbf}
 
 
-def describe_qdisc(msg: Any, decoders: dict[str, Decoder]) -> dict[str, Any]:
+def describe_qdisc(msg: Any, decoders: dict[str, Decoder]) -> QdiscView:
     kind = msg.get_attr("TCA_KIND")
-    view: dict[str, Any] = {"kind": kind, "handle": fmt_handle(msg["handle"]),
-                            "parent": fmt_handle(msg["parent"])}
     decoder = decoders.get(kind) or _DECODERS.get(kind)
-    if decoder is not None:
-        view["options"] = decoder(msg)
     stats = msg.get_attr("TCA_STATS")
-    if stats is not None:
-        view["stats"] = {"bytes": stats["bytes"], "packets": stats["packets"],
-                         "drops": stats["drop"]}
-    return view
+    return QdiscView(
+        kind=kind, handle=fmt_handle(msg["handle"]), parent=fmt_handle(msg["parent"]),
+        options=decoder(msg) if decoder is not None else None,
+        stats=None if stats is None else QdiscStats(bytes=stats["bytes"],
+                                                    packets=stats["packets"],
+                                                    drops=stats["drop"]))
 
 
-def _u32_keys(sel: Any) -> list[str]:
+def _u32_keys(sel: Any) -> tuple[str, ...]:
     """A dumped u32 selector's keys as ``tc filter show`` prints them ("val/mask at off").
 
     Read from the raw attribute: pyroute2 0.9.7 decodes the keys from the wrong offset.
@@ -86,25 +181,28 @@ def _u32_keys(sel: Any) -> list[str]:
         mask, val = struct.unpack_from(">II", raw, 16 + 16 * i)
         (off,) = struct.unpack_from("=i", raw, 16 + 16 * i + 8)
         keys.append(f"{val:08x}/{mask:08x} at {off}")
-    return keys
+    return tuple(keys)
 
 
-def describe_filter(msg: Any) -> dict[str, Any]:
-    opts = msg.get_attr("TCA_OPTIONS")
-    view: dict[str, Any] = {"kind": msg.get_attr("TCA_KIND"), "pref": filter_pref(msg),
-                            "protocol": f"{socket.ntohs(int(msg['info']) & 0xFFFF):#06x}",
-                            "parent": fmt_handle(msg["parent"])}
-    classid = opts.get_attr("TCA_U32_CLASSID")
-    if classid:
-        view["flowid"] = fmt_handle(classid)
-    view["keys"] = _u32_keys(opts.get_attr("TCA_U32_SEL"))
+def _mirred(opts: Any) -> MirredAction | None:
+    """The (last) mirred action of a u32 filter's options, if it has one."""
+    found = None
     act = opts.get_attr("TCA_U32_ACT")
     for _, action in (act or {}).get("attrs", []):
         if action.get_attr("TCA_ACT_KIND") == "mirred":
             parms = action.get_attr("TCA_ACT_OPTIONS").get_attr("TCA_MIRRED_PARMS")
-            view["action"] = {"kind": "mirred", "eaction": parms["eaction"],
-                              "ifindex": parms["ifindex"]}
-    return view
+            found = MirredAction(eaction=parms["eaction"], ifindex=parms["ifindex"])
+    return found
+
+
+def describe_filter(msg: Any) -> FilterView:
+    opts = msg.get_attr("TCA_OPTIONS")
+    classid = opts.get_attr("TCA_U32_CLASSID")
+    return FilterView(
+        kind=msg.get_attr("TCA_KIND"), pref=filter_pref(msg),
+        protocol=f"{socket.ntohs(int(msg['info']) & 0xFFFF):#06x}",
+        parent=fmt_handle(msg["parent"]), keys=_u32_keys(opts.get_attr("TCA_U32_SEL")),
+        flowid=fmt_handle(classid) if classid else None, action=_mirred(opts))
 
 
 def _u32_nodes(ipr: IPRoute, index: int, parent: int, prefs: Sequence[int]) -> list[Any]:
@@ -114,23 +212,30 @@ def _u32_nodes(ipr: IPRoute, index: int, parent: int, prefs: Sequence[int]) -> l
             and f.get_attr("TCA_OPTIONS").get_attr("TCA_U32_SEL") is not None]
 
 
-def read_hop(ipr: IPRoute, st: dict[str, Any], decoders: dict[str, Decoder]) -> dict[str, Any]:
+def _read_ifb_hop(ipr: IPRoute, index: int, st: HopState,
+                  decoders: dict[str, Decoder]) -> HopReadback:
+    assert st.ifb is not None, "read a hop back only once apply has planned it"
+    ifb = link_index(ipr, st.netns, st.ifb)
+    return HopReadback(
+        netns=st.netns, ifname=st.ifname, ifb=st.ifb,
+        qdiscs=tuple(describe_qdisc(q, decoders) for q in qdiscs(ipr, ifb)
+                     if q["handle"] >> 16 in st.leaf_majors),
+        filters=tuple(describe_filter(f) for f in
+                      _u32_nodes(ipr, index, INGRESS_HANDLE, st.ingress_prefs)))
+
+
+def read_hop(ipr: IPRoute, st: HopState, decoders: dict[str, Decoder]) -> HopReadback:
     """The kernel's own view of what this fault installed on one hop."""
-    index = link_index(ipr, st.get("netns"), st["ifname"])
-    view: dict[str, Any] = {"netns": st.get("netns"), "ifname": st["ifname"]}
-    majors = st["leaf_majors"]
-    if st.get("via_ifb"):
-        ifb = link_index(ipr, st.get("netns"), st["ifb"])
-        return {**view, "ifb": st["ifb"],
-                "qdiscs": [describe_qdisc(q, decoders) for q in qdiscs(ipr, ifb)
-                           if q["handle"] >> 16 in majors],
-                "filters": [describe_filter(f) for f in
-                            _u32_nodes(ipr, index, INGRESS_HANDLE, st["ingress_prefs"])]}
-    classid = ROOT_HANDLE | st["class_minor"]
-    return {**view,
-            "qdiscs": [describe_qdisc(q, decoders) for q in qdiscs(ipr, index)
-                       if q["handle"] == ROOT_HANDLE or q["handle"] >> 16 in majors],
-            "classes": [{"classid": fmt_handle(c["handle"]), **_decode_htb(c)}
-                        for c in classes(ipr, index) if c["handle"] in (classid, DEFAULT_CLASS)],
-            "filters": [describe_filter(f) for f in
-                        _u32_nodes(ipr, index, ROOT_HANDLE, st["prefs"])]}
+    index = link_index(ipr, st.netns, st.ifname)
+    if st.via_ifb:
+        return _read_ifb_hop(ipr, index, st, decoders)
+    assert st.class_minor is not None, "read a hop back only once apply has planned it"
+    classid = ROOT_HANDLE | st.class_minor
+    return HopReadback(
+        netns=st.netns, ifname=st.ifname,
+        qdiscs=tuple(describe_qdisc(q, decoders) for q in qdiscs(ipr, index)
+                     if q["handle"] == ROOT_HANDLE or q["handle"] >> 16 in st.leaf_majors),
+        classes=tuple(ClassView(classid=fmt_handle(c["handle"]), options=_decode_htb(c))
+                      for c in classes(ipr, index) if c["handle"] in (classid, DEFAULT_CLASS)),
+        filters=tuple(describe_filter(f) for f in
+                      _u32_nodes(ipr, index, ROOT_HANDLE, st.prefs)))

@@ -3,8 +3,8 @@ and checking that none of it is left."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import ParamSpec
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -25,12 +25,14 @@ from streamquake.faults.tc.netlink import (
     qdiscs,
 )
 from streamquake.faults.tc.netns import iproute, is_gone, netns_exists
+from streamquake.faults.tc.state import HopState
 
 _EINVAL = 22
+P = ParamSpec("P")
 
 
-def _step(removed: list[str], what: str, fn: Callable[..., Any], *args: Any,
-          **kwargs: Any) -> None:
+def _step(removed: list[str], what: str, fn: Callable[P, object], *args: P.args,
+          **kwargs: P.kwargs) -> None:
     """One removal step; an object that is already gone is not an error."""
     try:
         fn(*args, **kwargs)
@@ -41,16 +43,16 @@ def _step(removed: list[str], what: str, fn: Callable[..., Any], *args: Any,
     removed.append(what)
 
 
-def _remove_htb(ipr: IPRoute, index: int, st: dict[str, Any], removed: list[str]) -> None:
+def _remove_htb(ipr: IPRoute, index: int, st: HopState, removed: list[str]) -> None:
     root = qdisc_at(qdiscs(ipr, index), TC_H_ROOT)
     if root is None or root["handle"] != ROOT_HANDLE or root.get_attr("TCA_KIND") != "htb":
         return  # not ours (any more): nothing of ours can hang below it
-    dev = st["ifname"]
-    for pref in st.get("prefs", []):
+    dev = st.ifname
+    for pref in st.prefs:
         _step(removed, f"filter pref {pref} on {dev}", del_filters, ipr, index, ROOT_HANDLE,
               pref)
-    if "class_minor" in st:
-        classid = ROOT_HANDLE | st["class_minor"]
+    if st.class_minor is not None:
+        classid = ROOT_HANDLE | st.class_minor
         # Deleting the class deletes the leaf qdiscs hanging from it.
         _step(removed, f"class {fmt_handle(classid)} and its qdiscs on {dev}", ipr.tc,
               "del-class", None, index, classid, parent=ROOT_HANDLE)
@@ -60,61 +62,59 @@ def _remove_htb(ipr: IPRoute, index: int, st: dict[str, Any], removed: list[str]
               parent=TC_H_ROOT)
 
 
-def _remove_ingress(ipr: IPRoute, index: int, st: dict[str, Any], removed: list[str]) -> None:
-    dev = st["ifname"]
-    for pref in st.get("ingress_prefs", []):
+def _remove_ingress(ipr: IPRoute, index: int, st: HopState, removed: list[str]) -> None:
+    dev = st.ifname
+    for pref in st.ingress_prefs:
         _step(removed, f"ingress filter pref {pref} on {dev}", del_filters, ipr, index,
               INGRESS_HANDLE, pref)
     ingress = qdisc_at(qdiscs(ipr, index), TC_H_INGRESS)
     if (ingress is not None and ingress.get_attr("TCA_KIND") == "ingress"
-            and st.get("ingress_owned") and not filters(ipr, index, INGRESS_HANDLE)):
+            and st.ingress_owned and not filters(ipr, index, INGRESS_HANDLE)):
         _step(removed, f"ingress qdisc on {dev}", ipr.tc, "del", "ingress", index,
               INGRESS_HANDLE)
 
 
-def _remove_hop(st: dict[str, Any]) -> list[str]:
-    netns = st.get("netns")
+def _remove_hop(st: HopState) -> list[str]:
     removed: list[str] = []
-    if netns and not netns_exists(netns):
+    if st.netns and not netns_exists(st.netns):
         return removed  # the namespace is gone, and everything in it
-    with iproute(netns) as ipr:
-        found = ipr.link_lookup(ifname=st["ifname"])
-        if found and st.get("via_ifb"):
+    with iproute(st.netns) as ipr:
+        found = ipr.link_lookup(ifname=st.ifname)
+        if found and st.via_ifb:
             _remove_ingress(ipr, found[0], st, removed)
         elif found:
             _remove_htb(ipr, found[0], st, removed)
-        ifb = ipr.link_lookup(ifname=st["ifb"]) if st.get("ifb") else []
+        ifb = ipr.link_lookup(ifname=st.ifb) if st.ifb else []
         if ifb:
-            _step(removed, f"ifb {st['ifb']}", ipr.link, "del", index=ifb[0])
+            _step(removed, f"ifb {st.ifb}", ipr.link, "del", index=ifb[0])
     return removed
 
 
-def leftovers(st: dict[str, Any]) -> list[str]:
+def leftovers(st: HopState) -> list[str]:
     """This hop's own objects still in the kernel (none after a good revert)."""
-    netns = st.get("netns")
-    if netns and not netns_exists(netns):
+    if st.netns and not netns_exists(st.netns):
         return []
-    with iproute(netns) as ipr:
-        left = [f"ifb {st['ifb']}"] if st.get("ifb") and ipr.link_lookup(ifname=st["ifb"]) else []
-        found = ipr.link_lookup(ifname=st["ifname"])
+    with iproute(st.netns) as ipr:
+        left = [f"ifb {st.ifb}"] if st.ifb and ipr.link_lookup(ifname=st.ifb) else []
+        found = ipr.link_lookup(ifname=st.ifname)
         if not found:
             return left
         index = found[0]
-        if st.get("via_ifb"):
+        if st.via_ifb:
             return left + [f"ingress filter pref {filter_pref(f)}" for f in
                            filters(ipr, index, INGRESS_HANDLE)
-                           if filter_pref(f) in st.get("ingress_prefs", [])]
+                           if filter_pref(f) in st.ingress_prefs]
         present = qdiscs(ipr, index)
         root = qdisc_at(present, TC_H_ROOT)
         if root is None or root["handle"] != ROOT_HANDLE:
             return left
         left += [f"filter pref {filter_pref(f)}" for f in filters(ipr, index, ROOT_HANDLE)
-                 if filter_pref(f) in st.get("prefs", [])]
+                 if filter_pref(f) in st.prefs]
         return left + [f"qdisc {fmt_handle(q['handle'])}" for q in present
-                       if q["handle"] >> 16 in st.get("leaf_majors", [])]
+                       if q["handle"] >> 16 in st.leaf_majors]
 
 
-def remove_hops(hops: list[dict[str, Any]], timeout_s: float) -> list[str]:
+def remove_hops(hops: Sequence[HopState], timeout_s: float) -> list[str]:
     """Remove what ``hops`` (journal state) installed, newest hop first; check none is left."""
 
     def work() -> list[str]:
@@ -128,8 +128,7 @@ def remove_hops(hops: list[dict[str, Any]], timeout_s: float) -> list[str]:
     try:
         return run_with_deadline(work, timeout_s, "reverting the tc fault")
     except (NetlinkError, OSError, TimeoutError) as exc:
-        where = ", ".join(h["ifname"] + (f" (netns {h['netns']})" if h.get("netns") else "")
-                          for h in hops)
+        where = ", ".join(h.ifname + (f" (netns {h.netns})" if h.netns else "") for h in hops)
         raise RevertError(
             f"could not revert the tc fault on {where}: {exc}. It may still be in place: run "
             "`streamquake recover`, or remove it by hand (`tc qdisc del dev IFACE root` where "

@@ -29,19 +29,20 @@ when every filter on it is ours. Revert removes exactly the filters, class, leav
 made, then our root once no shaped class is left on it, and the ``ingress`` qdisc once no filter
 is left on it.
 
-The parts, with imports flowing one way: ``tc_netlink`` (requests, and the reserved handles
-and prefs above) underlies ``tc_readback`` (decoding the kernel's view), ``tc_probe``
-(preflight), ``tc_placement`` (hops, u32 selectors), ``tc_install`` (ownership checks, install;
-it takes ``tc_placement``'s Hop) and ``tc_remove``. Only this module ties them into one fault;
-none of them imports it.
+The parts, with imports flowing one way: ``netlink`` (requests, and the reserved handles and
+prefs above) underlies ``placement`` (hops, u32 selectors), ``state`` (``HopState``: what a hop
+holds, as the journal keeps it), ``readback`` (the kernel's view, ``HopReadback``), ``probe``
+(preflight), ``install`` (ownership checks, install; it takes ``placement``'s Hop and hands back
+the ``HopState`` it planned) and ``remove`` (from ``HopState`` alone). Only this module ties
+them into one fault; none of them imports it.
 """
 
 from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from pyroute2.netlink.exceptions import NetlinkError
 
@@ -57,10 +58,26 @@ from streamquake.faults.tc.placement import (
     u32_selectors,
 )
 from streamquake.faults.tc.probe import capability_problems
-from streamquake.faults.tc.readback import Decoder, read_hop
+from streamquake.faults.tc.readback import Decoder, HopReadback, read_hop
 from streamquake.faults.tc.remove import remove_hops
 from streamquake.faults.tc.spec import TcPlacement
+from streamquake.faults.tc.state import HopState, hops_from_json
 from streamquake.journal import JournalEntry
+from streamquake.jsontypes import JsonDict
+
+
+@dataclass(frozen=True, slots=True)
+class TcApplied:
+    """What ``ScopedTc.apply`` did: the hops (as journalled), the kernel's read-back of each,
+    and how long it took."""
+
+    hops: tuple[HopState, ...]
+    kernel: tuple[HopReadback, ...]
+    apply_ms: float
+
+    def to_json(self) -> JsonDict:
+        return {"hops": [h.to_json() for h in self.hops],
+                "kernel": [k.to_json() for k in self.kernel], "apply_ms": self.apply_ms}
 
 
 class ScopedTc:
@@ -75,7 +92,7 @@ class ScopedTc:
         self.placement = resolve_placement(placement, ctx)
         self.leaves = list(leaves)
         self.decoders = decoders or {}
-        self._hops: list[dict[str, Any]] = []
+        self._hops: list[HopState] = []
 
     def preflight(self) -> list[str]:
         problems = capability_problems({leaf.kind for leaf in self.leaves} | {"htb", "u32"})
@@ -96,7 +113,7 @@ class ScopedTc:
             problems.append(f"cannot find the route to the target {self.ctx.target_host}: {exc}")
         return problems
 
-    def apply(self, entry: JournalEntry) -> dict[str, Any]:
+    def apply(self, entry: JournalEntry) -> TcApplied:
         """Install on every hop; return the hops, the kernel's read-back, and apply_ms."""
         started = time.perf_counter()
         try:
@@ -109,39 +126,43 @@ class ScopedTc:
                 raise InjectorError(f"could not apply the tc fault: {exc}") from exc
             raise
         apply_ms = (time.perf_counter() - started) * 1000
-        return {"hops": self.hop_states(), "kernel": self.read_back(), "apply_ms": apply_ms}
+        return TcApplied(tuple(self._hops), self.read_back(), apply_ms)
 
     def _apply(self, entry: JournalEntry) -> None:
         hops = plan_hops(self.ctx, self.placement)
         addrs = resolve_addresses(self.ctx.target_host)
         for hop in hops:
-            st: dict[str, Any] = {"netns": hop.netns, "ifname": hop.ifname, "match": hop.match,
-                                  "via_ifb": hop.via_ifb}
-            self._hops.append(st)
+            self._hops.append(HopState.bare(hop))
             install = install_ifb if hop.via_ifb else install_htb
             with iproute(hop.netns) as ipr:
-                install(ipr, hop, st, self.leaves,
+                install(ipr, hop, self.leaves,
                         u32_selectors(addrs, self.ctx.target_port, hop.match),
-                        lambda: entry.save({"hops": self._hops}))
+                        lambda st: self._record(entry, st))
 
-    def hop_states(self) -> list[dict[str, Any]]:
-        return [dict(h) for h in self._hops]
+    def _record(self, entry: JournalEntry, st: HopState) -> None:
+        """The hop being installed is now ``st``: journal every hop before it changes anything."""
+        self._hops[-1] = st
+        entry.save({"hops": [h.to_json() for h in self._hops]})
 
-    def read_back(self) -> list[dict[str, Any]]:
+    def hop_states(self) -> list[HopState]:
+        return list(self._hops)
+
+    def read_back(self) -> tuple[HopReadback, ...]:
         views = []
         for st in self._hops:
-            with iproute(st.get("netns")) as ipr:
+            with iproute(st.netns) as ipr:
                 views.append(read_hop(ipr, st, self.decoders))
-        return views
+        return tuple(views)
 
-    def revert(self) -> dict[str, Any]:
+    def revert(self) -> JsonDict:
         """Remove what apply installed; idempotent, and fine after a partial apply."""
         started = time.perf_counter()
         removed = remove_hops(self._hops, self.revert_timeout_s) if self._hops else []
         self._hops = []
-        return {"removed": removed, "revert_ms": (time.perf_counter() - started) * 1000}
+        return {"removed": list(removed), "revert_ms": (time.perf_counter() - started) * 1000}
 
     @classmethod
-    def recover(cls, state: dict[str, Any]) -> str:
-        removed = remove_hops(state.get("hops", []), cls.revert_timeout_s)
+    def recover(cls, state: Mapping[str, object]) -> str:
+        """Undo a fault from its journal state alone (``{"hops": [...]}``, any version's)."""
+        removed = remove_hops(hops_from_json(state.get("hops")), cls.revert_timeout_s)
         return ("removed " + "; ".join(removed)) if removed else "nothing of it was left"

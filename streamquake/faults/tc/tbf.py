@@ -6,8 +6,6 @@ hangs under the tbf, so the path keeps its latency while its bandwidth is limite
 
 from __future__ import annotations
 
-from typing import Any
-
 from pyroute2 import IPRoute
 
 from streamquake.errors import InjectorError
@@ -22,9 +20,12 @@ from streamquake.faults.tc.netem import (
 from streamquake.faults.tc.scope import ScopedTc
 from streamquake.faults.tc.spec import TbfFault, network_profile_fault
 from streamquake.journal import JournalEntry
+from streamquake.jsontypes import JsonDict
 
 
 class TbfInjector:
+    type_name = "tbf"
+
     def __init__(self, spec: TbfFault, ctx: RunContext) -> None:
         self.spec = spec
         self.ctx = ctx
@@ -47,22 +48,22 @@ class TbfInjector:
     def preflight(self) -> list[str]:
         return self._tc.preflight()
 
-    def apply(self, entry: JournalEntry) -> dict[str, Any]:
-        result = self._tc.apply(entry)
-        for hop in result["kernel"]:
-            got = [q.get("options", {}) for q in hop.get("qdiscs", []) if q["kind"] == "tbf"]
+    def apply(self, entry: JournalEntry) -> JsonDict:
+        applied = self._tc.apply(entry)
+        for hop in applied.kernel:
+            got = [q.options or {} for q in hop.qdiscs if q.kind == "tbf"]
             if not got or got[0].get("rate_bytes_per_s") != round(self.spec.rate_bytes_per_s):
                 self.revert()
                 raise InjectorError(
-                    f"the kernel does not hold the tbf rate that was sent on {hop['ifname']} "
+                    f"the kernel does not hold the tbf rate that was sent on {hop.ifname} "
                     f"(read back: {got or 'no tbf qdisc found'}); the fault was reverted"
                 )
-        return {"configured": self.describe(), **result}
+        return applied.to_json()   # the configured view is describe()'s, in the record once
 
-    def revert(self) -> dict[str, Any]:
+    def revert(self) -> JsonDict:
         return self._tc.revert()
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonDict:
         s = self.spec
         placement = self._tc.placement
         return {
@@ -74,5 +75,5 @@ class TbfInjector:
         }
 
     @classmethod
-    def recover(cls, state: dict[str, Any]) -> str:
+    def recover(cls, state: dict[str, object]) -> str:
         return "tbf fault: " + ScopedTc.recover(state)
