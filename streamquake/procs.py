@@ -19,15 +19,18 @@ _PR_SET_PDEATHSIG = 1
 
 
 def _die_with_parent() -> None:
-    # The kernel sends SIGTERM to the child when the thread that forked it dies, even by SIGKILL.
+    # The kernel kills the child when the thread that forked it dies, even by SIGKILL. SIGKILL,
+    # not SIGTERM: a runner that is gone cannot score anything, so a graceful drain (Locust
+    # finishing its streams, the proxy its connections) would only keep load flowing at a
+    # target, and keep a dying proxy's control port half-open for `recover`, for seconds.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     # Own process group, so a terminal's Ctrl-C reaches the runner first and the runner decides.
     os.setpgrp()
 
 
 def spawn(cmd: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
-    """Start ``cmd`` as a child that is sent SIGTERM if this process dies."""
+    """Start ``cmd`` as a child that is killed (SIGKILL) if this process dies."""
     return subprocess.Popen(list(cmd), preexec_fn=_die_with_parent, **popen_kwargs)
 
 

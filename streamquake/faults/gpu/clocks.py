@@ -36,6 +36,7 @@ from streamquake.faults.gpu.nvml import (
 )
 from streamquake.faults.gpu.spec import GpuClocksFault
 from streamquake.journal import JournalEntry
+from streamquake.killpoints import killpoint
 
 _NOT_SUPPORTED = 3
 _Op = Literal["sm_clocks", "mem_clocks", "power_limit"]
@@ -328,8 +329,10 @@ class GpuClocksInjector:
         for op in plan.ops():
             record["changed"].append(op)
             entry.save({"gpus": self._records})  # journaled before the driver is touched
+            killpoint("gpu.journalled")
             try:
                 _set(nv, gpu, op, plan)
+                killpoint("gpu.set")
             except nv.NVMLError as exc:
                 raise InjectorError(
                     explain(exc, _APPLY_OP[op], gpu, nv, plan.requested(op))

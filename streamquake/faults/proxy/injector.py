@@ -43,6 +43,9 @@ from streamquake.journal import JournalEntry
 CONTROL_PREFIX = "/_streamquake"
 _HTTP_TIMEOUT_S = 5.0
 _PREFLIGHT_TIMEOUT_S = 2.0
+# `recover` acts only on faults whose run is gone, so their proxy is gone or dying with it: a
+# short wait is enough to tell, and `recover` must finish within seconds.
+_RECOVER_TIMEOUT_S = 1.0
 _ENVELOPE = {"type", "name", "phase"}
 
 
@@ -51,6 +54,10 @@ _ENVELOPE = {"type", "name", "phase"}
 
 class ProxyUnreachable(Exception):
     """Nothing answers at the control URL (connection refused, host gone)."""
+
+
+class ProxyTimeout(InjectorError):
+    """The control URL accepted a connection but did not answer in time."""
 
 
 def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:
@@ -71,12 +78,12 @@ def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) 
         if isinstance(exc.reason, ConnectionRefusedError | FileNotFoundError):
             raise ProxyUnreachable(str(exc.reason)) from exc
         if isinstance(exc.reason, TimeoutError):
-            raise InjectorError(
+            raise ProxyTimeout(
                 f"the SSE proxy at {url} did not answer within {timeout_s:.0f} s"
             ) from exc
         raise InjectorError(f"cannot reach the SSE proxy at {url}: {exc.reason}") from exc
     except TimeoutError as exc:
-        raise InjectorError(
+        raise ProxyTimeout(
             f"the SSE proxy at {url} did not answer within {timeout_s:.0f} s"
         ) from exc
     except ConnectionResetError as exc:
@@ -166,9 +173,13 @@ class SSEProxyInjector:
         if not url or not name:
             return "nothing to undo: the fault was never sent to a proxy"
         try:
-            answer = _delete(url, name)
+            answer = _call("DELETE", _fault_url(url, name), None, _RECOVER_TIMEOUT_S)
         except ProxyUnreachable:
             return f"fault '{name}' ended with its proxy process ({url} no longer answers)"
+        except ProxyTimeout:
+            return (f"skipped fault '{name}': its proxy at {url} did not answer within "
+                    f"{_RECOVER_TIMEOUT_S:g} s (a dying process, whose run is gone); the fault "
+                    "ends with that process")
         except InjectorError as exc:
             raise RevertError(
                 f"could not remove fault '{name}' from the SSE proxy at {url}: {exc}; stop the "

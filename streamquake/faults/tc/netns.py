@@ -32,6 +32,7 @@ from streamquake.errors import InjectorError, RevertError
 from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
+from streamquake.killpoints import killpoint
 
 TOPOLOGY_JOURNAL_TYPE = "netns"
 NETNS_DIR = Path(pr_netns.NETNS_RUN_DIR)
@@ -206,6 +207,7 @@ class NamespaceTopology:
             self.subnet = _pick_subnet(ipr)
             # Journal first: a kill from here on leaves enough behind for recover().
             self._entry = self._journal.add(TOPOLOGY_JOURNAL_TYPE, self.netns, self.state())
+            killpoint("netns.journalled")
             pr_netns.create(self.netns)
             ipr.link("add", ifname=self.host_ifname, kind="veth",
                      peer={"ifname": self.target_ifname})
@@ -219,6 +221,7 @@ class NamespaceTopology:
             idx = nsr.link_lookup(ifname=self.target_ifname)[0]
             nsr.addr("add", index=idx, address=self.target_addr, prefixlen=30)
             nsr.link("set", index=idx, state="up")
+        killpoint("netns.created")
 
     def destroy(self) -> JsonDict:
         """Remove the namespace and the veth pair. Idempotent; raises RevertError if it cannot."""

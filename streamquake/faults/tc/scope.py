@@ -64,6 +64,7 @@ from streamquake.faults.tc.spec import TcPlacement
 from streamquake.faults.tc.state import HopState, hops_from_json
 from streamquake.journal import JournalEntry
 from streamquake.jsontypes import JsonDict
+from streamquake.killpoints import killpoint
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,11 +139,13 @@ class ScopedTc:
                 install(ipr, hop, self.leaves,
                         u32_selectors(addrs, self.ctx.target_port, hop.match),
                         lambda st: self._record(entry, st))
+        killpoint("tc.installed")
 
     def _record(self, entry: JournalEntry, st: HopState) -> None:
         """The hop being installed is now ``st``: journal every hop before it changes anything."""
         self._hops[-1] = st
         entry.save({"hops": [h.to_json() for h in self._hops]})
+        killpoint("tc.journalled")
 
     def hop_states(self) -> list[HopState]:
         return list(self._hops)

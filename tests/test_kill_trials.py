@@ -1,0 +1,203 @@
+"""Kill trials: a run killed at the worst moments leaves nothing behind once `streamquake recover`
+has run, its children stop at once, and `recover` is quick.
+
+Faults: an SSE proxy fault, a tbf fault with the target in its own namespace (host kernel), a GPU
+clock lock (emulated driver). Kills: SIGKILL of the run, SIGKILL of its process group, SIGTERM
+twice (no recover needed: the run reverts), and SIGKILLs that the run delivers to itself at named
+points (streamquake/killpoints.py) between journaling a namespace, a qdisc or a clock lock and
+making it, and right after making it. A netem kill inside UML is in tests/uml. The longer
+profile is scripts/kill-trials.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, cli_cmd
+from tests.nvml_shim import FakeGpus
+from tests.test_network_cli import _ours_in_kernel
+
+TARGET = """
+target:
+  protocol: openai
+  embedded: {ttft: 30ms, itl: 5ms, output_tokens: {min: 20, max: 20}}
+  timeout: 10s
+load: {users: 3, think_time: {min: 20ms, max: 50ms}}
+phases: {warmup: 0.5s, baseline: 1s, fault: 60s, recovery: 1s}
+"""
+SCENARIOS = {
+    "proxy": "name: kill-proxy\n" + TARGET + (
+        "faults:\n  - {type: sse_proxy, name: drop, phase: fault, drop: 20%, delay: 5ms}\n"),
+    "tbf": "name: kill-tbf\n" + TARGET + (
+        "network: {mode: namespace, scope: target, direction: both}\n"
+        "faults:\n  - {type: tbf, name: thin, phase: fault, rate: 2mbit, burst: 16kb}\n"),
+    "gpu": "name: kill-gpu\n" + TARGET + (
+        "faults:\n  - {type: gpu_clocks, name: downclock, phase: fault, "
+        "sm_clocks_mhz: [500, 800]}\n"),
+}
+RECOVER_BOUND_S = 5.0   # the defect was 20 s, blocked on a dying proxy; typical is well under 2 s
+REPEAT = int(os.environ.get("STREAMQUAKE_KILL_TRIALS_REPEAT", "1"))   # scripts/kill-trials
+TIMES_LOG = os.environ.get("STREAMQUAKE_KILL_TRIALS_LOG")             # recover times, one per line
+
+
+@dataclass
+class Trial:
+    proc: subprocess.Popen[str]
+    output: str
+
+
+def _descendants(pid: int) -> set[int]:
+    kids: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            child = int(stat.parent.name)
+            kids |= {child} | _descendants(child)
+    return kids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in ("Z", "X")
+
+
+def _start(kind: str, tmp_path: Path, env: dict[str, str],
+           kill_at: str | None = None) -> subprocess.Popen[str]:
+    scenario = tmp_path / f"{kind}.yaml"
+    scenario.write_text(SCENARIOS[kind])
+    if kill_at:
+        env = {**env, "STREAMQUAKE_KILL_AT": kill_at}
+    return subprocess.Popen(cli_cmd("run", str(scenario), "--out", str(tmp_path / "out")),
+                            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+
+
+def _wait_for_fault(proc: subprocess.Popen[str]) -> None:
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen.append(proc.stdout.readline())
+        if "fault applied" in seen[-1]:
+            return
+        if not seen[-1] and proc.poll() is not None:
+            break
+    proc.kill()
+    pytest.fail("the run never applied its fault:\n" + "".join(seen))
+
+
+def _recover(env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
+    started = time.monotonic()
+    done = subprocess.run(cli_cmd("recover"), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=60)
+    took = time.monotonic() - started
+    if TIMES_LOG:
+        with open(TIMES_LOG, "a") as log:
+            log.write(f"{took:.3f}\n")
+    return done, took
+
+
+def _journal(state_dir: Path) -> list[dict[str, object]]:
+    path = state_dir / "journal.json"
+    return json.loads(path.read_text()) if path.exists() else []
+
+
+@pytest.fixture
+def gpus(tmp_path: Path) -> FakeGpus:
+    return FakeGpus(tmp_path / "nvml-state.txt", gpu_count=1)
+
+
+def _env(kind: str, gpus: FakeGpus, state_dir: Path) -> dict[str, str]:
+    if kind == "gpu":
+        return gpus.env(STREAMQUAKE_STATE_DIR=str(state_dir))
+    return {**os.environ, "STREAMQUAKE_STATE_DIR": str(state_dir)}
+
+
+def _check_clean(kind: str, gpus: FakeGpus, original_gpus: str, before: set[str],
+                 state_dir: Path) -> None:
+    assert _journal(state_dir) == []
+    assert _ours_in_kernel() - before == set()
+    if kind == "gpu":
+        assert gpus.text() == original_gpus
+
+
+# 14 trials of a live fault and 6 kill points: 20 in the suite (times REPEAT in the script).
+LIVE = [("proxy", "kill"), ("proxy", "killpg"), ("proxy", "term2"),
+        ("proxy", "kill"), ("proxy", "killpg"), ("proxy", "term2"),
+        ("tbf", "kill"), ("tbf", "killpg"), ("tbf", "term2"),
+        ("gpu", "kill"), ("gpu", "killpg"), ("gpu", "term2"), ("tbf", "kill"), ("gpu", "kill")
+        ] * REPEAT
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("kind", "how"), LIVE, ids=[f"{k}-{h}-{i}" for i, (k, h) in
+                                                      enumerate(LIVE)])
+def test_a_killed_run_leaves_nothing(kind: str, how: str, tmp_path: Path, state_dir: Path,
+                                     gpus: FakeGpus) -> None:
+    env = _env(kind, gpus, state_dir)
+    before, original_gpus = _ours_in_kernel(), gpus.text()
+    proc = _start(kind, tmp_path, env)
+    _wait_for_fault(proc)
+    children = _descendants(proc.pid)
+    assert children, "the run has a target and a load generator"
+    if how == "kill":
+        proc.send_signal(signal.SIGKILL)
+    elif how == "killpg":
+        os.killpg(proc.pid, signal.SIGKILL)
+    else:
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(0.05)
+        proc.send_signal(signal.SIGTERM)       # a second SIGTERM must not cut the revert short
+    proc.communicate(timeout=60)
+    # Children of a dead run stop at once: no graceful drain while load keeps flowing.
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and any(_alive(c) for c in children):
+        time.sleep(0.05)
+    assert not [c for c in children if _alive(c)], "children outlived the run by 2 s"
+    if how == "term2":
+        assert proc.returncode == 143
+    else:
+        assert proc.returncode == -signal.SIGKILL
+        assert _journal(state_dir), "a killed run leaves its journal for recover"
+        recovered, took = _recover(env)
+        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+        assert took < RECOVER_BOUND_S, (took, recovered.stdout)
+    _check_clean(kind, gpus, original_gpus, before, state_dir)
+
+
+KILL_POINTS = [("tbf", "netns.journalled"), ("tbf", "netns.created"),
+               ("tbf", "tc.journalled"), ("tbf", "tc.installed"),
+               ("gpu", "gpu.journalled"), ("gpu", "gpu.set")] * REPEAT
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("kind", "point"), KILL_POINTS,
+                         ids=[f"{p}-{i}" for i, (_, p) in enumerate(KILL_POINTS)])
+def test_a_kill_between_journal_and_change_is_recovered(
+        kind: str, point: str, tmp_path: Path, state_dir: Path, gpus: FakeGpus) -> None:
+    env = _env(kind, gpus, state_dir)
+    before, original_gpus = _ours_in_kernel(), gpus.text()
+    proc = _start(kind, tmp_path, env, kill_at=point)
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == -signal.SIGKILL, out   # it died at the point, nowhere else
+    assert _journal(state_dir), out
+    recovered, took = _recover(env)
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert took < RECOVER_BOUND_S, (took, recovered.stdout)
+    _check_clean(kind, gpus, original_gpus, before, state_dir)
+    again, _ = _recover(env)
+    assert again.returncode == 0 and "nothing to recover" in again.stdout
