@@ -18,7 +18,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 UML_TIMEOUT_S = 360
-MIN_INNER_TESTS = 13
+MIN_INNER_TESTS = 15
 
 
 @pytest.mark.timeout(UML_TIMEOUT_S + 30)

@@ -75,6 +75,7 @@ class Ledger:
             record.error = f"apply failed: {exc}"
             raise
         record.applied_at = time.time()
+        record.configured = fault.describe()   # complete now (netem: the table that was sent)
         self.events.emit(FaultApplied(record))
 
     def _revert(self, record: FaultRecord, injector: Injector, entry: JournalEntry) -> None:

@@ -133,8 +133,10 @@ class Applied:
 
     def __enter__(self) -> dict[str, Any]:
         assert self.injector.preflight() == []
-        # The configured view is the record's (describe); apply returns what the kernel holds.
-        return {"configured": self.injector.describe(), **self.injector.apply(self.entry)}
+        # The configured view is the record's (describe, complete once applied); apply returns
+        # what the kernel holds.
+        applied = self.injector.apply(self.entry)
+        return {"configured": self.injector.describe(), **applied}
 
     def __exit__(self, *exc: object) -> None:
         self.reverted = self.injector.revert()

@@ -98,3 +98,24 @@ def test_sigkill_under_netem_then_recover(tmp_path: Path, state_dir: Path) -> No
     gone = subprocess.run(["ip", "link", "show", topology["host_ifname"]], capture_output=True)
     assert gone.returncode != 0
     assert json.loads((state_dir / "journal.json").read_text()) == []
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("point", ["tc.journalled", "tc.installed"])
+def test_netem_killed_between_journal_and_qdisc_is_recovered(
+        point: str, tmp_path: Path, state_dir: Path) -> None:
+    scenario = tmp_path / "kill.yaml"
+    scenario.write_text(SHORT)
+    env = {**os.environ, "STREAMQUAKE_KILL_AT": point}
+    proc = subprocess.run(cli_cmd("run", str(scenario), "--out", str(tmp_path / "out")),
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=100)
+    assert proc.returncode == -9, proc.stdout[-2000:] + proc.stderr[-2000:]
+    journal = json.loads((state_dir / "journal.json").read_text())
+    assert sorted(e["type"] for e in journal) == ["netem", "netns"]
+    started = time.monotonic()
+    recovered = run_cli("recover", timeout=60)
+    took = time.monotonic() - started
+    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert took < 5.0, took
+    assert _namespaces() == set()
+    assert json.loads((state_dir / "journal.json").read_text()) == []
