@@ -37,9 +37,9 @@ def rank_bounds(n: int, p: float, confidence: float = 0.95) -> tuple[int | None,
     if n > _EXACT_UP_TO:
         mean, sd = n * p, math.sqrt(n * p * (1 - p))
         half = _z(confidence) * sd
-        low = math.floor(mean - half)
-        up = math.ceil(mean + half) + 1
-        return (low if low >= 1 else None), (up if up <= n else None)
+        lo_rank = math.floor(mean - half)
+        up_rank = math.ceil(mean + half) + 1
+        return (lo_rank if lo_rank >= 1 else None), (up_rank if up_rank <= n else None)
     # cdf[k] = P(B <= k), by the pmf recurrence in log space to stay finite for large n.
     log_p, log_q = math.log(p), math.log1p(-p)
     log_pmf = n * log_q
@@ -49,12 +49,12 @@ def rank_bounds(n: int, p: float, confidence: float = 0.95) -> tuple[int | None,
         cdf.append(min(1.0, total))
         if k < n:
             log_pmf += math.log(n - k) - math.log(k + 1) + log_p - log_q
-    low = None
+    low: int | None = None
     for rank in range(n, 0, -1):                 # the largest l with P(B <= l - 1) <= tail
         if cdf[rank - 1] <= tail:
             low = rank
             break
-    up = None
+    up: int | None = None
     for rank in range(1, n + 1):                 # the smallest u with P(B >= u) <= tail
         if 1.0 - cdf[rank - 1] <= tail:
             up = rank
