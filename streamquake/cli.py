@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 
 from streamquake.errors import StreamquakeError
+
+if TYPE_CHECKING:
+    from streamquake.result import RunResult
 
 EXIT_CODES_HELP = """\
 Exit codes: 0 all SLOs met; 1 an SLO broken; 2 scenario or usage error;
@@ -48,37 +51,181 @@ def _fail(exc: StreamquakeError) -> None:
     raise typer.Exit(exc.exit_code)
 
 
+def _print_problems(exc: StreamquakeError) -> None:
+    if _state["debug"]:
+        err_console.print_exception()
+    for line in getattr(exc, "problems", None) or [str(exc)]:
+        err_console.print(f"Error: {line}", markup=False, highlight=False, soft_wrap=True)
+
+
 @app.command(epilog=EXIT_CODES_HELP)
 def run(
     scenario_file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
     out: Annotated[
-        Path, typer.Option("--out", help="Directory for report.json, junit.xml, summary.md.")
+        Path, typer.Option("--out", help="Directory for report.json, junit.xml, summary.md, "
+                           "report.html, timeline.csv, samples.csv (written on every exit).")
     ] = Path("out"),
+    history: Annotated[
+        Path | None, typer.Option("--history", help="Append this run to a SQLite history "
+                                  "store (created if missing); report.html shows the trend.")
+    ] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option("--metrics-port", help="Serve Prometheus metrics on this port "
+                                 "while the run lasts (0: any free port; the URL is printed).")
+    ] = None,
+    metrics_host: Annotated[
+        str, typer.Option("--metrics-host", help="Address for --metrics-port.")
+    ] = "127.0.0.1",
 ) -> None:
     """Run a scenario: baseline, fault, recovery; print verdicts; write reports."""
-    from streamquake.events import Events
-    from streamquake.reports.json_report import write_json
-    from streamquake.reports.junit import write_junit
-    from streamquake.reports.live import attach_live_log
-    from streamquake.reports.markdown import write_markdown
-    from streamquake.reports.terminal import print_result
-    from streamquake.run.runner import Runner
-    from streamquake.scenario import load_scenario
+    import time
 
+    from streamquake.events import Events
+    from streamquake.reports.live import attach_live_log
+    from streamquake.reports.outputs import write_reports
+    from streamquake.reports.terminal import print_result
+    from streamquake.run.failed import failed_result
+    from streamquake.run.runner import Runner
+    from streamquake.scenario import Scenario, load_scenario
+
+    started = time.time()
+    scenario: Scenario | None = None
+    result: RunResult | None = None
+    metrics = None
     try:
         scenario = load_scenario(scenario_file)
         events = Events()
         attach_live_log(events, console)
-        result = Runner(scenario, str(scenario_file), out, events=events).run()
+        runner = Runner(scenario, str(scenario_file), out, events=events)
+        if metrics_port is not None:
+            from streamquake.metrics_server import MetricsServer
+
+            metrics = MetricsServer(scenario.name, runner.work_dir / "samples", metrics_port,
+                                    metrics_host)
+            metrics.attach(events)
+            metrics.start()
+            console.print(f"serving Prometheus metrics at {metrics.url}", highlight=False)
+        result = runner.run()
+    except StreamquakeError as exc:
+        _print_problems(exc)
+        result = failed_result(scenario_file, scenario, exc, started)
+    finally:
+        if metrics is not None:
+            metrics.stop()
+    assert result is not None
+    if history is not None:
+        _record_history(history, result, out)
+    print_result(result, console)
+    for path in write_reports(result, out):
+        size = f" ({path.stat().st_size / 1024:.0f} KB)" if path.suffix == ".html" else ""
+        console.print(f"wrote {path}{size}", highlight=False)
+    raise typer.Exit(result.exit_code)
+
+
+def _record_history(path: Path, result: RunResult, out: Path) -> None:
+    """Append the run and load its scenario's trend; a store that fails is a warning, not a
+    reason to lose the run's reports."""
+    from streamquake.history import append_run, trend
+
+    try:
+        run_id = append_run(path, result, (out / "report.json").resolve())
+        result.trend = trend(path, result)
+        console.print(f"history: run {run_id} appended to {path}", highlight=False)
+    except StreamquakeError as exc:
+        result.errors.append(str(exc))
+
+
+@app.command(epilog="Exit codes: 0 no regression; 1 a metric is worse beyond the tolerance; "
+             "2 usage error (a report that cannot be read).")
+def compare(
+    a: Annotated[Path, typer.Argument(help="Run A (the reference): an --out directory or its "
+                                      "report.json.")],
+    b: Annotated[Path, typer.Argument(help="Run B (the candidate).")],
+    tolerance: Annotated[
+        str, typer.Option(help="Changes within this share of A are 'same' (e.g. 10%).")
+    ] = "10%",
+    confidence: Annotated[float, typer.Option(help="Confidence of the intervals.")] = 0.95,
+    resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 1000,
+    markdown: Annotated[
+        Path | None, typer.Option("--markdown", help="Also write the comparison as Markdown "
+                                  "(for a merge-request comment).")
+    ] = None,
+    json_out: Annotated[
+        Path | None, typer.Option("--json", help="Also write the comparison as JSON.")
+    ] = None,
+) -> None:
+    """Compare two runs per phase and metric: B - A with a bootstrap confidence interval and a
+    verdict better / same / worse beyond a tolerance. Exits 1 on a regression."""
+    import json
+
+    from streamquake.errors import ScenarioError
+    from streamquake.reports.compare import compare as compare_runs
+    from streamquake.reports.compare import markdown as compare_markdown
+    from streamquake.reports.compare import to_json
+    from streamquake.reports.compare_terminal import print_comparison
+    from streamquake.reports.loaded import load_run
+
+    try:
+        tol = _share(tolerance, "--tolerance")
+        if not 0 < confidence < 1:
+            raise ScenarioError("--confidence must be between 0 and 1, e.g. 0.95")
+        comparison = compare_runs(load_run(a), load_run(b), tolerance=tol, confidence=confidence,
+                                  resamples=max(0, resamples))
     except StreamquakeError as exc:
         _fail(exc)
         return
-    out.mkdir(parents=True, exist_ok=True)
-    print_result(result, console)
-    for path in (write_json(result, out / "report.json"), write_junit(result, out / "junit.xml"),
-                 write_markdown(result, out / "summary.md")):
-        console.print(f"wrote {path}", highlight=False)
-    raise typer.Exit(result.exit_code)
+    print_comparison(comparison, console)
+    if markdown is not None:
+        markdown.write_text(compare_markdown(comparison))
+        console.print(f"wrote {markdown}", highlight=False)
+    if json_out is not None:
+        json_out.write_text(json.dumps(to_json(comparison), indent=2))
+        console.print(f"wrote {json_out}", highlight=False)
+    raise typer.Exit(1 if comparison.worse else 0)
+
+
+@app.command("history", epilog="Exit codes: 0 no regression in the latest runs; 1 a latest "
+             "run regressed against its rolling baseline; 2 usage error; 3 the store cannot be "
+             "read.")
+def history_cmd(
+    store: Annotated[Path, typer.Argument(help="The SQLite file given to `run --history`.")],
+    scenario: Annotated[
+        str | None, typer.Option(help="Only this scenario (default: every scenario).")
+    ] = None,
+    window: Annotated[
+        int, typer.Option(help="Rolling baseline: the median of this many runs before the "
+                          "latest.")
+    ] = 5,
+    tolerance: Annotated[str, typer.Option(help="Allowed change against the baseline.")] = "10%",
+    last: Annotated[int, typer.Option(help="Runs to show per scenario.")] = 10,
+) -> None:
+    """Trends per scenario from the history store; flags a latest run that regressed against
+    the median of the runs before it."""
+    from streamquake.history import read_runs
+    from streamquake.reports.history_terminal import print_history
+
+    try:
+        tol = _share(tolerance, "--tolerance")
+        runs = read_runs(store, scenario)
+    except StreamquakeError as exc:
+        _fail(exc)
+        return
+    regressed = print_history(runs, console, window=max(1, window), tolerance=tol,
+                              last=max(1, last))
+    raise typer.Exit(1 if regressed else 0)
+
+
+def _share(text: str, option: str) -> float:
+    from streamquake.errors import ScenarioError
+
+    raw = text.strip()
+    try:
+        value = float(raw[:-1]) / 100 if raw.endswith("%") else float(raw)
+    except ValueError:
+        raise ScenarioError(f"{option}: {text!r} is not a share; write e.g. 10% or 0.1") from None
+    if not 0 <= value < 10:
+        raise ScenarioError(f"{option}: {text!r} is out of range; write e.g. 10%")
+    return value
 
 
 @app.command(epilog=EXIT_CODES_HELP)

@@ -23,6 +23,7 @@ class Check:
     cls: str | None = None
     percentile: float | None = None
     detail: str = ""
+    ran: bool = True               # False: its phase never started (the run stopped before it)
 
 
 @dataclass
@@ -37,6 +38,7 @@ class FaultRecord:
     reverted: JsonDict | None = None
     owner: str = ""                # host:pid of the process that applied it
     error: str | None = None
+    at: str = "local"              # where it ran: "local" or the agent's name (scenario agents)
 
 
 @dataclass
@@ -46,6 +48,43 @@ class PhaseResult:
     end: float
     stats: JsonDict
     classes: dict[str, JsonDict] = field(default_factory=dict)
+    status: str = "complete"       # "complete" | "partial" (the run stopped in it) | "not run"
+
+
+@dataclass
+class SecondStats:
+    """One second of the run. Each request counts in the second it was sent (due, in open
+    loop), the same rule that assigns it to a phase; percentiles are exact over the values of
+    that second, and ``n`` says how many values stand behind each."""
+
+    t: float                                   # start of the second, s after the first phase
+    phase: str
+    sent: int                                  # requests sent in this second
+    errors: int                                # of those, failed
+    in_flight: int                             # streams open at the middle of this second
+    p50: dict[str, float | None] = field(default_factory=dict)   # metric -> value
+    p95: dict[str, float | None] = field(default_factory=dict)
+    n: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass
+class Cdf:
+    """A phase's latency distribution from its HDR histogram: (percentile, value) points."""
+
+    phase: str
+    metric: str
+    count: int
+    points: list[tuple[float, float]] = field(default_factory=list)
+
+
+@dataclass
+class TrendPoint:
+    """One earlier (or this) run of the same scenario, from the history store."""
+
+    run_id: int
+    started_at: float
+    exit_code: int
+    values: dict[str, float | None] = field(default_factory=dict)   # "phase.metric.stat"
 
 
 @dataclass
@@ -64,10 +103,16 @@ class RunResult:
     telemetry: JsonDict = field(default_factory=dict)
     errors: list[str] = field(default_factory=list)
     exit_code: int = 0
+    failure: str | None = None                 # the run could not start, or stopped on an error
+    timeline: list[SecondStats] = field(default_factory=list)
+    cdfs: list[Cdf] = field(default_factory=list)
+    environment: dict[str, str] = field(default_factory=dict)   # host, python, scenario hash
+    trend: list[TrendPoint] = field(default_factory=list)
 
     @property
     def broken(self) -> list[Check]:
-        return [c for c in self.checks if c.gating and not c.passed]
+        """Gating checks that ran and failed; a check whose phase never ran is not broken."""
+        return [c for c in self.checks if c.gating and c.ran and not c.passed]
 
     def to_dict(self) -> JsonDict:
         return asdict(self)

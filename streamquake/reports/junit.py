@@ -1,59 +1,97 @@
-"""junit.xml: one test case per SLO check and phase, so CI systems show each verdict."""
+"""junit.xml: one test case per SLO check and phase, so CI systems show each verdict.
+
+Valid against the Jenkins JUnit schema (tests/junit/jenkins-junit.xsd) that GitLab, GitHub test
+reporters and Jenkins read. A gating check that broke is a ``failure`` whose message states what
+was observed against the limit; a check that does not gate in its phase passes, named "(not
+gating)", with the measurement in ``system-out``; a check whose phase never ran is ``skipped``
+("not run"); an interruption, a run that could not start and a fault that could not be applied
+or reverted are ``error`` cases. Each case's time is the duration of the phase it judged.
+"""
 
 from __future__ import annotations
 
+import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
+from streamquake.reports.words import interruption, sentence, state, target_text
 from streamquake.result import Check, RunResult
 
 
-def _fmt(value: float | None) -> str:
-    return "no data" if value is None else f"{value:.4g}"
-
-
-def _case(suite: ET.Element, check: Check, scenario: str) -> None:
+def _case(suite: ET.Element, check: Check, scenario: str, seconds: float) -> str:
+    """Adds the case; returns its outcome: passed, failure or skipped."""
+    gating = "" if check.gating else " (not gating)"
     cls = f" [{check.cls}]" if check.cls else ""
-    case = ET.SubElement(
-        suite,
-        "testcase",
-        classname=f"streamquake.{scenario}.{check.phase}",
-        name=f"{check.name}{cls}",
-        time="0",
-    )
-    text = (
-        f"{check.metric} observed {_fmt(check.observed)} {check.op} {_fmt(check.threshold)}"
-        + (f"; {check.detail}" if check.detail else "")
-    )
-    if not check.gating:
-        state = "met" if check.passed else "broken"
-        ET.SubElement(case, "skipped", message=f"not gating in {check.phase}; {state}: {text}")
-    elif not check.passed:
-        failure = ET.SubElement(case, "failure", message=f"SLO broken: {text}", type="SLOBroken")
+    case = ET.SubElement(suite, "testcase", classname=f"streamquake.{scenario}.{check.phase}",
+                         name=f"{check.name}{cls}{gating}",
+                         time=f"{seconds if check.ran else 0.0:.3f}")
+    text = sentence(check)
+    if not check.ran:
+        ET.SubElement(case, "skipped").text = text
+        return "skipped"
+    if check.gating and not check.passed:
+        failure = ET.SubElement(case, "failure", message=f"SLO broken: {text}",
+                                type="NoData" if check.observed is None else "SLOBroken")
         failure.text = text
-    else:
-        ET.SubElement(case, "system-out").text = text
+        return "failure"
+    if not check.gating:
+        text = f"not gating in {check.phase} ({state(check)}): {text}"
+    ET.SubElement(case, "system-out").text = text
+    return "passed"
+
+
+def _error_case(suite: ET.Element, classname: str, name: str, message: str, kind: str) -> None:
+    case = ET.SubElement(suite, "testcase", classname=classname, name=name, time="0.000")
+    ET.SubElement(case, "error", message=message, type=kind).text = message
 
 
 def write_junit(result: RunResult, path: Path) -> Path:
-    suites = ET.Element("testsuites", name="streamquake")
-    suite = ET.SubElement(
-        suites,
-        "testsuite",
-        name=f"streamquake.{result.scenario_name}",
-        tests=str(len(result.checks) + (1 if result.interrupted else 0)),
-        failures=str(len(result.broken)),
-        errors="1" if result.interrupted else "0",
-        skipped=str(sum(1 for c in result.checks if not c.gating)),
-        time=f"{max(0.0, result.finished_at - result.started_at):.3f}",
-    )
-    for check in result.checks:
-        _case(suite, check, result.scenario_name)
-    if result.interrupted:
-        case = ET.SubElement(suite, "testcase", classname=f"streamquake.{result.scenario_name}",
-                             name="run completed", time="0")
-        ET.SubElement(case, "error", message=f"run interrupted by {result.interrupted}",
-                      type="Interrupted")
+    scenario = result.scenario_name
+    durations = {p.name: max(0.0, min(p.end, result.finished_at) - p.start)
+                 for p in result.phases}
+    suite = ET.Element("testsuite", name=f"streamquake.{scenario}")
+    props = ET.SubElement(suite, "properties")
+    for name, value in (("scenario_file", result.scenario_file),
+                        ("target", target_text(result)),
+                        ("exit_code", str(result.exit_code)),
+                        *sorted(result.environment.items())):
+        ET.SubElement(props, "property", name=name, value=value)
+    outcomes = [_case(suite, c, scenario, durations.get(c.phase, 0.0)) for c in result.checks]
+    errors = 0
+    stopped = interruption(result)
+    if stopped is not None:
+        kind = "Interrupted" if result.interrupted else "RunError"
+        name = "run started" if result.failure and not result.phases else "run completed"
+        _error_case(suite, f"streamquake.{scenario}", name, stopped, kind)
+        errors += 1
+    for fault in result.faults:
+        if fault.error:
+            _error_case(suite, f"streamquake.{scenario}.{fault.phase}",
+                        f"fault {fault.name} ({fault.type}) applied and reverted",
+                        fault.error, "FaultError")
+            errors += 1
+    if result.errors:
+        ET.SubElement(suite, "system-err").text = "\n".join(result.errors)
+    tests = len(outcomes) + errors
+    total = f"{max(0.0, result.finished_at - result.started_at):.3f}"
+    suite.attrib.update({
+        "tests": str(tests),
+        "failures": str(outcomes.count("failure")),
+        "errors": str(errors),
+        "skipped": str(outcomes.count("skipped")),
+        "time": total,
+        "timestamp": _iso(result.started_at),
+        "hostname": result.environment.get("host") or socket.gethostname(),
+    })
+    suites = ET.Element("testsuites", name="streamquake", tests=str(tests),
+                        failures=str(outcomes.count("failure")), errors=str(errors), time=total)
+    suites.append(suite)
     ET.indent(suites)
     ET.ElementTree(suites).write(path, encoding="utf-8", xml_declaration=True)
     return path
+
+
+def _iso(epoch: float) -> str:
+    import datetime
+
+    return datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S")

@@ -1,28 +1,97 @@
-"""summary.md: the verdict grid for a CI job summary or a pull-request comment."""
+"""summary.md: the verdict grid for a CI job summary or a pull-request comment, with when, how
+long, against what, which faults with which settings, and how requests failed."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from streamquake.reports.table import PHASE_COLUMNS, Cell, summary_rows, verdict_rows, verdict_word
-from streamquake.result import RunResult
+from streamquake.reports.table import (
+    PHASE_COLUMNS,
+    Cell,
+    error_rows,
+    status_row,
+    summary_rows,
+    verdict_rows,
+    verdict_word,
+)
+from streamquake.reports.words import (
+    duration,
+    interruption,
+    pairs,
+    run_t0,
+    target_text,
+    when,
+)
+from streamquake.result import FaultRecord, RunResult
 
 
 def _md(cell: Cell | None) -> str:
     if cell is None:
         return "-"
+    if not cell.ran:
+        return "not run"
     if not cell.gating:
         return f"{cell.text} ({'met' if cell.passed else 'broken'}, not gating)"
     return f"{cell.text} ✅" if cell.passed else f"**{cell.text} ❌**"
 
 
+def _esc(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def _at(result: RunResult, t: float | None) -> str:
+    return "-" if t is None else f"+{t - run_t0(result):.1f} s"
+
+
+def _fault_rows(result: RunResult, fault: FaultRecord) -> str:
+    state = f"**{_esc(fault.error)}**" if fault.error else "applied and reverted"
+    return (f"| {_esc(fault.name)} | {fault.type} | {fault.phase} | "
+            f"`{_esc(pairs(fault.configured, skip=('type', 'name', 'phase')))}` | "
+            f"{_at(result, fault.applied_at)} | {_at(result, fault.reverted_at)} | "
+            f"`{_esc(pairs(fault.reverted))}` | {state} |")
+
+
+def render_markdown(result: RunResult) -> str:
+    head = "| | " + " | ".join(PHASE_COLUMNS) + " |\n|---|" + "---:|" * len(PHASE_COLUMNS)
+    env = result.environment
+    lines = [f"## streamquake: {result.scenario_name}: {verdict_word(result)}", ""]
+    lines.append(
+        f"{when(result.started_at)}, {duration(result.finished_at - result.started_at)}, "
+        f"exit code {result.exit_code}; {_esc(target_text(result) or 'no target started')}; "
+        f"scenario `{_esc(result.scenario_file)}` (sha256 `{env.get('scenario_sha256', '-')}`), "
+        f"streamquake {result.tool_version} on `{env.get('host', '-')}`")
+    stopped = interruption(result)
+    if stopped:
+        lines += ["", f"> **{_esc(stopped)}**"]
+    if result.phases:
+        status = status_row(result)
+        lines += ["", "### Measured per phase", "", head,
+                  "| phase | " + " | ".join(status[p] for p in PHASE_COLUMNS) + " |"]
+        lines += [f"| {label} | " + " | ".join(c[p] for p in PHASE_COLUMNS) + " |"
+                  for label, c in summary_rows(result)]
+        errors = error_rows(result)
+        lines += ["", "### Failed requests by kind", ""]
+        if errors:
+            lines += [head] + [f"| {kind} | " + " | ".join(c[p] for p in PHASE_COLUMNS) + " |"
+                               for kind, c in errors]
+        else:
+            lines.append("No request failed in any phase.")
+    if result.checks:
+        lines += ["", "### SLO verdicts", "", head]
+        lines += [f"| {_esc(label)} | " + " | ".join(_md(c.get(p)) for p in PHASE_COLUMNS) + " |"
+                  for label, c in verdict_rows(result)]
+    if result.faults:
+        lines += ["", "### Faults", "",
+                  "| fault | type | phase | settings | applied | reverted | read back at revert "
+                  "| state |", "|---|---|---|---|---:|---:|---|---|"]
+        lines += [_fault_rows(result, f) for f in result.faults]
+    if result.errors:
+        lines += ["", "### Warnings and errors", ""] + [f"- {_esc(e)}" for e in result.errors]
+    lines += ["", "Full report: `report.html` (charts), `report.json`, `timeline.csv`, "
+              "`samples.csv` next to this file."]
+    return "\n".join(lines) + "\n"
+
+
 def write_markdown(result: RunResult, path: Path) -> Path:
-    head = "| | " + " | ".join(PHASE_COLUMNS) + " |\n|---|" + "---:|" * len(PHASE_COLUMNS) + "\n"
-    lines = [f"## streamquake: {result.scenario_name}: {verdict_word(result)}", "", head.rstrip()]
-    lines += [f"| {label} | " + " | ".join(c[p] for p in PHASE_COLUMNS) + " |"
-              for label, c in summary_rows(result)]
-    lines += ["", "### SLO verdicts", "", head.rstrip()]
-    lines += [f"| {label} | " + " | ".join(_md(c.get(p)) for p in PHASE_COLUMNS) + " |"
-              for label, c in verdict_rows(result)]
-    path.write_text("\n".join(lines) + "\n")
+    path.write_text(render_markdown(result))
     return path

@@ -29,6 +29,7 @@ class Cell:
     text: str
     passed: bool | None      # None: not evaluated here
     gating: bool
+    ran: bool = True         # False: the phase never ran ("not run", never a failure)
 
 
 def fmt_value(metric: str, value: float | None) -> str:
@@ -50,6 +51,8 @@ def verdict_rows(result: RunResult) -> list[tuple[str, dict[str, Cell]]]:
 
 
 def _cell(check: Check) -> Cell:
+    if not check.ran:
+        return Cell(text="not run", passed=None, gating=check.gating, ran=False)
     return Cell(text=fmt_value(check.metric, check.observed), passed=check.passed,
                 gating=check.gating)
 
@@ -69,7 +72,29 @@ def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
     return rows
 
 
+def status_row(result: RunResult) -> dict[str, str]:
+    """Each phase: complete, partial (the run stopped in it), not run, or "-" (not planned)."""
+    by_phase = {p.name: p for p in result.phases}
+    return {p: by_phase[p].status if p in by_phase else "-" for p in PHASE_COLUMNS}
+
+
+def error_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
+    """Failed requests by kind and phase (kinds with no failure anywhere are left out)."""
+    counts: dict[str, dict[str, int]] = {}
+    for phase in result.phases:
+        errors = phase.stats.get("errors")
+        if isinstance(errors, dict):
+            for kind, n in errors.items():
+                if isinstance(n, int) and n > 0:
+                    counts.setdefault(kind, {})[phase.name] = n
+    status = status_row(result)
+    return [(kind, {p: "-" if status[p] in ("-", "not run") else str(c.get(p, 0))
+                    for p in PHASE_COLUMNS}) for kind, c in counts.items()]
+
+
 def verdict_word(result: RunResult) -> str:
     if result.interrupted:
         return f"INTERRUPTED ({result.interrupted})"
+    if result.failure or result.exit_code not in (0, 1):
+        return f"RUN FAILED (exit {result.exit_code})"
     return "SLO BROKEN" if result.broken else "ALL SLOs MET"

@@ -22,12 +22,13 @@ from streamquake.journal import Journal
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.launcher import LocustRun
 from streamquake.loadgen.samples import RequestSample
-from streamquake.result import RunResult
+from streamquake.result import Check, PhaseResult, RunResult
 from streamquake.run import preflight
 from streamquake.run.ledger import WHOLE_RUN, Ledger, PlannedFault
 from streamquake.run.outcome import exit_code_for, redacted_echo
 from streamquake.run.parts import start_loadgen, start_parts
 from streamquake.run.scoring import score
+from streamquake.run.series import cdfs, environment, per_second
 from streamquake.run.signals import Interrupted, Signals
 from streamquake.run.timeline import STARTUP_LEAD_S, PhaseWindow, plan_windows, sleep_until
 from streamquake.run.verdicts import evaluate
@@ -58,6 +59,7 @@ class Runner:
         telemetry: JsonDict = {}
         interrupted: str | None = None
         failure: StreamquakeError | None = None
+        stopped_at: float | None = None    # when an interruption or error ended the phases
         with self.signals:
             parts = None
             try:
@@ -79,19 +81,24 @@ class Runner:
                     load.wait()
             except Interrupted as exc:
                 interrupted = exc.signame
+                stopped_at = time.time()
                 self.events.message(f"{exc}: faults reverted, writing a partial report")
             except StreamquakeError as exc:
                 if load is None:
                     raise  # nothing measured yet: the CLI reports it and exits with its code
                 failure = exc
+                stopped_at = time.time()
                 self.ledger.errors.append(str(exc))
             finally:
                 if parts is not None:
                     telemetry = parts.reports()
         samples = load.samples() if load is not None else []
-        result = self._result(started, windows, samples, interrupted, target_info, telemetry)
-        if failure is not None and result.exit_code in (EXIT_OK, EXIT_SLO_BROKEN):
-            result.exit_code = failure.exit_code
+        result = self._result(started, windows, samples, interrupted, target_info, telemetry,
+                              stopped_at)
+        if failure is not None:
+            result.failure = str(failure)
+            if result.exit_code in (EXIT_OK, EXIT_SLO_BROKEN):
+                result.exit_code = failure.exit_code
         return result
 
     def _preflight(self) -> None:
@@ -120,14 +127,16 @@ class Runner:
 
     def _result(self, started: float, windows: list[PhaseWindow], samples: list[RequestSample],
                 interrupted: str | None, target_info: JsonDict,
-                telemetry: JsonDict) -> RunResult:
+                telemetry: JsonDict, stopped_at: float | None = None) -> RunResult:
         scored = score(self.scenario, windows, samples)
         measured = {k: v for k, v in scored.stats.items() if k != "warmup"}
         checks = evaluate(self.scenario, measured, scored.class_stats)
+        _mark_stopped(scored.phases, checks, stopped_at)
+        echo = redacted_echo(self.scenario)
         result = RunResult(
             scenario_name=self.scenario.name,
             scenario_file=self.scenario_file,
-            scenario_echo=redacted_echo(self.scenario),
+            scenario_echo=echo,
             tool_version=__version__,
             started_at=started,
             finished_at=time.time(),
@@ -138,7 +147,28 @@ class Runner:
             target=target_info,
             telemetry=telemetry,
             errors=[*self.ledger.errors, *scored.warnings, *self.warnings],
+            timeline=per_second(samples, windows, stopped_at),
+            cdfs=cdfs(measured),
+            environment=environment(echo),
         )
         result.exit_code = exit_code_for(result, self.ledger.revert_failed)
         self.events.emit(RunFinished(result))
         return result
+
+
+def _mark_stopped(phases: list[PhaseResult], checks: list[Check], stopped_at: float | None) -> None:
+    """A phase the run never reached is "not run" (its checks too: not run is not broken); the
+    one it stopped in is "partial"."""
+    if stopped_at is None:
+        return
+    not_run = set()
+    for phase in phases:
+        if phase.start >= stopped_at:
+            phase.status = "not run"
+            not_run.add(phase.name)
+        elif phase.end > stopped_at:
+            phase.status = "partial"
+    for check in checks:
+        if check.phase in not_run or (check.kind == "recovery" and "baseline" in not_run):
+            check.ran = False
+            check.passed = False

@@ -1,0 +1,77 @@
+"""timeline.csv (the per-second series the HTML report draws) and samples.csv (one row per
+request, as the load process measured it), for people who use spreadsheets."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+from streamquake.loadgen.samples import RequestSample
+from streamquake.result import RunResult
+from streamquake.run.scoring import assign_phases
+from streamquake.run.series import SERIES_METRICS, nearest_rank
+from streamquake.run.timeline import PhaseWindow
+
+
+def write_timeline_csv(result: RunResult, path: Path) -> Path:
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        head = ["t_s", "phase", "sent", "errors", "in_flight"]
+        for m in SERIES_METRICS:
+            head += [f"{m}_p50", f"{m}_p95", f"{m}_n"]
+        out.writerow(head)
+        for p in result.timeline:
+            row: list[object] = [f"{p.t:g}", p.phase, p.sent, p.errors, p.in_flight]
+            for m in SERIES_METRICS:
+                row += [_num(p.p50.get(m)), _num(p.p95.get(m)), p.n.get(m, 0)]
+            out.writerow(row)
+    return path
+
+
+def read_samples(samples_dir: Path) -> list[RequestSample]:
+    """Every sample the load processes wrote; a torn last line (a killed writer) is skipped."""
+    out: list[RequestSample] = []
+    for path in sorted(samples_dir.glob("samples-*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    out.append(RequestSample.from_dict(json.loads(line)))
+                except ValueError:
+                    continue
+    return out
+
+
+SAMPLE_COLUMNS = ("phase", "scored", "class", "sent_epoch_s", "t_s", "scheduled_epoch_s",
+                  "ttfb_ms", "ttft_ms", "e2e_ms", "itl_n", "itl_p50_ms", "itl_max_ms",
+                  "content_events", "output_tokens", "missing_events", "expected_events",
+                  "stalls", "status", "error", "error_detail")
+
+
+def write_samples_csv(result: RunResult, samples: list[RequestSample], path: Path) -> Path:
+    """``scored``: ``yes`` (counted in its phase), ``straddled`` (ended after its phase did: not
+    scored), or ``no`` (sent outside every phase)."""
+    windows = [PhaseWindow(p.name, p.start, p.end) for p in result.phases]
+    by_phase, _ = assign_phases(samples, windows)
+    scored = {id(s): name for name, group in by_phase.items() for s in group}
+    t0 = windows[0].start if windows else result.started_at
+    with open(path, "w", newline="", encoding="utf-8") as f:
+        out = csv.writer(f)
+        out.writerow(SAMPLE_COLUMNS)
+        for s in sorted(samples, key=lambda s: s.sent):
+            due = s.scheduled if s.scheduled is not None else s.sent
+            phase = next((w.name for w in windows if w.start <= due < w.end), "")
+            state = "yes" if id(s) in scored else ("straddled" if phase else "no")
+            gaps = sorted(s.itl_ms)
+            out.writerow([phase, state, s.cls, f"{s.sent:.6f}", f"{s.sent - t0:.3f}",
+                          "" if s.scheduled is None else f"{s.scheduled:.6f}",
+                          _num(s.ttfb_ms), _num(s.ttft_ms), _num(s.e2e_ms), len(gaps),
+                          _num(nearest_rank(gaps, 50)), _num(gaps[-1] if gaps else None),
+                          s.content_events, s.output_tokens, s.missing_events, s.expected_events,
+                          s.stalls, "" if s.status is None else s.status, s.error or "",
+                          s.error_detail or ""])
+    return path
+
+
+def _num(value: float | None) -> str:
+    return "" if value is None else f"{value:.3f}"

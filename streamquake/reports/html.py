@@ -1,0 +1,361 @@
+"""report.html: one self-contained page (inline CSS and SVG, no script, nothing fetched) that
+renders the RunResult: verdicts, the per-second timeline with fault windows shaded, CDFs per
+phase, classes, the fault ledger (injected vs read back vs observed), GPU telemetry, the trend
+from the history store, and the environment. It draws what the run computed; it computes
+nothing but coordinates."""
+
+from __future__ import annotations
+
+import json
+from html import escape
+from pathlib import Path
+
+from streamquake.jsontypes import JsonDict, JsonValue
+from streamquake.reports import svg
+from streamquake.reports.table import (
+    PHASE_COLUMNS,
+    error_rows,
+    status_row,
+    summary_rows,
+    verdict_rows,
+    verdict_word,
+)
+from streamquake.reports.words import (
+    duration,
+    interruption,
+    pairs,
+    run_t0,
+    sentence,
+    target_text,
+    value_text,
+    when,
+)
+from streamquake.result import FaultRecord, RunResult
+
+CSS = """
+body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:920px;color:#222}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
+.meta{color:#555}.v{padding:2px 8px;border-radius:4px;color:#fff;font-weight:600}
+.ok{background:#2a7d2a}.bad{background:#c0392b}.warn{background:#b9770e}
+table{border-collapse:collapse;margin:6px 0;font-size:13px}
+td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;vertical-align:top}
+td:first-child,th:first-child{text-align:left}.l{text-align:left}
+.met{color:#2a7d2a}.broken{color:#c0392b;font-weight:700}.ng,.nr{color:#888}
+.note{background:#fff6e0;border-left:4px solid #b9770e;padding:6px 10px}
+code,pre{font:12px ui-monospace,monospace}pre{background:#f6f6f6;padding:8px;overflow:auto}
+.kv{font:12px ui-monospace,monospace;text-align:left;word-break:break-all;max-width:340px}
+svg.chart{display:block;margin:6px 0}svg .t{font:600 13px sans-serif}
+svg text{font:11px sans-serif;fill:#444}svg .yl{text-anchor:end}svg .xl{text-anchor:middle}
+svg .g{stroke:#eee}svg .a{stroke:#999}svg .e{stroke:#999;stroke-dasharray:2 3}
+svg .band{fill:#d62728;fill-opacity:.12}svg .bl{fill:#a01c1c;font-weight:600}
+svg .el{fill:#777}.cap{color:#666;font-size:12px;margin:0 0 10px}
+"""
+
+TIMELINE = (("ttfb_ms", "TTFB", "ms"), ("ttft_ms", "TTFT", "ms"), ("itl_ms", "ITL", "ms"),
+            ("e2e_ms", "E2E", "ms"), ("output_tokens_per_s", "Output tokens/s per stream",
+                                      "tokens/s"))
+CDF_TITLES = {"ttfb_ms": "TTFB", "ttft_ms": "TTFT", "itl_ms": "ITL", "e2e_ms": "E2E"}
+
+
+def _t(text: object) -> str:
+    return escape(str(text))
+
+
+def _num(value: JsonValue) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+def _dict(value: JsonValue) -> JsonDict:
+    return value if isinstance(value, dict) else {}
+
+
+class _Page:
+    def __init__(self, result: RunResult) -> None:
+        self.r = result
+        self.t0 = run_t0(result)
+        self.parts: list[str] = []
+
+    def add(self, *html: str) -> None:
+        self.parts.extend(html)
+
+    def bands(self) -> list[svg.Band]:
+        out = []
+        for f in self.r.faults:
+            if f.applied_at is None:
+                continue
+            end = f.reverted_at if f.reverted_at is not None else self.r.finished_at
+            out.append(svg.Band(f.applied_at - self.t0, end - self.t0, f"{f.name} ({f.type})"))
+        return out
+
+    def edges(self) -> list[tuple[float, str]]:
+        return [(p.start - self.t0, p.name) for p in self.r.phases]
+
+    def x_max(self) -> float:
+        return max([p.end - self.t0 for p in self.r.phases] + [len(self.r.timeline), 1.0])
+
+    def timed(self, key: str, title: str, lines: list[svg.Line], y_label: str) -> str:
+        """A chart on the run's time axis, with phase edges and fault windows."""
+        return svg.render(svg.Chart(key=key, title=title, lines=lines, y_label=y_label,
+                                    x_label="seconds since the first phase began",
+                                    bands=self.bands(), edges=self.edges(), x_max=self.x_max()))
+
+
+def render_html(result: RunResult) -> str:
+    page = _Page(result)
+    _header(page)
+    _verdicts(page)
+    _measured(page)
+    _timeline(page)
+    _cdfs(page)
+    _classes(page)
+    _faults(page)
+    _gpu(page)
+    _trend(page)
+    _environment(page)
+    body = "".join(page.parts)
+    title = f"streamquake: {result.scenario_name}: {verdict_word(result)}"
+    return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_t(title)}</title>"
+            f"<style>{CSS}</style></head><body>{body}</body></html>\n")
+
+
+def write_html(result: RunResult, path: Path) -> Path:
+    path.write_text(render_html(result), encoding="utf-8")
+    return path
+
+
+def _header(page: _Page) -> None:
+    r = page.r
+    word = verdict_word(r)
+    cls = "ok" if word == "ALL SLOs MET" else "bad"
+    page.add(f'<h1>{_t(r.scenario_name)} <span class="v {cls}">{_t(word)}</span></h1>',
+             f'<div class="meta">{_t(when(r.started_at))} · '
+             f'{_t(duration(r.finished_at - r.started_at))} · exit code {r.exit_code} · '
+             f'{_t(target_text(r) or "no target started")} · scenario '
+             f'<code>{_t(r.scenario_file)}</code></div>')
+    stopped = interruption(r)
+    if stopped:
+        page.add(f'<p class="note">{_t(stopped)}</p>')
+    if r.errors:
+        page.add('<p class="note">' + "<br>".join(_t(e) for e in r.errors) + "</p>")
+
+
+def _verdicts(page: _Page) -> None:
+    r = page.r
+    if not r.checks:
+        return
+    titles = {(c.name + (f" [{c.cls}]" if c.cls else ""), c.phase): sentence(c) for c in r.checks}
+    page.add("<h2>SLO verdicts</h2><table><tr><th>check</th>",
+             *(f"<th>{p}</th>" for p in PHASE_COLUMNS), "</tr>")
+    for label, cells in verdict_rows(r):
+        page.add(f"<tr><td>{_t(label)}</td>")
+        for phase in PHASE_COLUMNS:
+            cell = cells.get(phase)
+            tip = _t(titles.get((label, phase), ""))
+            if cell is None:
+                page.add("<td>-</td>")
+            elif not cell.ran:
+                page.add(f'<td class="nr" title="{tip}">not run</td>')
+            elif not cell.gating:
+                page.add(f'<td class="ng" title="{tip}">{_t(cell.text)} '
+                         f'({"met" if cell.passed else "broken"}, not gating)</td>')
+            else:
+                state = "met" if cell.passed else "broken"
+                mark = "✓" if cell.passed else "✗"
+                page.add(f'<td class="{state}" title="{tip}">{_t(cell.text)} {mark}</td>')
+        page.add("</tr>")
+    page.add("</table>")
+    broken = [c for c in r.checks if c.ran and c.gating and not c.passed]
+    if broken:
+        page.add("<ul>" + "".join(f"<li>{_t(sentence(c))}</li>" for c in broken) + "</ul>")
+
+
+def _measured(page: _Page) -> None:
+    r = page.r
+    if not r.phases:
+        return
+    status = status_row(r)
+    by_phase = {p.name: p.stats for p in r.phases}
+    page.add("<h2>Measured per phase</h2><table><tr><th>metric</th>",
+             *(f"<th>{p}</th>" for p in PHASE_COLUMNS), "</tr>",
+             "<tr><td>phase</td>", *(f"<td>{status[p]}</td>" for p in PHASE_COLUMNS), "</tr>")
+    for label, cells in summary_rows(r):
+        page.add(f"<tr><td>{_t(label)}</td>",
+                 *(f"<td>{_t(cells[p])}</td>" for p in PHASE_COLUMNS), "</tr>")
+    for metric, label in (("ttft_ms", "TTFT values"), ("itl_ms", "ITL gaps"),
+                          ("e2e_ms", "E2E values (successes)")):
+        counts = [_num(_dict(by_phase.get(p, {}).get(metric)).get("count")) for p in PHASE_COLUMNS]
+        page.add(f"<tr><td>{label} (n)</td>",
+                 *(f"<td>{'-' if c is None else int(c)}</td>" for c in counts), "</tr>")
+    for kind, cells in error_rows(r):
+        page.add(f"<tr><td>{_t(kind)} errors</td>",
+                 *(f"<td>{_t(cells[p])}</td>" for p in PHASE_COLUMNS), "</tr>")
+    page.add("</table>")
+
+
+def _timeline(page: _Page) -> None:
+    r = page.r
+    if not r.timeline:
+        return
+    page.add("<h2>Timeline, per second</h2><p class=\"cap\">Each request counts in the second "
+             "it was sent. Percentiles are exact per second (nearest rank); a second with fewer "
+             "than 20 values has its maximum as p95. Shaded: fault windows, from apply to "
+             "revert. Numbers per second: timeline.csv.</p>")
+    for metric, title, unit in TIMELINE:
+        lines = [svg.Line(f"p{q}", svg.PALETTE[f"p{q}"],
+                          [(p.t + 0.5, (p.p50 if q == 50 else p.p95).get(metric))
+                           for p in r.timeline])
+                 for q in (50, 95)]
+        if metric == "output_tokens_per_s":
+            lines = lines[:1]
+        page.add(page.timed(f"timeline-{metric}", f"{title} ({unit})", lines, unit))
+    load_lines = [
+        svg.Line("sent/s", svg.PALETTE["sent"], [(p.t + 0.5, float(p.sent)) for p in r.timeline]),
+        svg.Line("errors/s", svg.PALETTE["errors"],
+                 [(p.t + 0.5, float(p.errors)) for p in r.timeline]),
+        svg.Line("in flight", svg.PALETTE["in_flight"],
+                 [(p.t + 0.5, float(p.in_flight)) for p in r.timeline], dash=True),
+    ]
+    page.add(page.timed("timeline-load", "Requests: sent, failed, in flight", load_lines,
+                        "requests"))
+
+
+def _cdfs(page: _Page) -> None:
+    r = page.r
+    if not r.cdfs:
+        return
+    page.add("<h2>Latency distribution per phase (CDF)</h2><p class=\"cap\">From each phase's "
+             "HDR histogram, the same numbers the verdicts use; the x axis ends at the largest "
+             "p99.5 (the maximum is in report.json).</p>")
+    for metric, title in CDF_TITLES.items():
+        curves = [c for c in r.cdfs if c.metric == metric and c.points]
+        if not curves:
+            continue
+        tails = [v for c in curves for p, v in c.points if p <= 99.5]
+        lines = [svg.Line(f"{c.phase} (n={c.count})", svg.PALETTE.get(c.phase, svg.EXTRA[0]),
+                          [(v, p) for p, v in c.points]) for c in curves]
+        page.add(svg.render(svg.Chart(key=f"cdf-{metric}", title=f"{title} CDF", lines=lines,
+                                      x_label="ms", y_label="percentile", y_max=100.0,
+                                      x_max=svg.nice(max(tails, default=1.0)), height=210)))
+
+
+def _classes(page: _Page) -> None:
+    r = page.r
+    names = sorted({c for p in r.phases for c in p.classes})
+    if not names:
+        return
+    page.add("<h2>Per request class</h2><table><tr><th>class</th><th>phase</th><th>requests</th>"
+             "<th>errors</th><th>TTFT p95</th><th>ITL p95</th><th>E2E p95</th>"
+             "<th>tokens/s p50</th></tr>")
+    for name in names:
+        for phase in r.phases:
+            if phase.name not in PHASE_COLUMNS or name not in phase.classes:
+                continue
+            st = phase.classes[name]
+            errors = _dict(st.get("errors"))
+            n_err = sum(int(v) for v in errors.values() if isinstance(v, int))
+            cells = [value_text(m, _num(_dict(st.get(m)).get(q))) for m, q in
+                     (("ttft_ms", "p95"), ("itl_ms", "p95"), ("e2e_ms", "p95"),
+                      ("output_tokens_per_s", "p50"))]
+            page.add(f"<tr><td>{_t(name)}</td><td class=\"l\">{phase.name}</td>"
+                     f"<td>{_t(st.get('requests'))}</td><td>{n_err}</td>",
+                     *(f"<td>{_t(c)}</td>" for c in cells), "</tr>")
+    page.add("</table>")
+
+
+def _observed(page: _Page, fault: FaultRecord) -> str:
+    """What the client saw in the fault's phase, next to baseline."""
+    stats = {p.name: p.stats for p in page.r.phases}
+    if fault.phase not in stats:
+        return "-"
+    rows = []
+    for metric, stat in (("ttft_ms", "p50"), ("ttft_ms", "p95"), ("itl_ms", "p95"),
+                         ("e2e_ms", "p95"), ("error_rate", None), ("chunk_loss", None),
+                         ("stall_rate", None)):
+        def get(phase: str, m: str = metric, s: str | None = stat) -> float | None:
+            v = stats.get(phase, {}).get(m)
+            return _num(_dict(v).get(s)) if s else _num(v)
+        label = f"{metric} {stat}" if stat else metric
+        base = get("baseline") if fault.phase != "baseline" else None
+        there = value_text(metric, get(fault.phase))
+        rows.append(f"{label}={there}" + (f" (baseline {value_text(metric, base)})"
+                                          if base is not None else ""))
+    return "<br>".join(_t(x) for x in rows)
+
+
+def _faults(page: _Page) -> None:
+    r = page.r
+    if not r.faults:
+        return
+    page.add("<h2>Fault ledger</h2><p class=\"cap\">What was injected, when, what the kernel, "
+             "proxy or driver read back on apply and on revert, and what the client observed in "
+             "that phase.</p><table><tr><th>fault</th><th>injected</th><th>read back on apply"
+             "</th><th>read back on revert</th><th>client observed</th></tr>")
+    for f in r.faults:
+        at = "-" if f.applied_at is None else f"+{f.applied_at - page.t0:.1f} s"
+        until = "-" if f.reverted_at is None else f"+{f.reverted_at - page.t0:.1f} s"
+        err = f'<br><span class="broken">{_t(f.error)}</span>' if f.error else ""
+        page.add(f"<tr><td><b>{_t(f.name)}</b><br>{_t(f.type)}, {_t(f.phase)}<br>"
+                 f"{at} → {until}{err}</td>",
+                 f'<td class="kv">{_kv(f.configured)}</td><td class="kv">{_kv(f.applied)}</td>'
+                 f'<td class="kv">{_kv(f.reverted)}</td>'
+                 f'<td class="kv">{_observed(page, f)}</td></tr>')
+    page.add("</table>")
+
+
+def _kv(value: JsonValue) -> str:
+    text = pairs(value)
+    return "-" if not text else "<br>".join(_t(p) for p in text.split(" "))
+
+
+def _gpu(page: _Page) -> None:
+    gpu = _dict(page.r.telemetry.get("gpu"))
+    raw = gpu.get("samples")
+    samples = [s for s in raw if isinstance(s, dict)] if isinstance(raw, list) else []
+    if not samples:
+        return
+    page.add("<h2>GPU telemetry</h2><p class=\"cap\">NVML, once a second, on the run's time "
+             "axis; shaded: fault windows.</p>")
+    gpus = sorted({str(s.get("gpu")) for s in samples})
+    for key, title, unit in (("sm_clock_mhz", "SM clock", "MHz"),
+                             ("util_gpu_pct", "GPU utilisation", "%"),
+                             ("power_w", "Power", "W")):
+        lines = []
+        for i, g in enumerate(gpus):
+            pts: list[tuple[float, float | None]] = []
+            for s in samples:
+                t = _num(s.get("t"))
+                if str(s.get("gpu")) == g and t is not None:
+                    pts.append((t - page.t0, _num(s.get(key))))
+            lines.append(svg.Line(f"GPU {g}", svg.EXTRA[i % len(svg.EXTRA)], pts))
+        page.add(page.timed(f"gpu-{key}", f"{title} ({unit})", lines, unit))
+
+
+def _trend(page: _Page) -> None:
+    trend = page.r.trend
+    if len(trend) < 2:
+        return
+    page.add("<h2>Trend: this scenario in the history store</h2><p class=\"cap\">One point per "
+             "run, oldest first; this run is the last.</p>")
+    for metric, title in (("ttft_ms", "TTFT p95"), ("itl_ms", "ITL p95"), ("e2e_ms", "E2E p95")):
+        lines = [svg.Line(phase, svg.PALETTE[phase],
+                          [(float(i + 1), tp.values.get(f"{phase}.{metric}.p95"))
+                           for i, tp in enumerate(trend)])
+                 for phase in PHASE_COLUMNS]
+        page.add(svg.render(svg.Chart(key=f"trend-{metric}", title=f"{title} (ms)", lines=lines,
+                                      x_label="run", y_label="ms", x_max=float(len(trend)),
+                                      height=160)))
+    page.add("<table><tr><th>run</th><th>started</th><th>exit</th></tr>",
+             *(f"<tr><td>{tp.run_id}</td><td>{_t(when(tp.started_at))}</td>"
+               f"<td>{tp.exit_code}</td></tr>" for tp in trend[-10:]), "</table>")
+
+
+def _environment(page: _Page) -> None:
+    r = page.r
+    rows = [("streamquake", r.tool_version), *sorted(r.environment.items()),
+            ("scenario file", r.scenario_file), ("target", target_text(r)),
+            ("started", when(r.started_at)), ("finished", when(r.finished_at))]
+    page.add("<h2>Environment</h2><table>",
+             *(f"<tr><td>{_t(k)}</td><td class=\"l\">{_t(v)}</td></tr>" for k, v in rows),
+             "</table><details><summary>Scenario as run (header values redacted)</summary><pre>",
+             _t(json.dumps(r.scenario_echo, indent=1)), "</pre></details>")

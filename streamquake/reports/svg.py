@@ -1,0 +1,156 @@
+"""Inline SVG line charts, written as text: no JavaScript, no library, nothing to fetch.
+
+A chart is a few polylines, shaded bands (fault windows), phase edges, axes and a legend; a
+70-second run's nine charts come to a few tens of kilobytes and render in any browser offline.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from html import escape
+
+PALETTE = {
+    "p50": "#1f77b4", "p95": "#ff7f0e", "baseline": "#2ca02c", "fault": "#d62728",
+    "recovery": "#1f77b4", "warmup": "#7f7f7f", "sent": "#1f77b4", "errors": "#d62728",
+    "in_flight": "#9467bd",
+}
+EXTRA = ("#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+
+
+@dataclass
+class Line:
+    name: str
+    color: str
+    points: Sequence[tuple[float, float | None]]
+    dash: bool = False
+
+
+@dataclass
+class Band:
+    """A shaded x range with a label: a fault window."""
+
+    x0: float
+    x1: float
+    label: str
+
+
+@dataclass
+class Chart:
+    key: str                              # data-chart attribute, for tests and CSS
+    title: str
+    lines: list[Line]
+    x_label: str
+    y_label: str
+    bands: list[Band] = field(default_factory=list)
+    edges: list[tuple[float, str]] = field(default_factory=list)   # (x, phase name)
+    x_max: float | None = None
+    y_max: float | None = None
+    width: int = 880
+    height: int = 190
+
+
+_L, _R, _T, _B = 56, 14, 26, 30
+
+
+def nice(value: float) -> float:
+    """The smallest 1, 2, 2.5 or 5 times a power of ten at or above ``value``."""
+    if value <= 0 or not math.isfinite(value):
+        return 1.0
+    exp = math.floor(math.log10(value))
+    scale = 10.0 ** exp
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if m * scale >= value * 0.9999:
+            return m * scale
+    return 10.0 * scale
+
+
+def _ticks(top: float, n: int = 4) -> list[float]:
+    step = nice(top / n)
+    return [i * step for i in range(int(top / step + 1e-9) + 1)]
+
+
+def _num(v: float) -> str:
+    if v == 0:
+        return "0"
+    if abs(v) >= 100 or v == int(v):
+        return f"{v:.0f}"
+    return f"{v:.3g}"
+
+
+def render(chart: Chart) -> str:
+    xs = [x for line in chart.lines for x, y in line.points if y is not None]
+    ys = [y for line in chart.lines for _, y in line.points if y is not None]
+    x_top = chart.x_max if chart.x_max is not None else nice(max(xs, default=1.0))
+    y_top = chart.y_max if chart.y_max is not None else nice(max(ys, default=1.0) * 1.05)
+    x_top, y_top = max(x_top, 1e-9), max(y_top, 1e-9)
+    w, h = chart.width - _L - _R, chart.height - _T - _B
+
+    def sx(x: float) -> float:
+        return _L + min(max(x, 0.0), x_top) / x_top * w
+
+    def sy(y: float) -> float:
+        return _T + h - min(max(y, 0.0), y_top) / y_top * h
+
+    out = [f'<svg class="chart" data-chart="{escape(chart.key)}" role="img" '
+           f'aria-label="{escape(chart.title)}" viewBox="0 0 {chart.width} {chart.height}" '
+           f'width="{chart.width}" height="{chart.height}" xmlns="http://www.w3.org/2000/svg">',
+           f'<text class="t" x="{_L}" y="15">{escape(chart.title)}</text>']
+    for band in chart.bands:
+        x0, x1 = sx(band.x0), sx(band.x1)
+        out.append(f'<rect class="band" x="{x0:.1f}" y="{_T}" width="{max(1.0, x1 - x0):.1f}" '
+                   f'height="{h}"><title>{escape(band.label)}</title></rect>'
+                   f'<text class="bl" x="{x0 + 3:.1f}" y="{_T + 11}">{escape(band.label)}</text>')
+    for y in _ticks(y_top):
+        out.append(f'<line class="g" x1="{_L}" x2="{_L + w}" y1="{sy(y):.1f}" y2="{sy(y):.1f}"/>'
+                   f'<text class="yl" x="{_L - 4}" y="{sy(y) + 3:.1f}">{_num(y)}</text>')
+    for x in _ticks(x_top, 8):
+        out.append(f'<text class="xl" x="{sx(x):.1f}" y="{_T + h + 13}">{_num(x)}</text>')
+    for x, name in chart.edges:
+        out.append(f'<line class="e" x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{_T}" y2="{_T + h}"/>'
+                   f'<text class="el" x="{sx(x) + 3:.1f}" y="{_T + h - 4}">{escape(name)}</text>')
+    out.append(f'<line class="a" x1="{_L}" x2="{_L + w}" y1="{_T + h}" y2="{_T + h}"/>'
+               f'<line class="a" x1="{_L}" x2="{_L}" y1="{_T}" y2="{_T + h}"/>'
+               f'<text class="xl" x="{_L + w / 2:.0f}" y="{chart.height - 3}">'
+               f'{escape(chart.x_label)}</text>'
+               f'<text x="4" y="{_T + h + 26}">y: {escape(chart.y_label)}</text>')
+    for line in chart.lines:
+        out += _polyline(line, sx, sy)
+    out.append(_legend(chart))
+    out.append("</svg>")
+    return "".join(out)
+
+
+def _polyline(line: Line, sx: Callable[[float], float],
+              sy: Callable[[float], float]) -> list[str]:
+    segments: list[list[str]] = [[]]
+    for x, y in line.points:
+        if y is None:
+            if segments[-1]:
+                segments.append([])
+            continue
+        segments[-1].append(f"{sx(x):.1f},{sy(y):.1f}")
+    dash = ' stroke-dasharray="5 3"' if line.dash else ""
+    out = []
+    for seg in segments:
+        if len(seg) == 1:
+            cx, cy = seg[0].split(",")
+            out.append(f'<circle cx="{cx}" cy="{cy}" r="2" fill="{line.color}"/>')
+        elif seg:
+            out.append(f'<polyline fill="none" stroke="{line.color}" stroke-width="1.6"{dash} '
+                       f'points="{" ".join(seg)}"><title>{escape(line.name)}</title></polyline>')
+    return out
+
+
+def _legend(chart: Chart) -> str:
+    x = float(chart.width - _R)
+    parts = []
+    for line in reversed(chart.lines):
+        label = escape(line.name)
+        x -= 6.2 * len(line.name) + 26
+        dash = ' stroke-dasharray="5 3"' if line.dash else ""
+        parts.append(f'<line x1="{x:.0f}" x2="{x + 16:.0f}" y1="11" y2="11" stroke="{line.color}" '
+                     f'stroke-width="2"{dash}/><text class="lg" x="{x + 20:.0f}" y="15">'
+                     f"{label}</text>")
+    return "".join(parts)

@@ -1,0 +1,170 @@
+"""How every report words a check, a value, a fault's settings and a time: one place, so the
+terminal, summary.md, junit.xml and report.html say the same thing the same way."""
+
+from __future__ import annotations
+
+import datetime
+
+from streamquake.jsontypes import JsonValue
+from streamquake.result import Check, PhaseResult, RunResult
+
+RATE_METRICS = ("error_rate", "stall_rate", "chunk_loss")
+COUNT_METRICS = ("requests", "straddled")
+
+
+def unit(metric: str) -> str:
+    if metric.endswith("_ms"):
+        return " ms"
+    if metric == "output_tokens_per_s":
+        return " tokens/s"
+    return ""
+
+
+def value_text(metric: str, value: float | None) -> str:
+    """A measured value with its unit: ``552.8 ms``, ``1.2%``, ``240``; ``no data`` for None."""
+    if value is None:
+        return "no data"
+    if metric in RATE_METRICS:
+        return f"{value * 100:.2f}%" if 0 < abs(value) < 0.001 else f"{value * 100:.1f}%"
+    if metric in COUNT_METRICS:
+        return f"{int(value)}"
+    return f"{value:.1f}{unit(metric)}"
+
+
+def metric_label(check: Check) -> str:
+    p = f" p{check.percentile:g}" if check.percentile is not None else ""
+    return f"{check.metric}{p}"
+
+
+def state(check: Check) -> str:
+    """``met``, ``broken``, ``not run`` (its phase never started) or ``no data``."""
+    if not check.ran:
+        return "not run"
+    if check.observed is None:
+        return "no data"
+    return "met" if check.passed else "broken"
+
+
+def _limit(check: Check) -> str:
+    words = "at most" if check.op == "<=" else "at least"
+    return f"{words} {value_text(check.metric, check.threshold)}"
+
+
+def _margin(check: Check) -> str:
+    if check.observed is None or check.threshold != check.threshold:   # NaN: no threshold
+        return ""
+    gap = abs(check.observed - check.threshold)
+    word = "over" if check.op == "<=" else "short"
+    rel = f", {gap / abs(check.threshold) * 100:.0f}%" if check.threshold else ""
+    if check.metric in RATE_METRICS:
+        return f" ({word} by {gap * 100:.2f} points{rel})"
+    return f" ({word} by {gap:.1f}{unit(check.metric)}{rel})"
+
+
+def sentence(check: Check) -> str:
+    """What happened, for a reader: the observation first, then the limit, then the gap.
+
+    ``ttft_ms p95 was 552.8 ms in fault; the SLO allows at most 350.0 ms (over by 202.8 ms, 58%)``
+    """
+    where = f"{check.phase}" + (f" [{check.cls}]" if check.cls else "")
+    what = metric_label(check)
+    rule = "recovery allows" if check.kind == "recovery" else "the SLO allows"
+    if check.op == ">=":
+        rule = rule.replace("allows", "needs")
+    basis = f"; {check.detail}" if check.detail and check.kind == "recovery" else ""
+    if not check.ran:
+        return f"not run: the run stopped before the {check.phase} phase began"
+    if check.observed is None:
+        return f"{what}: no data in {where} (nothing in this phase measured it), so it " \
+               f"cannot meet {_limit(check)}"
+    if check.threshold != check.threshold:
+        return f"{what} was {value_text(check.metric, check.observed)} in {where}{basis}"
+    seen = value_text(check.metric, check.observed)
+    text = f"{what} was {seen} in {where}; {rule} {_limit(check)}"
+    if not check.passed:
+        text += _margin(check)
+    return text + basis
+
+
+def flat(value: JsonValue, prefix: str = "") -> list[tuple[str, str]]:
+    """A nested JSON value as ``(dotted.key, text)`` pairs, in order, nothing cut."""
+    if isinstance(value, dict):
+        out: list[tuple[str, str]] = []
+        for k, v in value.items():
+            out += flat(v, f"{prefix}.{k}" if prefix else k)
+        return out
+    if isinstance(value, list):
+        if all(not isinstance(v, dict | list) for v in value):
+            return [(prefix, "[" + ", ".join(_scalar(v) for v in value) + "]")]
+        out = []
+        for i, v in enumerate(value):
+            out += flat(v, f"{prefix}[{i}]")
+        return out
+    return [(prefix, _scalar(value))]
+
+
+def _scalar(value: JsonValue) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, float):
+        return f"{value:.6g}"
+    return str(value)
+
+
+def pairs(value: JsonValue, skip: tuple[str, ...] = ()) -> str:
+    """``key=value key=value`` on one line, every key kept (``skip`` drops exact keys)."""
+    if value is None:
+        return ""
+    return " ".join(f"{k}={v}" for k, v in flat(value) if k not in skip)
+
+
+def when(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch, tz=datetime.UTC).strftime(
+        "%Y-%m-%d %H:%M:%S UTC")
+
+
+def duration(seconds: float) -> str:
+    if seconds < 90:
+        return f"{seconds:.1f} s"
+    return f"{int(seconds // 60)} min {seconds % 60:.0f} s"
+
+
+def run_t0(result: RunResult) -> float:
+    """The origin of every report's time axis: the first phase's start (else the run's)."""
+    return result.phases[0].start if result.phases else result.started_at
+
+
+def phase_status(result: RunResult) -> dict[str, PhaseResult]:
+    return {p.name: p for p in result.phases}
+
+
+def target_text(result: RunResult) -> str:
+    t = result.target
+    kind, url = t.get("kind"), t.get("url")
+    proto = result.scenario_echo.get("target")
+    protocol = proto.get("protocol") if isinstance(proto, dict) else None
+    if url is None and isinstance(proto, dict):
+        url = proto.get("url")     # a run that never started: the URL it was given
+    text = f"{'embedded ' if kind == 'embedded' else ''}{protocol or ''} target"
+    if isinstance(url, str):
+        text += f" at {url}"
+    if isinstance(t.get("load_url"), str):
+        text += f" (load through {t['load_url']})"
+    return text.strip()
+
+
+def interruption(result: RunResult) -> str | None:
+    """One sentence on how the run ended early, if it did."""
+    if result.failure and not result.phases:
+        return f"the run could not start: {result.failure}"
+    stopped = [p for p in result.phases if p.status == "partial"]
+    not_run = [p.name for p in result.phases if p.status == "not run"]
+    if not (result.interrupted or result.failure):
+        return None
+    cause = f"interrupted by {result.interrupted}" if result.interrupted else \
+        f"stopped on an error: {result.failure}"
+    where = f" during {stopped[0].name}" if stopped else ""
+    rest = f"; not run: {', '.join(not_run)}" if not_run else ""
+    return f"{cause}{where}{rest}"

@@ -1,0 +1,100 @@
+"""`run --metrics-port 0`: scraped while the run lasts (tests/report_runs.py scrapes run "a"
+every 0.5 s), parsed with the official client's parser: bound to 127.0.0.1, the phase and the
+active fault follow the run, per-phase histograms and counters agree with report.json, and the
+example Grafana dashboard asks only for metrics that exist."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import defaultdict
+from pathlib import Path
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import REPO
+from tests.report_runs import Runs, report_runs
+
+DASHBOARD = REPO / "dashboards" / "streamquake.json"
+
+
+@pytest.fixture(scope="module")
+def runs() -> Runs:
+    return report_runs()
+
+
+def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    out = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def _sum(samples: dict, name: str, **labels: str) -> float:
+    return sum(v for (n, lab), v in samples.items()
+               if n == name and all(dict(lab).get(k) == want for k, want in labels.items()))
+
+
+@pytest.mark.timeout(240)
+def test_metrics_are_served_on_loopback_while_the_run_lasts(runs: Runs) -> None:
+    run = runs["a"]
+    assert run.returncode == 0, run.stdout
+    assert run.metrics_url is not None and run.metrics_url.startswith("http://127.0.0.1:")
+    assert run.listening_on == ["127.0.0.1"]
+    assert len(run.scrapes) >= 20, "scraped every 0.5 s over a ~20 s run"
+    parsed = [_samples(text) for _, text in run.scrapes]
+    in_phase: dict[str, list[dict]] = defaultdict(list)
+    for s in parsed:
+        current = [dict(lab)["phase"] for (n, lab), v in s.items()
+                   if n == "streamquake_phase" and v == 1]
+        in_phase[current[0] if current else "before"].append(s)
+    assert {"baseline", "fault", "recovery"} <= set(in_phase)
+    # The fault is active exactly while the run is in its phase.
+    active = "streamquake_fault_active"
+    assert all(_sum(s, active, fault="chunk-drop") == 1 for s in in_phase["fault"][1:])
+    assert all(_sum(s, active, fault="chunk-drop") == 0 for s in in_phase["recovery"])
+    assert all(_sum(s, active) == 0 for s in in_phase["baseline"])
+    # Counts grow monotonically and match the report once a phase is long over.
+    last = in_phase["recovery"][-1]
+    report = json.loads((run.out / "report.json").read_text())
+    baseline = next(p for p in report["phases"] if p["name"] == "baseline")["stats"]
+    served = _sum(last, "streamquake_requests_total", phase="baseline")
+    # The exporter counts by phase sent, straddlers included; the report scores them apart.
+    assert abs(served - (baseline["requests"] + baseline["straddled"])) <= 2, (served, baseline)
+    ttft_count = _sum(last, "streamquake_ttft_seconds_count", phase="baseline")
+    assert ttft_count == served
+    le = {dict(lab)["le"]: v for (n, lab), v in last.items()
+          if n == "streamquake_ttft_seconds_bucket" and dict(lab)["phase"] == "baseline"
+          and dict(lab)["class"] == "chat"}
+    # TTFT ~80 ms: none under 50 ms, (nearly) all under 300 ms on a busy 2-core machine.
+    assert le["0.05"] == 0 and le["0.3"] >= 0.9 * le["+Inf"] > 0, le
+    fault_errors = _sum(last, "streamquake_request_errors_total", phase="fault",
+                        kind="http_status")
+    fault = next(p for p in report["phases"] if p["name"] == "fault")["stats"]
+    assert fault_errors >= fault["errors"]["http_status"] > 0
+    assert _sum(last, "streamquake_chunks_missing_total", phase="fault") > 0
+    counts = [_sum(s, "streamquake_requests_total") for s in parsed]
+    assert counts == sorted(counts) and counts[-1] > counts[0]
+
+
+@pytest.mark.timeout(240)
+def test_grafana_dashboard_queries_name_metrics_that_exist(runs: Runs) -> None:
+    dashboard = json.loads(DASHBOARD.read_text())
+    exprs = [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    exprs += [v["query"] for v in dashboard["templating"]["list"]]
+    assert len(exprs) >= 10
+    names = {n for e in exprs for n in re.findall(r"\bstreamquake_[a-zA-Z0-9_]+", e)}
+    scraped = {n for _, text in runs["a"].scrapes for (n, _) in _samples(text)}
+    assert names and names <= scraped, names - scraped
+    labels = {lab for e in exprs for lab in re.findall(r"by \(([^)]*)\)", e)}
+    known = {"le", "phase", "kind", "class", "scenario"}
+    assert all(set(x.replace(" ", "").split(",")) <= known for x in labels), labels
+
+
+@pytest.mark.timeout(10)
+def test_dashboard_is_valid_json_with_a_datasource_input() -> None:
+    dashboard = json.loads(Path(DASHBOARD).read_text())
+    assert dashboard["__inputs"][0]["pluginId"] == "prometheus"
+    assert all(p["datasource"]["uid"] == "${DS_PROMETHEUS}" for p in dashboard["panels"])
