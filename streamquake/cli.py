@@ -76,9 +76,18 @@ def run(
     metrics_host: Annotated[
         str, typer.Option("--metrics-host", help="Address for --metrics-port.")
     ] = "127.0.0.1",
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what the run would change, where, and how "
+                           "it would be undone; start and change nothing.")
+    ] = False,
 ) -> None:
     """Run a scenario: baseline, fault, recovery; print verdicts; write reports."""
     import time
+
+    if dry_run:
+        _dry_run(scenario_file)
+        return
+    _check_out_dir(out)
 
     from streamquake.events import Events
     from streamquake.reports.live import attach_live_log
@@ -115,11 +124,52 @@ def run(
     assert result is not None
     if history is not None:
         _record_history(history, result, out)
-    print_result(result, console)
-    for path in write_reports(result, out):
+    print_result(result, console)     # the verdict first: it must reach the terminal
+    written, failed = write_reports(result, out)
+    for path in written:
         size = f" ({path.stat().st_size / 1024:.0f} KB)" if path.suffix == ".html" else ""
         console.print(f"wrote {path}{size}", highlight=False)
-    raise typer.Exit(result.exit_code)
+    for path, why in failed:
+        err_console.print(f"Error: could not write {path}: {why}; the verdict above stands",
+                          markup=False, highlight=False, soft_wrap=True)
+    # Lost reports are an environment problem (3), never "an SLO broke" (1) unless one did.
+    raise typer.Exit(result.exit_code if result.exit_code or not failed else 3)
+
+
+def _dry_run(scenario_file: Path) -> None:
+    from streamquake.run.plan import dry_run_plan
+    from streamquake.scenario import load_scenario
+
+    try:
+        lines = dry_run_plan(load_scenario(scenario_file))
+    except StreamquakeError as exc:
+        _fail(exc)
+        return
+    for line in lines:
+        console.print(line, markup=False, highlight=False, soft_wrap=True)
+
+
+def _check_out_dir(out: Path) -> None:
+    """Refuse an --out that cannot take the reports before anything runs: finding out after a
+    ten-minute run would lose it."""
+    from streamquake.errors import EXIT_ENVIRONMENT, EXIT_SCENARIO
+
+    def refuse(message: str, code: int) -> None:
+        err_console.print(f"Error: {message}", markup=False, highlight=False, soft_wrap=True)
+        raise typer.Exit(code)
+
+    if out.exists() and not out.is_dir():
+        refuse(f"--out {out} is a file, not a directory: give a directory (it is created "
+               "if missing)", EXIT_SCENARIO)
+    probe = out / ".streamquake-write-test"
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe.write_bytes(b"x" * 4096)
+    except OSError as exc:
+        refuse(f"cannot write the reports to --out {out}: {exc.strerror or exc} (a read-only "
+               "or full file system?); give another directory", EXIT_ENVIRONMENT)
+    finally:
+        probe.unlink(missing_ok=True)
 
 
 def _record_history(path: Path, result: RunResult, out: Path) -> None:

@@ -141,6 +141,8 @@ class FaultType:
     spec: type[FaultSpec]
     injector: Callable[[], InjectorFactory]
     summary: str = ""
+    # For `run --dry-run`: where this fault would act, in words, from the scenario alone.
+    where: Callable[[FaultSpec, Scenario], str] | None = None
 
 
 def _none(scenario: Scenario) -> Sequence[Resource]:

@@ -3,6 +3,8 @@ failure, interruption, a run that could not start): CI's test-report step always
 
 from __future__ import annotations
 
+import os
+from collections.abc import Callable
 from pathlib import Path
 
 from streamquake.reports.csv_report import read_samples, write_samples_csv, write_timeline_csv
@@ -13,23 +15,39 @@ from streamquake.reports.markdown import write_markdown
 from streamquake.result import RunResult
 
 
-def write_reports(result: RunResult, out: Path) -> list[Path]:
+def write_reports(result: RunResult, out: Path) -> tuple[list[Path], list[tuple[Path, str]]]:
     """report.json, junit.xml, summary.md, report.html, timeline.csv and, when the load process
-    wrote any, samples.csv."""
-    out.mkdir(parents=True, exist_ok=True)
-    written = [
-        write_json(result, out / "report.json"),
-        write_junit(result, out / "junit.xml"),
-        write_markdown(result, out / "summary.md"),
-        write_html(result, out / "report.html"),
-        write_timeline_csv(result, out / "timeline.csv"),
-    ]
+    wrote any, samples.csv. Each is written to a temporary name and renamed into place, so a full
+    disk loses only the file being written, never an earlier good one; returns (written,
+    [(path, why) that could not be written])."""
+    written: list[Path] = []
+    failed: list[tuple[Path, str]] = []
+
+    def atomic(path: Path, write: Callable[[Path], object]) -> None:
+        tmp = path.with_name(f".{path.name}.tmp")
+        try:
+            write(tmp)
+            os.replace(tmp, path)
+            written.append(path)
+        except OSError as exc:
+            tmp.unlink(missing_ok=True)
+            failed.append((path, exc.strerror or str(exc)))
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        return [], [(out, exc.strerror or str(exc))]
+    atomic(out / "report.json", lambda p: write_json(result, p))
+    atomic(out / "junit.xml", lambda p: write_junit(result, p))
+    atomic(out / "summary.md", lambda p: write_markdown(result, p))
+    atomic(out / "report.html", lambda p: write_html(result, p))
+    atomic(out / "timeline.csv", lambda p: write_timeline_csv(result, p))
     samples_dir, csv_path = out / "run" / "samples", out / "samples.csv"
     # A reused --out directory may hold an earlier run's samples: only this run's count.
     samples = [s for s in read_samples(samples_dir) if s.sent >= result.started_at] \
         if samples_dir.is_dir() and result.phases else []
     if samples:
-        written.append(write_samples_csv(result, samples, csv_path))
+        atomic(csv_path, lambda p: write_samples_csv(result, samples, p))
     else:
         csv_path.unlink(missing_ok=True)
-    return written
+    return written, failed

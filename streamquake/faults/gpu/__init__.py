@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from streamquake.faults.contract import Family, FaultType, InjectorFactory, Resource
+from streamquake.faults.contract import Family, FaultSpec, FaultType, InjectorFactory, Resource
 from streamquake.faults.gpu.spec import GpuClocksFault
 
 if TYPE_CHECKING:
@@ -29,9 +29,16 @@ def _resources(scenario: Scenario) -> Sequence[Resource]:
     return (GpuTelemetry(),)
 
 
+def _where(spec: FaultSpec, scenario: Scenario) -> str:
+    assert isinstance(spec, GpuClocksFault)
+    gpus = "every GPU" if spec.gpus == "all" else "GPUs " + ", ".join(map(str, spec.gpus))
+    return (f"NVML on {gpus} of this host: originals journalled first, restored exactly on "
+            "revert")
+
+
 FAMILY = Family(
     name="gpu",
     faults=(FaultType("gpu_clocks", GpuClocksFault, _injector,
-                      "lock SM or memory clocks, or cap the power limit"),),
+                      "lock SM or memory clocks, or cap the power limit", _where),),
     resources=_resources,
 )

@@ -10,7 +10,7 @@ from streamquake.faults.gpu.telemetry import GpuSampler
 
 class GpuTelemetry:
     key = "gpu"
-    title = "GPU telemetry"
+    title = "GPU telemetry (read-only, where NVML is present)"
     stage: Literal["before_target", "after_target"] = "before_target"
 
     def __init__(self, interval_s: float = 1.0) -> None:

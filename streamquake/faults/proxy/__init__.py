@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from streamquake.faults.contract import Family, FaultType, InjectorFactory, Resource
+from streamquake.faults.contract import Family, FaultSpec, FaultType, InjectorFactory, Resource
 from streamquake.faults.proxy.spec import SSEProxyFault
 
 if TYPE_CHECKING:
@@ -30,9 +30,15 @@ def _resources(scenario: Scenario) -> Sequence[Resource]:
     return (FaultProxy(insecure=not scenario.target.verify_tls),)
 
 
+def _where(spec: FaultSpec, scenario: Scenario) -> str:
+    return ("inside the SSE proxy this run starts in front of the target (a process of its "
+            "own), switched on and off through its control API; nothing outside it changes")
+
+
 FAMILY = Family(
     name="proxy",
     faults=(FaultType("sse_proxy", SSEProxyFault, _injector,
-                      "drop, delay, stall, truncate, abort, reset or corrupt SSE events"),),
+                      "drop, delay, stall, truncate, abort, reset or corrupt SSE events",
+                      _where),),
     resources=_resources,
 )

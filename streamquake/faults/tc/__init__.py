@@ -31,6 +31,23 @@ def _tbf() -> InjectorFactory:
     return TbfInjector  # type: ignore[return-value]
 
 
+def _where(spec: FaultSpec, scenario: Scenario) -> str:
+    assert isinstance(spec, NetemFault | TbfFault)
+    net = scenario.network
+    scope, direction = spec.scope or net.scope, spec.direction or net.direction
+    iface = spec.interface or net.interface
+    if net.mode == "namespace":
+        dev = "the target namespace's veth pair (sqh*/sqt*)"
+    else:
+        dev = (f"interface {iface}" if iface
+               else "the interface the kernel routes the target through")
+    what = ("only packets to and from the target's address and port (htb 5351: + u32 filters)"
+            if scope == "target" else "every packet on it")
+    back = " and the answers" if direction == "both" else ""
+    return (f"qdiscs on {dev}: {what}, toward the target{back}; removed by their reserved "
+            "handles")
+
+
 def _resources(scenario: Scenario) -> Sequence[Resource]:
     if scenario.network.mode != "namespace":
         return ()
@@ -60,8 +77,9 @@ FAMILY = Family(
     name="tc",
     faults=(
         FaultType("netem", NetemFault, _netem,
-                  "delay, jitter, loss, duplication, corruption, reordering, rate (needs netem)"),
-        FaultType("tbf", TbfFault, _tbf, "a token-bucket bandwidth limit"),
+                  "delay, jitter, loss, duplication, corruption, reordering, rate (needs netem)",
+                  _where),
+        FaultType("tbf", TbfFault, _tbf, "a token-bucket bandwidth limit", _where),
     ),
     resources=_resources,
     implied=_implied,

@@ -1,0 +1,55 @@
+"""`run --dry-run`: what a run would change, where, and how it would be undone, from the scenario
+alone. It starts nothing and changes nothing."""
+
+from __future__ import annotations
+
+from streamquake.faults.catalog import families, fault_type
+from streamquake.faults.envelope import FaultSpec
+from streamquake.journal import journal_path
+from streamquake.run.parts import wanted_resources
+from streamquake.scenario import PHASE_ORDER, Scenario
+
+
+def _params(spec: FaultSpec) -> str:
+    fields = spec.model_dump(mode="json", by_alias=True, exclude_none=True,
+                             exclude={"type", "name", "phase", "at"})
+    return ", ".join(f"{k}={v}" for k, v in fields.items()) or "defaults"
+
+
+def _line(spec: FaultSpec, scenario: Scenario, when: str) -> str:
+    ft = fault_type(spec.type)
+    where = ft.where(spec, scenario) if ft.where else "as its family does"
+    at = f" via agent {spec.at}" if spec.at else ""
+    return f"{when}: {spec.type} '{spec.label}'{at} ({_params(spec)}); {where}"
+
+
+def dry_run_plan(scenario: Scenario) -> list[str]:
+    lines = [f"dry run of '{scenario.name}': nothing is started or changed"]
+    target = scenario.target
+    if target.embedded is not None:
+        home = ("in its own network namespace sq-<id> behind a veth pair in 10.213.0.0/16 "
+                "(journalled; removed on every exit and by `streamquake recover`)"
+                if scenario.network.mode == "namespace" else "on 127.0.0.1, a free port")
+        lines.append(f"target: the embedded {target.protocol} server, {home}")
+    else:
+        lines.append(f"target: {target.url} (only this address receives load)")
+    for r in wanted_resources(scenario):
+        lines.append(f"for the whole run: {r.title}; stopped on every exit path")
+    load = scenario.load
+    shape = (f"open loop at {load.arrival.rate_per_s:g}/s" if load.arrival
+             else f"{load.users} users, closed loop")
+    lines.append(f"load: {shape}, {scenario.phases.total_s:g} s in all, then it stops")
+    for fam in families():
+        for spec in fam.implied(scenario):
+            lines.append(_line(spec, scenario, "whole run"))
+    offset = 0.0
+    for phase in PHASE_ORDER:
+        length = scenario.phases.duration_s(phase)
+        for spec in (f for f in scenario.faults if f.phase == phase):
+            when = f"+{offset:g}s to +{offset + length:g}s ({phase})"
+            lines.append(_line(spec, scenario, when))
+        offset += length
+    lines.append(f"every change is journalled first in {journal_path()} and reverted at its "
+                 "phase's end, on failure, Ctrl-C and SIGTERM; after a kill, `streamquake "
+                 "recover` undoes it")
+    return lines
