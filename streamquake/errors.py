@@ -11,6 +11,7 @@ EXIT_SLO_BROKEN = 1
 EXIT_SCENARIO = 2
 EXIT_ENVIRONMENT = 3
 EXIT_REVERT_FAILED = 4
+EXIT_ABORTED = 5          # an abort condition held: faults reverted early, recovery measured
 
 
 class StreamquakeError(Exception):

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, TypeVar
 from streamquake.result import FaultRecord, RunResult
 
 if TYPE_CHECKING:
+    from streamquake.run.watch import RollingStats
     from streamquake.scenario import Scenario
 
 
@@ -52,16 +53,24 @@ class RunFinished:
 
 
 @dataclass(frozen=True)
+class Tick:
+    """About twice a second while phases run: the rolling statistics of the last seconds."""
+
+    stats: RollingStats
+
+
+@dataclass(frozen=True)
 class Message:
     """A line for humans: starting parts, waiting, reverting..."""
 
     text: str
 
 
-Event = RunStarted | PhaseStarted | FaultApplied | FaultReverted | RunFinished | Message
+Event = RunStarted | PhaseStarted | FaultApplied | FaultReverted | RunFinished | Tick | Message
 EVENTS: tuple[type[Event], ...] = (RunStarted, PhaseStarted, FaultApplied, FaultReverted,
-                                   RunFinished, Message)
-E = TypeVar("E", RunStarted, PhaseStarted, FaultApplied, FaultReverted, RunFinished, Message)
+                                   RunFinished, Tick, Message)
+E = TypeVar("E", RunStarted, PhaseStarted, FaultApplied, FaultReverted, RunFinished, Tick,
+            Message)
 
 
 class Events:

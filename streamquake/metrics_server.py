@@ -17,7 +17,6 @@ and ``streamquake_run_info``.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from dataclasses import dataclass, field
@@ -30,17 +29,13 @@ from streamquake import __version__
 from streamquake.errors import PreflightError
 from streamquake.events import Events, FaultApplied, FaultReverted, PhaseStarted
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
+from streamquake.loadgen.tail import SampleTail
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
                    1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
                2.5, 5.0)
 PHASES = ("warmup", "baseline", "fault", "recovery")
-
-
-@dataclass
-class _Tail:
-    offset: int = 0
 
 
 @dataclass
@@ -82,7 +77,7 @@ class MetricsServer:
         for p in PHASES:
             self.phase.labels(self.scenario, p).set(0)
         self._windows: list[tuple[str, float]] = []       # (phase, start), in order
-        self._tails: dict[Path, _Tail] = {}
+        self._tail = SampleTail(self.samples_dir)
         self._seen: set[tuple[str, str, str]] = set()
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -143,25 +138,8 @@ class MetricsServer:
 
     def poll(self) -> None:
         """Read every complete new line of every samples file."""
-        if not self.samples_dir.is_dir():
-            return
-        for path in sorted(self.samples_dir.glob("samples-*.jsonl")):
-            tail = self._tails.setdefault(path, _Tail())
-            try:
-                with open(path, "rb") as f:
-                    f.seek(tail.offset)
-                    chunk = f.read()
-            except OSError:
-                continue
-            end = chunk.rfind(b"\n")
-            if end < 0:
-                continue
-            tail.offset += end + 1
-            for line in chunk[: end + 1].splitlines():
-                try:
-                    self._observe(RequestSample.from_dict(json.loads(line)))
-                except ValueError:
-                    continue
+        for sample in self._tail.poll():
+            self._observe(sample)
 
     def _phase_of(self, sent: float) -> str:
         with self._lock:

@@ -108,6 +108,7 @@ class RunResult:
     cdfs: list[Cdf] = field(default_factory=list)
     environment: dict[str, str] = field(default_factory=dict)   # host, python, scenario hash
     trend: list[TrendPoint] = field(default_factory=list)
+    aborted: str | None = None                 # the abort condition that held, as a sentence
 
     @property
     def broken(self) -> list[Check]:

@@ -8,11 +8,27 @@ whole and a terminal wraps them at its own edge.
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.live import Live
 from rich.markup import escape
+from rich.table import Table
 
-from streamquake.events import Events, FaultApplied, FaultReverted, Message, PhaseStarted
+from streamquake.events import (
+    Events,
+    FaultApplied,
+    FaultReverted,
+    Message,
+    PhaseStarted,
+    RunFinished,
+    Tick,
+)
+from streamquake.run.watch import LATENCIES, LIVE_WINDOW_S
+
+if TYPE_CHECKING:
+    from streamquake.run.watch import RollingStats
+    from streamquake.scenario import Scenario, SLOSpec
 from streamquake.reports.words import pairs
 
 
@@ -43,3 +59,109 @@ def attach_live_log(events: Events, console: Console) -> None:
     events.on(PhaseStarted, on_phase)
     events.on(FaultApplied, on_applied)
     events.on(FaultReverted, on_reverted)
+
+
+class LiveView:
+    """While phases run: the phase and its countdown, the active faults, rolling p50/p95 of
+    TTFB, TTFT, ITL and E2E over the last seconds (with the count behind each), requests/s,
+    errors, and a light per SLO on that window. A rich Live panel on a terminal; a plain line
+    every ``line_every_s`` seconds otherwise (a CI log)."""
+
+    def __init__(self, console: Console, scenario: Scenario, line_every_s: float = 5.0) -> None:
+        self.console = console
+        self.slos = list(scenario.slos)
+        self.line_every_s = line_every_s
+        self.phase: str | None = None
+        self.phase_end = 0.0
+        self.faults: dict[str, str] = {}
+        self.stats: RollingStats | None = None
+        self._live: Live | None = None
+        self._last_line = 0.0
+
+    def attach(self, events: Events) -> None:
+        events.on(PhaseStarted, self._on_phase)
+        events.on(FaultApplied, self._on_applied)
+        events.on(FaultReverted, self._on_reverted)
+        events.on(Tick, self._on_tick)
+        events.on(RunFinished, lambda e: self.stop())
+
+    def _on_applied(self, event: FaultApplied) -> None:
+        self.faults[event.record.name] = event.record.type
+
+    def _on_reverted(self, event: FaultReverted) -> None:
+        self.faults.pop(event.record.name, None)
+
+    def _on_phase(self, event: PhaseStarted) -> None:
+        self.phase, self.phase_end = event.phase, time.time() + event.duration_s
+        if self._live is None and self.console.is_terminal:
+            self._live = Live(self._render(), console=self.console, refresh_per_second=4,
+                              transient=True)
+            self._live.start()
+
+    def _on_tick(self, event: Tick) -> None:
+        self.stats = event.stats
+        if self._live is not None:
+            self._live.update(self._render())
+        elif time.monotonic() - self._last_line >= self.line_every_s:
+            self._last_line = time.monotonic()
+            self.console.print(self.line(), markup=False, highlight=False, soft_wrap=True)
+
+    def stop(self) -> None:
+        if self._live is not None:
+            self._live.stop()
+            self._live = None
+
+    def _left(self) -> str:
+        return f"{max(0.0, self.phase_end - time.time()):.0f} s left"
+
+    def _light(self, slo: SLOSpec) -> tuple[str, str]:
+        s = self.stats
+        value: float | None = None
+        if s is not None and slo.metric == "error_rate" and s.requests:
+            value = s.errors / s.requests
+        elif s is not None and slo.percentile in (50, 95) and slo.metric in s.p50:
+            value = (s.p50 if slo.percentile == 50 else s.p95)[slo.metric]
+        if value is None:
+            return "-", "dim"
+        ok = value <= slo.max if slo.max is not None else value >= (slo.min or 0.0)
+        return f"{value:.4g}", "green" if ok else "red"
+
+    def line(self) -> str:
+        s = self.stats
+        faults = ", ".join(f"{n} ({t})" for n, t in self.faults.items()) or "none"
+        head = f"live: phase {self.phase} {self._left()} | faults: {faults}"
+        if s is None:
+            return head
+        lat = " | ".join(
+            f"{m.removesuffix('_ms').upper()} p50 {_ms(s.p50[m])} p95 {_ms(s.p95[m])} "
+            f"(n={s.counts[m]})" for m in LATENCIES)
+        err = f"{s.errors / s.requests:.1%}" if s.requests else "-"
+        return f"{head} | {s.per_s:.1f} req/s | errors {err} | {lat} (last {s.window_s:g} s)"
+
+    def _render(self) -> Table:
+        table = Table(title=f"phase {self.phase} · {self._left()}", title_justify="left",
+                      show_header=True, header_style="bold", box=None)
+        table.add_column(f"last {LIVE_WINDOW_S:g} s")
+        table.add_column("p50 ms", justify="right")
+        table.add_column("p95 ms", justify="right")
+        table.add_column("n", justify="right")
+        s = self.stats
+        for m in LATENCIES:
+            if s is None:
+                table.add_row(m, "-", "-", "0")
+            else:
+                table.add_row(m, _ms(s.p50[m]), _ms(s.p95[m]), str(s.counts[m]))
+        if s is not None:
+            err = f"{s.errors / s.requests:.1%}" if s.requests else "-"
+            table.add_row("requests/s", f"{s.per_s:.1f}", "", str(s.requests))
+            table.add_row("errors", err, "", str(s.errors))
+        faults = ", ".join(f"{n} ({t})" for n, t in self.faults.items()) or "none"
+        table.add_row("faults", escape(faults), "", "")
+        for slo in self.slos:
+            value, style = self._light(slo)
+            table.add_row(escape(slo.label), f"[{style}]{value}[/]", "", "")
+        return table
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.1f}"

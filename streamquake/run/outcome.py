@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
-from streamquake.errors import EXIT_ENVIRONMENT, EXIT_OK, EXIT_REVERT_FAILED, EXIT_SLO_BROKEN
+from streamquake.errors import (
+    EXIT_ABORTED,
+    EXIT_ENVIRONMENT,
+    EXIT_OK,
+    EXIT_REVERT_FAILED,
+    EXIT_SLO_BROKEN,
+)
 from streamquake.jsontypes import JsonDict
 from streamquake.result import RunResult
 from streamquake.scenario import Scenario
@@ -13,6 +19,8 @@ def exit_code_for(result: RunResult, revert_failed: bool) -> int:
         return EXIT_REVERT_FAILED
     if result.interrupted:
         return 130 if result.interrupted == "SIGINT" else 143
+    if result.aborted:
+        return EXIT_ABORTED
     if any(f.error for f in result.faults):
         return EXIT_ENVIRONMENT
     return EXIT_SLO_BROKEN if result.broken else EXIT_OK

@@ -15,7 +15,7 @@ from pathlib import Path
 
 from streamquake import __version__
 from streamquake.errors import EXIT_OK, EXIT_SLO_BROKEN, PreflightError, StreamquakeError
-from streamquake.events import Events, PhaseStarted, RunFinished, RunStarted
+from streamquake.events import Events, PhaseStarted, RunFinished, RunStarted, Tick
 from streamquake.faults.catalog import families
 from streamquake.faults.contract import FaultSpec
 from streamquake.journal import Journal
@@ -32,6 +32,7 @@ from streamquake.run.series import cdfs, environment, per_second
 from streamquake.run.signals import Interrupted, Signals
 from streamquake.run.timeline import STARTUP_LEAD_S, PhaseWindow, plan_windows, sleep_until
 from streamquake.run.verdicts import evaluate
+from streamquake.run.watch import Watch
 from streamquake.scenario import Scenario
 from streamquake.scenario.advice import scenario_warnings
 
@@ -48,6 +49,8 @@ class Runner:
         self.journal = journal or Journal()
         self.ledger = Ledger(self.journal, self.signals, self.events)
         self.warnings: list[str] = []
+        self.aborted: str | None = None
+        self.watch = Watch(self.work_dir / "samples", [])
 
     def run(self) -> RunResult:
         self._preflight()
@@ -69,14 +72,17 @@ class Runner:
                     target_info = parts.target_info
                     planned = self.ledger.plan(parts.ctx, self._implied(),
                                                list(self.scenario.faults))
+                    # Whole-run faults on a stack of their own, so an abort can revert them early.
+                    whole_run = stack.enter_context(contextlib.ExitStack())
                     for fault in (f for f in planned if f.phase == WHOLE_RUN):
-                        self.ledger.apply(stack, fault)
+                        self.ledger.apply(whole_run, fault)
                     self.events.emit(RunStarted(self.scenario, self.out_dir))
                     t0 = time.time() + STARTUP_LEAD_S
                     windows = plan_windows(self.scenario, t0)
                     load = start_loadgen(stack, self.scenario, parts, windows[-1].end,
                                          self.events)
-                    self._walk(windows, planned, load)
+                    self.watch = Watch(self.work_dir / "samples", self.scenario.abort_when)
+                    self._walk(windows, planned, load, whole_run)
                     self.events.message("waiting for in-flight requests to finish")
                     load.wait()
             except Interrupted as exc:
@@ -115,15 +121,31 @@ class Runner:
         return [spec for family in families() for spec in family.implied(self.scenario)]
 
     def _walk(self, windows: list[PhaseWindow], planned: list[PlannedFault],
-              load: LocustRun) -> None:
+              load: LocustRun, whole_run: contextlib.ExitStack) -> None:
         for w in windows:
-            sleep_until(w.start, load, self.work_dir)
+            sleep_until(w.start, load, self.work_dir, self._tick)
             self.events.emit(PhaseStarted(w.name, w.end - w.start))
             with contextlib.ExitStack() as phase_stack:
-                for fault in planned:
-                    if fault.phase == w.name:
-                        self.ledger.apply(phase_stack, fault)
-                sleep_until(w.end, load, self.work_dir)
+                if self.aborted is None:
+                    for fault in planned:
+                        if fault.phase == w.name:
+                            self.ledger.apply(phase_stack, fault)
+                aborted_now = sleep_until(w.end, load, self.work_dir, self._tick)
+            if aborted_now:
+                # The phase's faults were reverted as its stack closed; the whole-run ones now.
+                whole_run.close()
+                self.events.message(f"ABORTED in {w.name}: {self.aborted}; faults reverted, "
+                                    "the remaining phases run without faults")
+                sleep_until(w.end, load, self.work_dir, self._tick)
+
+    def _tick(self) -> bool:
+        """Feed the watch; report rolling stats; True once, when an abort condition holds."""
+        self.watch.poll()
+        self.events.emit(Tick(self.watch.rolling()))
+        if self.aborted is None and (reason := self.watch.abort_reason()) is not None:
+            self.aborted = reason
+            return True
+        return False
 
     def _result(self, started: float, windows: list[PhaseWindow], samples: list[RequestSample],
                 interrupted: str | None, target_info: JsonDict,
@@ -146,7 +168,9 @@ class Runner:
             faults=self.ledger.records,
             target=target_info,
             telemetry=telemetry,
-            errors=[*self.ledger.errors, *scored.warnings, *self.warnings],
+            errors=[*self.ledger.errors, *scored.warnings, *self.warnings,
+                    *([f"run aborted: {self.aborted}"] if self.aborted else [])],
+            aborted=self.aborted,
             timeline=per_second(samples, windows, stopped_at),
             cdfs=cdfs(measured),
             environment=environment(echo),

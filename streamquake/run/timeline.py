@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -10,7 +11,8 @@ from typing import Protocol
 from streamquake.errors import StreamquakeError
 from streamquake.scenario import PHASE_ORDER, Scenario
 
-STARTUP_LEAD_S = 3.0        # time the load process gets to import Locust and spawn users
+STARTUP_LEAD_S = 3.0
+TICK_S = 0.5        # time the load process gets to import Locust and spawn users
 
 
 @dataclass(frozen=True)
@@ -36,12 +38,20 @@ def plan_windows(scenario: Scenario, t0: float) -> list[PhaseWindow]:
     return windows
 
 
-def sleep_until(deadline: float, load: Load, log_dir: Path) -> None:
-    """Sleep to ``deadline``; the load generator must stay up all the while."""
+def sleep_until(deadline: float, load: Load, log_dir: Path,
+                tick: Callable[[], bool] | None = None) -> bool:
+    """Sleep to ``deadline``; the load generator must stay up all the while. ``tick`` runs
+    about twice a second; when it returns True the sleep ends early (and this returns True)."""
+    next_tick = 0.0
     while (left := deadline - time.time()) > 0:
         if not load.alive():
             raise StreamquakeError(
                 f"the load generator stopped early (code {load.returncode()}); "
                 f"see {log_dir / 'locust.log'}"
             )
+        if tick is not None and time.monotonic() >= next_tick:
+            next_tick = time.monotonic() + TICK_S
+            if tick():
+                return True
         time.sleep(min(0.2, left))
+    return False

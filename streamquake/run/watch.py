@@ -1,0 +1,119 @@
+"""The run as it happens: rolling statistics over the last seconds (for the live view and
+``Tick`` events) and the scenario's abort conditions, fed from the samples the load process
+appends (``loadgen/tail.py``). Percentiles here are nearest-rank over the window's values,
+with the count behind each; the verdicts still come from the full HDR histograms."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.tail import SampleTail
+from streamquake.scenario.schema import AbortCondition
+
+LIVE_WINDOW_S = 10.0
+LATENCIES = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")
+
+
+def _ended(s: RequestSample) -> float:
+    return s.sent + (s.e2e_ms or 0.0) / 1000.0
+
+
+def _nearest_rank(values: list[float], p: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100.0 * len(ordered)) - 1)]
+
+
+def _values(samples: list[RequestSample], metric: str) -> list[float]:
+    if metric == "itl_ms":
+        return [g for s in samples for g in s.itl_ms]
+    if metric == "e2e_ms":
+        return [s.e2e_ms for s in samples if s.error is None and s.e2e_ms is not None]
+    if metric == "output_tokens_per_s":
+        return [s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1000.0) for s in samples
+                if s.error is None and s.e2e_ms is not None and s.ttft_ms is not None
+                and s.e2e_ms > s.ttft_ms and s.output_tokens > 0]
+    return [v for s in samples if (v := getattr(s, metric, None)) is not None]
+
+
+def _rate(samples: list[RequestSample], metric: str) -> tuple[float | None, int]:
+    if metric == "error_rate":
+        n = len(samples)
+        return (sum(s.error is not None for s in samples) / n if n else None), n
+    ok = [s for s in samples if s.error is None]
+    if metric == "stall_rate":
+        return (sum(s.stalls > 0 for s in ok) / len(ok) if ok else None), len(ok)
+    expected = sum(s.expected_events for s in samples)
+    return (sum(s.missing_events for s in samples) / expected if expected else None), len(samples)
+
+
+@dataclass(frozen=True)
+class RollingStats:
+    """The last ``window_s`` seconds: requests that ended in it."""
+
+    at: float
+    window_s: float
+    requests: int
+    errors: int
+    per_s: float
+    p50: dict[str, float | None] = field(default_factory=dict)
+    p95: dict[str, float | None] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+
+
+class Watch:
+    def __init__(self, samples_dir: Path, conditions: list[AbortCondition]) -> None:
+        self.tail = SampleTail(samples_dir)
+        self.conditions = conditions
+        keep = max([LIVE_WINDOW_S, *(c.for_s for c in conditions)])
+        self._keep_s = keep
+        self._recent: deque[RequestSample] = deque()
+        self._first_sent: float | None = None
+
+    def poll(self, now: float | None = None) -> None:
+        now = time.time() if now is None else now
+        for s in sorted(self.tail.poll(), key=_ended):
+            self._recent.append(s)
+            self._first_sent = s.sent if self._first_sent is None else min(self._first_sent,
+                                                                            s.sent)
+        while self._recent and _ended(self._recent[0]) < now - self._keep_s:
+            self._recent.popleft()
+
+    def _window(self, now: float, seconds: float) -> list[RequestSample]:
+        return [s for s in self._recent if now - seconds <= _ended(s) <= now]
+
+    def rolling(self, now: float | None = None) -> RollingStats:
+        now = time.time() if now is None else now
+        window = self._window(now, LIVE_WINDOW_S)
+        p50, p95, counts = {}, {}, {}
+        for m in LATENCIES:
+            values = _values(window, m)
+            p50[m], p95[m], counts[m] = (_nearest_rank(values, 50), _nearest_rank(values, 95),
+                                         len(values))
+        return RollingStats(at=now, window_s=LIVE_WINDOW_S, requests=len(window),
+                            errors=sum(s.error is not None for s in window),
+                            per_s=len(window) / LIVE_WINDOW_S, p50=p50, p95=p95, counts=counts)
+
+    def abort_reason(self, now: float | None = None) -> str | None:
+        """The first abort condition that holds now, as a sentence; None if none does."""
+        now = time.time() if now is None else now
+        for c in self.conditions:
+            if self._first_sent is None or now - self._first_sent < c.for_s:
+                continue        # the window is not full of this run yet
+            window = self._window(now, c.for_s)
+            if c.percentile is not None:
+                values = _values(window, c.metric)
+                value, n = _nearest_rank(values, c.percentile), len(values)
+            else:
+                value, n = _rate(window, c.metric)
+            if value is not None and len(window) >= c.min_requests and value > c.above:
+                return (f"abort condition '{c.label}' held: {c.metric}"
+                        f"{f' p{c.percentile:g}' if c.percentile else ''} was {value:.4g} over "
+                        f"the last {c.for_s:g} s ({n} values from {len(window)} requests)")
+        return None
