@@ -24,6 +24,11 @@ class Check:
     percentile: float | None = None
     detail: str = ""
     ran: bool = True               # False: its phase never started (the run stopped before it)
+    samples: int | None = None     # how many values (or trials, for a rate) stand behind it
+    ci_low: float | None = None    # the confidence interval of the observed value; None: that
+    ci_high: float | None = None   #   side cannot be bounded with this many samples
+    confidence: float | None = None
+    inconclusive: bool = False     # the interval straddles the threshold
 
 
 @dataclass

@@ -124,3 +124,34 @@ def test_chunk_loss_against_a_server_that_numbers_nothing_is_not_measurable() ->
     check = check_slo(scenario.slos[0], "baseline", stats)
     assert check.observed is None
     assert check.detail.startswith("not measurable: the server numbers none of its events")
+
+
+def _ttft_stats(ttfts: list[float]) -> Stats:
+    return Stats.from_samples([RequestSample(cls="c", sent=0.0, ttft_ms=v, e2e_ms=v + 10.0)
+                               for v in ttfts])
+
+
+@pytest.mark.timeout(10)
+def test_a_percentile_from_a_handful_of_samples_is_inconclusive_not_a_verdict() -> None:
+    from streamquake.reports.words import sentence
+    from streamquake.run.verdicts import check_recovery, check_slo
+    from streamquake.scenario.schema import RecoverySpec, SLOSpec, VerdictSpec
+
+    baseline = _ttft_stats([100.0 + i % 20 for i in range(400)])
+    few = _ttft_stats([100.0 + i for i in range(24)])          # 24 requests: p95 has no upper bound
+    spec = RecoverySpec.model_validate({"metrics": ["ttft_ms"], "percentile": 95})
+    (check,) = check_recovery(spec, baseline, few)
+    assert check.samples == 24 and check.ci_high is None and check.inconclusive
+    assert check.passed == (check.observed is not None and check.observed <= check.threshold)
+    assert "n=24" in check.detail and "unbounded" in check.detail
+    assert "inconclusive: too few values" in sentence(check)
+    (strict,) = check_recovery(spec, baseline, few, VerdictSpec(inconclusive="fail"))
+    assert strict.inconclusive and not strict.passed
+
+    # Plenty of samples far from the limit: sure either way.
+    slo = SLOSpec.model_validate({"metric": "ttft_ms", "percentile": 95, "max": 150})
+    assert not check_slo(slo, "baseline", baseline).inconclusive
+    broken = check_slo(SLOSpec.model_validate({"metric": "ttft_ms", "percentile": 95,
+                                               "max": 50}), "fault", baseline)
+    assert not broken.passed and not broken.inconclusive
+    assert broken.ci_low is not None and broken.ci_low > 50

@@ -14,12 +14,14 @@ Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution 
 from __future__ import annotations
 
 import itertools
+import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 from hdrh.histogram import HdrHistogram
 
+from streamquake.loadgen.quantile_ci import normal_quantile, rank_bounds
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
 
 HISTOGRAM_METRICS: tuple[str, ...] = (
@@ -143,6 +145,34 @@ class Stats:
         if metric == "chunk_loss":
             return self.missing_events / self.expected_events if self.expected_events else None
         raise KeyError(f"unknown rate metric {metric!r}; known: {', '.join(RATE_METRICS)}")
+
+    def percentile_interval(self, metric: str, p: float, confidence: float
+                            ) -> tuple[float | None, float | None, int]:
+        """(low, high, n): a distribution-free ``confidence`` interval for the ``p``-th
+        percentile from order statistics (loadgen/quantile_ci.py); a side no observation can
+        bound at that confidence is None."""
+        n = self.count(metric)
+        low_rank, high_rank = rank_bounds(n, p / 100.0, confidence)
+
+        def at_rank(rank: int | None) -> float | None:
+            # HDR finds the value at ceil(q/100 * n); half a rank below lands exactly on it.
+            return None if rank is None else self.percentile(metric, 100.0 * (rank - 0.5) / n)
+
+        return at_rank(low_rank), at_rank(high_rank), n
+
+    def rate_interval(self, metric: str, confidence: float
+                      ) -> tuple[float | None, float | None, int]:
+        """(low, high, n): a Wilson score interval for a rate metric over its n trials."""
+        k, n = {"error_rate": (self.error_count, self.requests),
+                "stall_rate": (self.stalled, self.successes),
+                "chunk_loss": (self.missing_events, self.expected_events)}[metric]
+        if n == 0:
+            return None, None, 0
+        z = normal_quantile(confidence)
+        phat = k / n
+        centre = (phat + z * z / (2 * n)) / (1 + z * z / n)
+        half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+        return max(0.0, centre - half), min(1.0, centre + half), n
 
     def unavailable(self, metric: str) -> str | None:
         """Why ``metric`` has no value in these samples (None when it has one)."""

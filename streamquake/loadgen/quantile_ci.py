@@ -16,7 +16,7 @@ import math
 _EXACT_UP_TO = 5000
 
 
-def _z(confidence: float) -> float:
+def normal_quantile(confidence: float) -> float:
     # Two-sided normal quantile by bisection on erf (no SciPy): enough digits for ranks.
     lo, hi, target = 0.0, 10.0, confidence
     for _ in range(60):
@@ -36,7 +36,7 @@ def rank_bounds(n: int, p: float, confidence: float = 0.95) -> tuple[int | None,
     tail = (1.0 - confidence) / 2.0
     if n > _EXACT_UP_TO:
         mean, sd = n * p, math.sqrt(n * p * (1 - p))
-        half = _z(confidence) * sd
+        half = normal_quantile(confidence) * sd
         lo_rank = math.floor(mean - half)
         up_rank = math.ceil(mean + half) + 1
         return (lo_rank if lo_rank >= 1 else None), (up_rank if up_rank <= n else None)

@@ -53,7 +53,9 @@ def verdict_rows(result: RunResult) -> list[tuple[str, dict[str, Cell]]]:
 def _cell(check: Check) -> Cell:
     if not check.ran:
         return Cell(text="not run", passed=None, gating=check.gating, ran=False)
-    return Cell(text=fmt_value(check.metric, check.observed), passed=check.passed,
+    # "?": the confidence interval reaches both sides of the limit (see the sentence's CI).
+    mark = "?" if check.inconclusive else ""
+    return Cell(text=fmt_value(check.metric, check.observed) + mark, passed=check.passed,
                 gating=check.gating)
 
 

@@ -61,6 +61,25 @@ def _margin(check: Check) -> str:
     return f" ({word} by {gap:.1f}{unit(check.metric)}{rel})"
 
 
+def evidence(check: Check) -> str:
+    """How many values stand behind a check and how sure it is: ``n=269, 95% CI 150.2 ms to
+    160.1 ms``; a side that so few values cannot bound says so."""
+    if check.samples is None or check.confidence is None:
+        return ""
+
+    def side(v: float | None, what: str) -> str:
+        return f"unbounded {what}" if v is None else value_text(check.metric, v)
+
+    conf = f"{check.confidence * 100:g}%"
+    text = (f"n={check.samples}, {conf} CI {side(check.ci_low, 'below')} to "
+            f"{side(check.ci_high, 'above')}")
+    if check.inconclusive:
+        text += ("; inconclusive: that interval reaches both sides of the limit"
+                 if check.ci_low is not None and check.ci_high is not None
+                 else "; inconclusive: too few values to bound it on the limit's side")
+    return text
+
+
 def sentence(check: Check) -> str:
     """What happened, for a reader: the observation first, then the limit, then the gap.
 
@@ -83,7 +102,8 @@ def sentence(check: Check) -> str:
     text = f"{what} was {seen} in {where}; {rule} {_limit(check)}"
     if not check.passed:
         text += _margin(check)
-    return text + basis
+    sure = evidence(check)
+    return text + (f" [{sure}]" if sure else "") + basis
 
 
 def flat(value: JsonValue, prefix: str = "") -> list[tuple[str, str]]:
