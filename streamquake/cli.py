@@ -24,7 +24,7 @@ app = typer.Typer(
     name="streamquake",
     help="Chaos and load tests for streaming LLM endpoints.\n\n" + EXIT_CODES_HELP,
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,
     pretty_exceptions_enable=False,
 )
 target_app = typer.Typer(help="The embedded simulated LLM server.", no_args_is_help=True)
@@ -35,9 +35,21 @@ err_console = Console(stderr=True)
 _state: dict[str, bool] = {"debug": False}
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from streamquake import __version__
+
+        console.print(f"streamquake {__version__}", highlight=False)
+        raise typer.Exit()
+
+
 @app.callback()
 def _main(
     debug: Annotated[bool, typer.Option("--debug", help="Show tracebacks on errors.")] = False,
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True,
+                           help="Print the version and exit.")
+    ] = False,
 ) -> None:
     _state["debug"] = debug
 
@@ -90,7 +102,7 @@ def run(
     _check_out_dir(out)
 
     from streamquake.events import Events
-    from streamquake.reports.live import attach_live_log
+    from streamquake.reports.live import LiveView, attach_live_log
     from streamquake.reports.outputs import write_reports
     from streamquake.reports.terminal import print_result
     from streamquake.run.failed import failed_result
@@ -101,10 +113,13 @@ def run(
     scenario: Scenario | None = None
     result: RunResult | None = None
     metrics = None
+    live: LiveView | None = None
     try:
         scenario = load_scenario(scenario_file)
         events = Events()
         attach_live_log(events, console)
+        live = LiveView(console, scenario)
+        live.attach(events)
         runner = Runner(scenario, str(scenario_file), out, events=events)
         if metrics_port is not None:
             from streamquake.metrics_server import MetricsServer
@@ -119,6 +134,8 @@ def run(
         _print_problems(exc)
         result = failed_result(scenario_file, scenario, exc, started)
     finally:
+        if live is not None:
+            live.stop()
         if metrics is not None:
             metrics.stop()
     assert result is not None
@@ -330,6 +347,13 @@ def target_serve(
 
     from streamquake.procs import python_module_cmd
 
+    if config is not None:
+        from streamquake.target.__main__ import load_config_file
+
+        try:
+            load_config_file(config)      # checked here, so errors come as the CLI's own
+        except StreamquakeError as exc:
+            _fail(exc)
     args = ["--host", host, "--port", str(port)]
     for p in protocol or []:
         args += ["--protocol", p]
@@ -337,6 +361,217 @@ def target_serve(
         args += ["--config", str(config)]
     cmd = python_module_cmd("streamquake.target", *args)
     os.execv(cmd[0], cmd)
+
+
+# -- game days: faults held by agents under leases (streamquake/agent) ------------------------
+
+AtOption = Annotated[
+    str | None, typer.Option("--at", help="An agent's URL, e.g. https://gpu-host:7355 (default: "
+                             "the local agent, started on first use).")]
+TokenEnvOption = Annotated[
+    str, typer.Option("--token-env", help="The environment variable that holds the agent's "
+                      "token (with --at).")]
+CaCertOption = Annotated[
+    Path | None, typer.Option("--ca-cert", help="PEM CA certificate(s) that signed the agent's "
+                              "certificate (https; default: the system's CAs).")]
+ClientCertOption = Annotated[
+    Path | None, typer.Option("--client-cert", help="A client certificate (PEM), for an agent "
+                              "that asks for one (mTLS).")]
+ClientKeyOption = Annotated[
+    Path | None, typer.Option("--client-key", help="The client certificate's private key.")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
+AGENT_EXIT_CODES = ("Exit codes: 0 done; 2 a wrong parameter, or no such fault; 3 the agent is "
+                    "unreachable or refused (token, allowlist, the fault's preflight); 4 a revert "
+                    "failed.")
+
+
+def _complete_fault_type(incomplete: str) -> list[str]:
+    from streamquake.faults.catalog import fault_types
+
+    return [t for t in fault_types() if t.startswith(incomplete)]
+
+
+@app.command(epilog=AGENT_EXIT_CODES)
+def inject(
+    fault_type: Annotated[str, typer.Argument(metavar="TYPE", help="A fault type "
+                                              "(`streamquake faults` lists them).",
+                                              autocompletion=_complete_fault_type)],
+    params: Annotated[
+        list[str] | None, typer.Argument(metavar="[KEY=VALUE]...", help="The fault's "
+                                         "parameters as a scenario writes them, e.g. "
+                                         "delay=100ms loss=1% (nested: stall.probability=1%).")
+    ] = None,
+    hold_for: Annotated[str, typer.Option("--for", help="How long to hold it: 30s, 2m, 1m30s. "
+                                          "The agent reverts it then, even if this shell "
+                                          "dies.")] = "",
+    name: Annotated[str | None, typer.Option("--name", help="Its name, for status and "
+                                             "revert (default: the type).")] = None,
+    at: AtOption = None,
+    target: Annotated[str | None, typer.Option("--target", help="HOST:PORT of the target, "
+                                               "for faults that shape the path to it (tc).")
+                      ] = None,
+    token_env: TokenEnvOption = "STREAMQUAKE_AGENT_TOKEN",
+    ca_cert: CaCertOption = None,
+    client_cert: ClientCertOption = None,
+    client_key: ClientKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """Inject a fault by hand and hold it --for a while: an agent holds it under a lease, so it
+    is reverted on time even if this shell is killed."""
+    from streamquake.agent.commands import Where
+    from streamquake.agent.commands import inject as do_inject
+
+    where = Where(at, token_env, ca_cert, client_cert, client_key)
+    try:
+        if not hold_for:
+            from streamquake.errors import ScenarioError
+
+            raise ScenarioError("give --for: how long to hold the fault, e.g. --for 2m")
+        do_inject(console, fault_type, list(params or []), hold_for, name, where, target,
+                  as_json)
+    except StreamquakeError as exc:
+        _fail(exc)
+
+
+@app.command(epilog=AGENT_EXIT_CODES)
+def status(
+    at: AtOption = None,
+    token_env: TokenEnvOption = "STREAMQUAKE_AGENT_TOKEN",
+    ca_cert: CaCertOption = None,
+    client_cert: ClientCertOption = None,
+    client_key: ClientKeyOption = None,
+    as_json: JsonOption = False,
+) -> None:
+    """The faults an agent holds: name, type, owner, time left."""
+    from streamquake.agent.commands import Where
+    from streamquake.agent.commands import status as do_status
+
+    where = Where(at, token_env, ca_cert, client_cert, client_key)
+    try:
+        do_status(console, where, as_json)
+    except StreamquakeError as exc:
+        _fail(exc)
+
+
+@app.command("revert", epilog=AGENT_EXIT_CODES)
+def revert_cmd(
+    name: Annotated[str | None, typer.Argument(metavar="NAME", help="The fault's name or id "
+                                               "(see `streamquake status`).")] = None,
+    every: Annotated[bool, typer.Option("--all", help="Revert every fault the agent "
+                                        "holds.")] = False,
+    at: AtOption = None,
+    token_env: TokenEnvOption = "STREAMQUAKE_AGENT_TOKEN",
+    ca_cert: CaCertOption = None,
+    client_cert: ClientCertOption = None,
+    client_key: ClientKeyOption = None,
+) -> None:
+    """Revert a held fault now, before its lease ends (or --all of them)."""
+    from streamquake.agent.commands import Where
+    from streamquake.agent.commands import revert as do_revert
+
+    where = Where(at, token_env, ca_cert, client_cert, client_key)
+    try:
+        do_revert(console, name, every, where)
+    except StreamquakeError as exc:
+        _fail(exc)
+
+
+@app.command("agent", epilog="Exit codes: 0 stopped cleanly (every fault reverted); 1 a fault "
+             "could not be reverted at stop (it stays in the journal for the next start); 2 a "
+             "wrong option; 3 cannot start (port in use, state directory taken).")
+def agent_cmd(
+    listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to listen on (port 0: any "
+                                        "free port). Beyond loopback it needs a token.")
+                      ] = "127.0.0.1:7355",
+    token_env: Annotated[str, typer.Option("--token-env", help="The environment variable "
+                                           "holding the bearer token clients must send.")
+                         ] = "STREAMQUAKE_AGENT_TOKEN",
+    allow_types: Annotated[list[str] | None, typer.Option(
+        "--allow-types", help="Fault types it may apply (repeat, or comma-separate; default: "
+        "all).")] = None,
+    allow_interfaces: Annotated[list[str] | None, typer.Option(
+        "--allow-interfaces", help="Network interfaces tc faults may shape (default: any).")
+    ] = None,
+    allow_gpus: Annotated[list[str] | None, typer.Option(
+        "--allow-gpus", help="GPUs gpu_clocks may touch, by index or UUID (default: any).")
+    ] = None,
+    tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="Serve HTTPS with this "
+                                                  "certificate (PEM).")] = None,
+    tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Its private key (PEM).")
+                       ] = None,
+    tls_client_ca: Annotated[Path | None, typer.Option(
+        "--tls-client-ca", help="Require client certificates signed by this CA (mTLS).")
+    ] = None,
+    state_dir: Annotated[Path | None, typer.Option(
+        "--state-dir", help="Its journal and lock (default: $STREAMQUAKE_STATE_DIR/agent, "
+        "i.e. ~/.local/state/streamquake/agent).")] = None,
+    discovery_file: Annotated[Path | None, typer.Option(
+        "--discovery-file", hidden=True, help="Write the URL and pid here once listening.")
+    ] = None,
+    exit_when_idle: Annotated[str | None, typer.Option(
+        "--exit-when-idle", help="Exit after this long holding nothing (e.g. 60s).")] = None,
+) -> None:
+    """Hold faults under leases for controllers (`inject --at`, scenarios with `at: NAME`):
+    each fault is reverted when its lease is not renewed in time."""
+    from streamquake.agent.commands import serve_agent
+
+    try:
+        code = serve_agent(listen, token_env, allow_types, allow_interfaces, allow_gpus,
+                           tls_cert, tls_key, tls_client_ca, state_dir, discovery_file,
+                           exit_when_idle)
+    except StreamquakeError as exc:
+        _fail(exc)
+        return
+    raise typer.Exit(code)
+
+
+@app.command("faults")
+def faults_cmd(as_json: JsonOption = False) -> None:
+    """List the fault types and their parameters (every family the catalog finds)."""
+    import json
+
+    from rich.markup import escape
+    from rich.table import Table
+
+    from streamquake.reference import ENVELOPE, fault_docs
+
+    try:
+        docs = fault_docs()
+    except StreamquakeError as exc:
+        _fail(exc)
+        return
+    if as_json:
+        print(json.dumps([d.to_json() for d in docs], indent=2))
+        return
+    console.print(f"Every fault also takes: {', '.join(ENVELOPE[1:])} (phase: warmup, "
+                  "baseline, fault (default), recovery; at: local (default) or an agent's name)",
+                  highlight=False, soft_wrap=True)
+    for doc in docs:
+        table = Table(title=f"{doc.name} ({doc.family}): {doc.summary}", title_justify="left",
+                      show_edge=False)
+        for col in ("parameter", "type", "default", "notes"):
+            table.add_column(col, overflow="fold")
+        for p in doc.params:
+            default = ("(required)" if p.required else "" if p.default is None
+                       else p.default if isinstance(p.default, str) else json.dumps(p.default))
+            table.add_row(*(escape(c) for c in (p.name, p.type, default, p.description)))
+        console.print(table)
+
+
+@app.command("schema")
+def schema_cmd() -> None:
+    """Print the scenario's JSON Schema, for editor completion (e.g. `# yaml-language-server:
+    $schema=streamquake.schema.json`)."""
+    import json
+
+    from streamquake.reference import scenario_schema
+
+    try:
+        schema = scenario_schema()
+    except StreamquakeError as exc:
+        _fail(exc)
+        return
+    print(json.dumps(schema, indent=2))
 
 
 def main() -> None:

@@ -1,4 +1,5 @@
-"""Quantities as people write them in scenarios: ``100ms``, ``1.5s``, ``15%``, ``8mbit``."""
+"""Quantities as people write them in scenarios: ``100ms``, ``1.5s``, ``1m30s``, ``15%``,
+``8mbit``."""
 
 from __future__ import annotations
 
@@ -7,6 +8,11 @@ import re
 _NUM = r"(?P<num>[0-9]+(?:\.[0-9]+)?)"
 _DURATION = re.compile(rf"^\s*{_NUM}\s*(?P<unit>us|ms|s|m|h)?\s*$")
 _DURATION_SCALE_S = {"us": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+# Compound durations, Go's time.ParseDuration in spirit: "1m30s", "2h", "1h30m", "1s500ms".
+# Units must come largest first and at most once each, so "30s1m" or "1m1m" are mistakes.
+_DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|us|m|s)")
+_DURATION_ORDER = ("h", "m", "s", "ms", "us")
+_DURATION_HELP = "a duration like '100ms' or '30s'"
 _PERCENT = re.compile(rf"^\s*{_NUM}\s*%\s*$")
 _RATE = re.compile(rf"^\s*{_NUM}\s*(?P<unit>bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)\s*$", re.I)
 # tc's convention: "bit" units are bits per second, "bps" units are BYTES per second.
@@ -19,22 +25,39 @@ _SIZE_SCALE = {"b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1
                "mib": 1 << 20}
 
 
+def _compound_s(text: str) -> float | None:
+    """``"1m30s"`` -> 90.0; None unless ``text`` is two or more number+unit parts in order."""
+    compact = text.replace(" ", "")
+    parts = _DURATION_PART.findall(compact)
+    if len(parts) < 2 or "".join(n + u for n, u in parts) != compact:
+        return None
+    ranks = [_DURATION_ORDER.index(u) for _, u in parts]
+    if ranks != sorted(set(ranks)):
+        raise ValueError(f"expected {_DURATION_HELP}: write the units largest first, each "
+                         f"once (e.g. '1h30m', '1m30s'), got {text!r}")
+    return sum(float(n) * _DURATION_SCALE_S[u] for n, u in parts)
+
+
 def parse_duration_s(value: str | int | float) -> float:
-    """``"100ms"`` -> 0.1. A bare number is seconds."""
+    """``"100ms"`` -> 0.1, ``"1m30s"`` -> 90.0. A bare number is seconds."""
     if isinstance(value, bool):
-        raise ValueError(f"expected a duration like '100ms' or '30s', got {value!r}")
+        raise ValueError(f"expected {_DURATION_HELP}, got {value!r}")
     if isinstance(value, int | float):
         if value < 0:
             raise ValueError(f"a duration cannot be negative, got {value!r}")
         return float(value)
-    m = _DURATION.match(str(value))
-    if not m:
-        raise ValueError(f"expected a duration like '100ms' or '30s', got {value!r}")
-    return float(m["num"]) * _DURATION_SCALE_S[m["unit"] or "s"]
+    text = str(value)
+    m = _DURATION.match(text)
+    if m:
+        return float(m["num"]) * _DURATION_SCALE_S[m["unit"] or "s"]
+    compound = _compound_s(text.strip())
+    if compound is None:
+        raise ValueError(f"expected {_DURATION_HELP}, got {value!r}")
+    return compound
 
 
 def parse_duration_ms(value: str | int | float) -> float:
-    """``"1.5s"`` -> 1500.0. A bare number is milliseconds."""
+    """``"1.5s"`` -> 1500.0, ``"1m30s"`` -> 90000.0. A bare number is milliseconds."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         if value < 0:
             raise ValueError(f"a duration cannot be negative, got {value!r}")
@@ -43,6 +66,18 @@ def parse_duration_ms(value: str | int | float) -> float:
     if m is not None and not m["unit"]:
         return float(m["num"])
     return parse_duration_s(value) * 1000.0
+
+
+def format_duration(seconds: float) -> str:
+    """90.0 -> ``"1m30s"``, 0.25 -> ``"250ms"``: the compound form, for people to read."""
+    if seconds < 1:
+        return f"{seconds * 1000:.0f}ms"
+    whole = round(seconds)
+    if abs(seconds - whole) >= 0.05 and seconds < 60:
+        return f"{seconds:.1f}s"
+    hours, rest = divmod(whole, 3600)
+    minutes, secs = divmod(rest, 60)
+    return "".join(f"{n}{u}" for n, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if n) or "0s"
 
 
 def parse_fraction(value: str | int | float) -> float:

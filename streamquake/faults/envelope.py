@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, field_validator
 
 PhaseName = Literal["warmup", "baseline", "fault", "recovery"]
+LOCAL = "local"
 
 
 class FaultSpec(BaseModel):
@@ -20,6 +21,15 @@ class FaultSpec(BaseModel):
     type: str
     name: str | None = None
     phase: PhaseName = "fault"
+    # Where the fault runs: None (``at: local``, the default) in this process; else the name of
+    # an agent in the scenario's ``agents:``, which holds it under a lease (streamquake/agent).
+    at: str | None = None
+
+    @field_validator("at")
+    @classmethod
+    def _local_is_none(cls, v: str | None) -> str | None:
+        # One spelling of "here", so specs dumped with exclude_none stay as they were.
+        return None if v is None or v.strip() in ("", LOCAL) else v.strip()
 
     @property
     def label(self) -> str:

@@ -29,6 +29,7 @@ class PlannedFault:
     spec: FaultSpec
     injector: Injector
     phase: str                     # a phase name, or WHOLE_RUN
+    journal_type: str | None = None   # the journal entry's type, if not the fault's (remote)
 
     def describe(self) -> JsonDict:
         if isinstance(self.injector, Describes):
@@ -55,6 +56,13 @@ class Ledger:
         for spec, phase in [*((s, WHOLE_RUN) for s in implied),
                             *((s, s.phase) for s in listed)]:
             type_name = spec.type
+            if spec.at is not None:    # held by an agent elsewhere (streamquake/run/remote.py)
+                from streamquake.run.remote import JOURNAL_TYPE, remote_injector
+
+                remote = remote_injector(spec, ctx, self.owner)
+                problems += injector_problems(spec.label, type_name, remote)
+                planned.append(PlannedFault(spec, remote, phase, JOURNAL_TYPE))
+                continue
             injector = fault_type(type_name).injector()(spec, ctx)
             problems += injector_problems(spec.label, type_name, injector)
             planned.append(PlannedFault(spec, injector, phase))
@@ -65,9 +73,10 @@ class Ledger:
     def apply(self, stack: contextlib.ExitStack, fault: PlannedFault) -> None:
         spec = fault.spec
         record = FaultRecord(name=spec.label, type=spec.type,
-                             phase=fault.phase, configured=fault.describe(), owner=self.owner)
+                             phase=fault.phase, configured=fault.describe(), owner=self.owner,
+                             at=spec.at or "local")
         self.records.append(record)
-        entry = self.journal.add(record.type, record.name)
+        entry = self.journal.add(fault.journal_type or record.type, record.name)
         stack.callback(self._revert, record, fault.injector, entry)
         try:
             record.applied = fault.injector.apply(entry)

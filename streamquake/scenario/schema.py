@@ -15,6 +15,7 @@ from pydantic import (
     model_validator,
 )
 
+from streamquake.agent.ref import AgentRef
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.envelope import FaultSpec, PhaseName
 from streamquake.faults.tc.spec import NetworkConfig
@@ -116,6 +117,58 @@ class Arrival(_Model):
                 raise ValueError(f"expected a rate like '10/s' or '600/m', got {v!r}")
             return float(m[1]) / (1.0 if m[2] == "s" else 60.0)
         return v
+
+
+class AbortCondition(_Model):
+    """``{metric: error_rate, above: 50%, for: 10s}``: stop the damage when it holds.
+
+    Evaluated every half second over the requests that ended in the trailing ``for`` window
+    (at least ``min_requests`` of them); when it holds, every fault is reverted at once, no other
+    fault is applied, the remaining phases (recovery among them) still run and are reported,
+    and the run is marked aborted with the reason (exit 5).
+    """
+
+    metric: Metric
+    percentile: float | None = Field(default=None, gt=0, le=100)
+    above: float
+    for_s: float = Field(default=10.0, alias="for", gt=0)
+    min_requests: int = Field(default=5, ge=1)
+
+    _f = field_validator("for_s", mode="before")(_dur_s)
+
+    @field_validator("above", mode="before")
+    @classmethod
+    def _threshold(cls, v: Any) -> Any:
+        if isinstance(v, str) and v.strip().endswith("%"):
+            return parse_fraction(v)
+        if isinstance(v, str):
+            return parse_duration_ms(v)
+        return v
+
+    @model_validator(mode="after")
+    def _shape(self) -> AbortCondition:
+        if self.metric in HISTOGRAM_METRICS and self.percentile is None:
+            raise ValueError(f"'{self.metric}' is a distribution: add 'percentile', e.g. 95")
+        if self.metric in RATE_METRICS and self.percentile is not None:
+            raise ValueError(f"'{self.metric}' is a rate over the window: remove 'percentile'")
+        return self
+
+    @property
+    def label(self) -> str:
+        what = f"{self.metric} p{self.percentile:g}" if self.percentile else self.metric
+        return f"{what} above {self.above:g} for {self.for_s:g} s"
+
+
+class VerdictSpec(_Model):
+    """How sure a verdict must be. Every percentile and rate comes with a ``confidence``
+    interval (order statistics; Wilson for rates); a check whose interval straddles its
+    threshold is *inconclusive*, and ``inconclusive`` says how that gates: ``warn`` (the
+    observed value decides, and the report says it is inconclusive), ``fail`` or ``pass``."""
+
+    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    inconclusive: Literal["warn", "fail", "pass"] = "warn"
+
+    _c = field_validator("confidence", mode="before")(lambda v: parse_fraction(v))
 
 
 class SLOSpec(_Model):
@@ -257,6 +310,23 @@ class Scenario(_Model):
     faults: list[FaultModel] = Field(default_factory=list)
     slos: list[SLOSpec] = Field(default_factory=list)
     recovery: RecoverySpec | None = None
+    verdicts: VerdictSpec = Field(default_factory=VerdictSpec)
+    agents: list[AgentRef] = Field(default_factory=list)
+    abort_when: list[AbortCondition] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _agents_named(self) -> Scenario:
+        names = [a.name for a in self.agents]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"give each agent a unique 'name'; repeated: {', '.join(dupes)}")
+        for f in self.faults:
+            if f.at is not None and f.at not in names:
+                known = ", ".join(names) if names else "none"
+                raise ValueError(f"fault '{f.label}' runs at '{f.at}', but `agents` lists no "
+                                 f"agent of that name (listed: {known}); add it there or use "
+                                 "`at: local`")
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:

@@ -1,0 +1,149 @@
+"""The agent's HTTP API, typed: every body that crosses the wire is one of these models.
+
+Version 1, under ``/v1``; every call needs ``Authorization: Bearer <token>`` when the agent has
+a token (it always has one off loopback)::
+
+    GET    /v1/info               who and what: version, host, allowlist, capabilities
+    POST   /v1/preflight          ApplyRequest -> Problems: would this apply? (changes nothing)
+    POST   /v1/faults             ApplyRequest -> HeldFault (201): apply, hold under a lease
+    GET    /v1/faults             -> HeldFaults
+    POST   /v1/faults/{key}/renew Renew -> HeldFault: the lease runs ``lease`` from now
+    DELETE /v1/faults/{key}       -> Reverted: revert now ({key}: the id or the name)
+    DELETE /v1/faults             -> RevertedAll: revert everything held
+
+Errors come back as ``Problem`` with a status: 400 a bad request (the sentence says which
+field), 401 no or a wrong token, 403 outside this agent's allowlist, 404 nothing of that id or
+name is held, 409 a name already held, 410 it was held and has ended (``Problem.ended`` says
+how), 422 the fault's own preflight or apply refused, 500 a revert that failed (the agent keeps
+retrying).
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+from streamquake.units import parse_duration_s
+
+API_VERSION = 1
+DEFAULT_PORT = 7355
+EndedBy = Literal["request", "lease expiry", "shutdown"]
+FaultState = Literal["held", "reverting", "revert failed"]
+
+
+class _Body(BaseModel):
+    """What a client sends: unknown fields are mistakes."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class _Answer(BaseModel):
+    """What the agent sends: fields a newer agent adds are ignored, not fatal."""
+
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+
+
+def _lease(v: object) -> object:
+    return parse_duration_s(v) if isinstance(v, str) else v
+
+
+class TargetAddr(_Body):
+    """Where the fault's target lives, for faults that shape the path to it (tc's scope)."""
+
+    host: str
+    port: int = Field(ge=0, le=65535)
+
+
+class ApplyRequest(_Body):
+    """A fault as a scenario writes it (``{type: netem, delay: 100ms}``), held for ``lease``."""
+
+    fault: dict[str, JsonValue]
+    lease_s: float = Field(alias="lease", gt=0, le=7 * 24 * 3600)
+    owner: str = ""
+    id: str | None = Field(default=None, pattern=r"^[0-9a-f]{8,32}$")
+    target: TargetAddr | None = None
+    network: dict[str, JsonValue] | None = None
+
+    _l = field_validator("lease_s", mode="before")(_lease)
+
+
+class Renew(_Body):
+    lease_s: float | None = Field(default=None, alias="lease", gt=0, le=7 * 24 * 3600)
+
+    _l = field_validator("lease_s", mode="before")(_lease)
+
+
+class HeldFault(_Answer):
+    id: str
+    name: str
+    type: str
+    owner: str
+    host: str
+    state: FaultState
+    lease_s: float
+    applied_at: float
+    expires_at: float             # epoch seconds; the agent reverts at this time unless renewed
+    remaining_s: float
+    renewals: int
+    spec: dict[str, JsonValue]
+    applied: dict[str, JsonValue]  # the injector's apply result, with its read-back
+    error: str | None = None       # the last failed revert, while it is retried
+
+
+class HeldFaults(_Answer):
+    host: str
+    faults: list[HeldFault]
+
+
+class Reverted(_Answer):
+    id: str
+    name: str
+    type: str
+    owner: str
+    host: str
+    by: EndedBy
+    applied_at: float
+    reverted_at: float
+    reverted: dict[str, JsonValue]
+
+
+class RevertedAll(_Answer):
+    reverted: list[Reverted]
+    failed: list[str]             # sentences: what may still be in place
+
+
+class Problems(_Answer):
+    problems: list[str]
+
+
+class Problem(_Answer):
+    """An error: ``error`` is a sentence for people; ``problems`` lists each when several."""
+
+    error: str
+    problems: list[str] = Field(default_factory=list)
+    ended: Reverted | None = None
+
+
+class Allowed(_Answer):
+    """What this agent may touch; None: anything (of the types it has)."""
+
+    types: list[str]
+    interfaces: list[str] | None
+    gpus: list[str] | None
+
+
+class AgentInfo(_Answer):
+    agent: Literal["streamquake"] = "streamquake"
+    api: int
+    version: str
+    host: str
+    pid: int
+    started_at: float
+    state_dir: str
+    allow: Allowed
+    fault_types: dict[str, str]        # type -> summary, for the types allowed here
+    unavailable: dict[str, str]        # type -> why it cannot work on this host
+    capabilities: dict[str, bool]      # root, cap_net_admin, nvml
+    recovered: list[str]               # what this agent undid at start (its last incarnation's)
+    held: int

@@ -1,0 +1,63 @@
+"""An agent as a scenario names it (``agents: [{name, url, token_env}]``). Light on purpose
+(pydantic and the standard library): ``streamquake validate`` imports it."""
+
+from __future__ import annotations
+
+import re
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from streamquake.units import parse_duration_s
+
+DEFAULT_TOKEN_ENV = "STREAMQUAKE_AGENT_TOKEN"
+DEFAULT_LEASE_S = 15.0
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+class AgentRef(BaseModel):
+    """``{name: gpu-host, url: https://10.0.0.5:7355, token_env: GPU_AGENT_TOKEN, lease: 15s}``.
+
+    The token itself never appears in a scenario: ``token_env`` names the environment variable
+    that holds it. ``ca_cert`` verifies the agent's certificate (default: the system's CAs);
+    ``client_cert``/``client_key`` answer an agent that asks for one (mTLS).
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    name: str
+    url: str
+    token_env: str = DEFAULT_TOKEN_ENV
+    lease_s: float = Field(default=DEFAULT_LEASE_S, alias="lease", ge=1.0, le=3600.0)
+    ca_cert: str | None = None
+    client_cert: str | None = None
+    client_key: str | None = None
+
+    @field_validator("lease_s", mode="before")
+    @classmethod
+    def _lease(cls, v: object) -> object:
+        return parse_duration_s(v) if isinstance(v, str) else v
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        if v == "local":
+            raise ValueError("'local' means this host (`at: local`): give the agent another name")
+        if not _NAME.match(v):
+            raise ValueError("use letters, digits, '-', '_' and '.', e.g. gpu-host-1")
+        return v
+
+    @field_validator("url")
+    @classmethod
+    def _url(cls, v: str) -> str:
+        if not re.match(r"^https?://[^/]+", v):
+            raise ValueError("must start with http:// or https:// and name a host, e.g. "
+                             "https://10.0.0.5:7355")
+        return v.rstrip("/")
+
+    @field_validator("token_env")
+    @classmethod
+    def _env(cls, v: str) -> str:
+        if not _ENV_NAME.match(v):
+            raise ValueError(f"{v!r} is not an environment variable name")
+        return v

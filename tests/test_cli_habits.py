@@ -1,0 +1,108 @@
+"""CLI habits through the real CLI: --version, shell completion, `faults` (every type and its
+parameters, from the spec models), `schema` (the scenario's JSON Schema, accepting durations as
+written), and inject/status/revert usage errors that start nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from streamquake import __version__
+from tests.conftest import run_cli
+
+FAMILY_ENV = {"STREAMQUAKE_FAULT_FAMILIES": "tests.example_family"}
+
+
+@pytest.mark.timeout(30)
+def test_version_and_shell_completion() -> None:
+    proc = run_cli("--version")
+    assert (proc.returncode, proc.stdout) == (0, f"streamquake {__version__}\n")
+    completion = run_cli("--show-completion", "bash")
+    assert completion.returncode == 0
+    assert "complete " in completion.stdout and "_COMPLETE" in completion.stdout
+    # What bash asks the installed command for, as `streamquake inject ne<TAB>` would.
+    script = Path(sys.executable).parent / "streamquake"
+    for words, cword, want in (("streamquake inject ne", "2", "netem"),
+                               ("streamquake sta", "1", "status")):
+        asked = subprocess.run([str(script)], capture_output=True, text=True, timeout=30,
+                               env={**os.environ, "_STREAMQUAKE_COMPLETE": "complete_bash",
+                                    "COMP_WORDS": words, "COMP_CWORD": cword})
+        assert asked.stdout.split() == [want], asked
+
+
+@pytest.mark.timeout(30)
+def test_faults_lists_every_type_with_its_parameters() -> None:
+    proc = run_cli("faults", "--json", env=FAMILY_ENV)
+    assert proc.returncode == 0, proc.stderr
+    docs = {d["type"]: d for d in json.loads(proc.stdout)}
+    assert set(docs) == {"gpu_clocks", "marker_file", "netem", "sse_proxy", "tbf"}
+    assert docs["marker_file"]["family"] == "example"
+    params = {p["name"]: p for p in docs["netem"]["params"]}
+    assert params["delay"]["type"] == "duration" and params["delay"]["default"] == "0ms"
+    assert params["loss"]["type"] == "percentage" and params["rate"]["type"] == "rate"
+    assert params["distribution"]["type"] == "'normal' | 'pareto' | 'paretonormal'"
+    assert not {"type", "name", "phase", "at"} & set(params)      # the envelope, said once
+    tbf = {p["name"]: p for p in docs["tbf"]["params"]}
+    assert tbf["rate"]["required"] and tbf["latency"]["default"] == "50ms"
+    marker = {p["name"]: p for p in docs["marker_file"]["params"]}
+    assert marker["path"] == {"name": "path", "type": "text", "required": True,
+                              "default": None, "description": ""}
+
+    text = run_cli("faults", env=FAMILY_ENV)
+    assert text.returncode == 0
+    assert "Every fault also takes: name, phase, at" in text.stdout
+    assert "sm_clocks_mhz" in text.stdout and "[integer, integer]" in text.stdout
+
+
+@pytest.mark.timeout(30)
+def test_schema_is_the_scenarios_json_schema(tmp_path: Path) -> None:
+    proc = run_cli("schema", env=FAMILY_ENV)
+    assert proc.returncode == 0, proc.stderr
+    schema = json.loads(proc.stdout)
+    assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
+    assert {"name", "target", "phases", "faults", "agents"} <= set(schema["properties"])
+    assert schema["required"] == ["name", "target", "phases"]
+    defs = schema["$defs"]
+    union = schema["properties"]["faults"]["items"]
+    assert set(union["discriminator"]["mapping"]) == {"gpu_clocks", "marker_file", "netem",
+                                                       "sse_proxy", "tbf"}
+    # Durations and percentages are accepted as a scenario writes them, not only as numbers.
+    baseline = defs["PhasesSpec"]["properties"]["baseline"]["anyOf"]
+    assert {"exclusiveMinimum": 0, "type": "number"} in baseline
+    assert any(v.get("type") == "string" and "1m30s" in v["description"] for v in baseline)
+    netem = defs["NetemFault"]["properties"]
+    assert any(v.get("type") == "string" for v in netem["loss"]["anyOf"])
+    assert "at" in netem and defs["NetemFault"]["additionalProperties"] is False
+    assert set(defs["AgentRef"]["required"]) == {"name", "url"}
+
+
+@pytest.mark.timeout(60)
+def test_inject_usage_errors_exit_2_and_start_no_agent(state_dir: Path) -> None:
+    cases = {
+        ("inject", "chaos_monkey", "--for", "1m"): "no fault family offers type 'chaos_monkey'",
+        ("inject", "marker_file", "path=/tmp/x"): "give --for: how long to hold the fault",
+        ("inject", "marker_file", "path=/tmp/x", "--for", "30s1m"): "--for: expected a "
+        "duration like '100ms' or '30s': write the units largest first",
+        ("inject", "marker_file", "path=relative", "--for", "1m"): "marker_file.path: must be "
+        "an absolute path",
+        ("inject", "marker_file", "path", "--for", "1m"): "'path': write parameters as "
+        "key=value",
+        ("inject", "marker_file", "path=/tmp/x", "phase=fault", "--for", "1m"): "phase=... "
+        "does not apply to inject",
+        ("revert",): "give a fault's NAME (see `streamquake status`) or --all",
+    }
+    for args, message in cases.items():
+        proc = run_cli(*args, env=FAMILY_ENV)
+        assert proc.returncode == 2, (args, proc.stdout, proc.stderr)
+        assert message in proc.stderr, (args, proc.stderr)
+    status = run_cli("status", env=FAMILY_ENV)
+    assert status.returncode == 0
+    assert "the local agent is not running, so it holds no fault" in status.stdout
+    as_json = run_cli("status", "--json", env=FAMILY_ENV)
+    assert json.loads(as_json.stdout)["faults"] == []
+    assert not (state_dir / "local-agent" / "local.json").exists()

@@ -1,0 +1,84 @@
+"""Durations as people write them, compound ones included (``1m30s``, ``2h``, ``1h30m``), in
+every duration field; the simple forms keep working."""
+
+from __future__ import annotations
+
+import pytest
+
+from streamquake.faults.proxy.spec import SSEProxyFault
+from streamquake.faults.tc.spec import NetemFault
+from streamquake.units import format_duration, parse_duration_ms, parse_duration_s
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("text", "seconds"), [
+    ("100ms", 0.1), ("1.5s", 1.5), ("3", 3.0), (3, 3.0), (2.5, 2.5), ("250us", 0.00025),
+    ("2m", 120.0), ("2h", 7200.0), ("1m30s", 90.0), ("1h30m", 5400.0), ("1s500ms", 1.5),
+    ("1h30m15.5s", 5415.5), (" 1m 30s ", 90.0), ("0s", 0.0),
+])
+def test_durations_in_seconds(text: str | float, seconds: float) -> None:
+    assert parse_duration_s(text) == pytest.approx(seconds)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("text", "ms"), [
+    ("100ms", 100.0), ("1.5s", 1500.0), ("400", 400.0), (400, 400.0), ("1m30s", 90_000.0),
+    ("1s250ms", 1250.0),
+])
+def test_durations_in_milliseconds_keep_bare_numbers_as_ms(text: str | float, ms: float) -> None:
+    assert parse_duration_ms(text) == pytest.approx(ms)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("text", "message"), [
+    ("10 sec", "expected a duration like '100ms' or '30s', got '10 sec'"),
+    ("1m30", "expected a duration like '100ms' or '30s', got '1m30'"),
+    ("30s1m", "write the units largest first, each once (e.g. '1h30m', '1m30s'), got '30s1m'"),
+    ("1m1m", "write the units largest first, each once"),
+    ("-1s", "expected a duration like '100ms' or '30s', got '-1s'"),
+    (True, "expected a duration like '100ms' or '30s', got True"),
+    (-2, "a duration cannot be negative, got -2"),
+])
+def test_bad_durations_say_what_to_write(text: str | float, message: str) -> None:
+    with pytest.raises(ValueError) as info:
+        parse_duration_s(text)
+    assert message in str(info.value)
+
+
+@pytest.mark.timeout(10)
+def test_every_duration_field_takes_compound_durations() -> None:
+    from streamquake.scenario import parse_scenario
+
+    scenario = parse_scenario("""\
+name: compound
+target:
+  protocol: openai
+  timeout: 1m30s
+  embedded: {ttft: {dist: fixed, value: 1s200ms}}
+load: {users: 1, think_time: {min: 1s, max: 1m1s}, stall_threshold: 1s250ms}
+phases: {warmup: 1m, baseline: 2m30s, fault: 1h, recovery: 1h1m1s}
+faults:
+  - {type: netem, delay: 1s100ms}
+  - {type: sse_proxy, name: p, stall: {probability: 1%, duration: 1m}}
+agents:
+  - {name: a1, url: "http://10.0.0.5:7355", lease: 1m30s}
+""")
+    assert scenario.target.timeout_s == 90.0
+    assert scenario.phases.total_s == 60 + 150 + 3600 + 3661
+    assert scenario.load.stall_threshold_ms == 1250.0
+    assert scenario.load.think_time is not None and scenario.load.think_time.max_s == 61.0
+    assert scenario.agents[0].lease_s == 90.0
+    netem, proxy = scenario.faults
+    assert isinstance(netem, NetemFault) and netem.delay_ms == 1100.0
+    assert isinstance(proxy, SSEProxyFault) and proxy.stall is not None
+    assert proxy.stall.duration_ms == 60_000.0
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("seconds", "text"), [
+    (0.25, "250ms"), (1.5, "1.5s"), (3, "3s"), (90, "1m30s"), (3600, "1h"), (5400, "1h30m"),
+    (3725, "1h2m5s"),
+])
+def test_format_duration_writes_the_compound_form(seconds: float, text: str) -> None:
+    assert format_duration(seconds) == text
+    assert parse_duration_s(text) == pytest.approx(seconds, abs=0.05)
