@@ -31,6 +31,7 @@ target_app = typer.Typer(help="The embedded simulated LLM server.", no_args_is_h
 app.add_typer(target_app, name="target")
 
 console = Console()
+_console = console
 err_console = Console(stderr=True)
 _state: dict[str, bool] = {"debug": False}
 
@@ -92,6 +93,10 @@ def run(
         bool, typer.Option("--dry-run", help="Print what the run would change, where, and how "
                            "it would be undone; start and change nothing.")
     ] = False,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print the verdicts as one JSON document on stdout "
+                           "(everything for people goes to stderr).")
+    ] = False,
 ) -> None:
     """Run a scenario: baseline, fault, recovery; print verdicts; write reports."""
     import time
@@ -109,6 +114,8 @@ def run(
     from streamquake.run.runner import Runner
     from streamquake.scenario import Scenario, load_scenario
 
+    # With --json, stdout carries one JSON document and nothing else.
+    console = err_console if as_json else _console
     started = time.time()
     scenario: Scenario | None = None
     result: RunResult | None = None
@@ -146,6 +153,12 @@ def run(
     for path in written:
         size = f" ({path.stat().st_size / 1024:.0f} KB)" if path.suffix == ".html" else ""
         console.print(f"wrote {path}{size}", highlight=False)
+    if as_json:
+        import json
+
+        from streamquake.reports.verdicts_json import verdicts_document
+
+        print(json.dumps(verdicts_document(result, out), indent=2))
     for path, why in failed:
         err_console.print(f"Error: could not write {path}: {why}; the verdict above stands",
                           markup=False, highlight=False, soft_wrap=True)

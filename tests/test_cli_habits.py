@@ -106,3 +106,24 @@ def test_inject_usage_errors_exit_2_and_start_no_agent(state_dir: Path) -> None:
     as_json = run_cli("status", "--json", env=FAMILY_ENV)
     assert json.loads(as_json.stdout)["faults"] == []
     assert not (state_dir / "local-agent" / "local.json").exists()
+
+
+@pytest.mark.timeout(90)
+def test_run_json_prints_only_the_verdicts_on_stdout(tmp_path: Path) -> None:
+
+
+    scenario = tmp_path / "j.yaml"
+    scenario.write_text(
+        "name: json\ntarget: {protocol: openai, embedded: {ttft: 10ms, itl: 2ms, "
+        "output_tokens: {min: 3, max: 3}}}\nload: {users: 2, think_time: {min: 50ms, max: "
+        "80ms}}\nphases: {warmup: 0.5s, baseline: 2s, fault: 0s, recovery: 0s}\n"
+        "slos: [{metric: error_rate, max: 1%}, {metric: ttft_ms, percentile: 50, max: 1ms}]\n")
+    proc = run_cli("run", str(scenario), "--out", str(tmp_path / "out"), "--json")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    doc = json.loads(proc.stdout)                   # stdout is exactly one JSON document
+    assert doc["schema"] == "streamquake.verdicts/1" and doc["exit_code"] == 1
+    assert doc["broken"] == ["ttft_ms p50 <= 1 in baseline"]
+    by_name = {c["name"]: c for c in doc["checks"]}
+    assert by_name["error_rate <= 0.01"]["state"] == "met"
+    assert by_name["ttft_ms p50 <= 1"]["samples"] > 0
+    assert "phase baseline" in proc.stderr            # the people's part went to stderr

@@ -1,0 +1,30 @@
+"""`run --json`: the verdicts as one JSON document on stdout, for scripts that gate on them
+(the full result is in report.json)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from pathlib import Path
+
+from streamquake.jsontypes import JsonDict, JsonValue
+from streamquake.reports.words import sentence, state
+from streamquake.result import RunResult
+
+
+def verdicts_document(result: RunResult, out: Path) -> JsonDict:
+    checks: list[JsonValue] = []
+    for c in result.checks:
+        checks.append({**asdict(c), "state": state(c), "sentence": sentence(c)})
+    return {
+        "schema": "streamquake.verdicts/1",
+        "scenario": result.scenario_name,
+        "exit_code": result.exit_code,
+        "passed": not result.broken and result.interrupted is None and not result.aborted,
+        "interrupted": result.interrupted,
+        "aborted": result.aborted,
+        "broken": [c.name + (f" [{c.cls}]" if c.cls else "") + f" in {c.phase}"
+                   for c in result.broken],
+        "checks": checks,
+        "warnings": list(result.errors),
+        "report": str(out / "report.json"),
+    }
