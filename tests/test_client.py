@@ -216,9 +216,11 @@ def test_error_event_mid_stream_is_a_server_error(server: str) -> None:
 
 
 @pytest.mark.timeout(30)
-def test_json_answer_instead_of_a_stream_is_a_protocol_error(server: str) -> None:
+def test_json_answer_instead_of_a_stream_is_a_content_type_error(server: str) -> None:
     s = measure(plan_for(server, "/s?json=1"))
-    assert s.error == "protocol" and "event stream" in (s.error_detail or "")
+    assert (s.error, s.status) == ("content_type", 200)
+    assert s.error_detail == ("HTTP 200 with Content-Type application/json; charset=utf-8, not "
+                              "text/event-stream: the target did not stream")
 
 
 @pytest.mark.timeout(30)
@@ -249,7 +251,9 @@ def test_https_verify_on_and_off(tls_server: tuple[str, Path],
                                  monkeypatch: pytest.MonkeyPatch) -> None:
     url, cert = tls_server
     untrusted = measure(plan_for(url, "/s?n=2", verify_tls=True))
-    assert untrusted.error == "connect" and "TLS" in (untrusted.error_detail or "")
+    assert untrusted.error == "tls", untrusted.error_detail
+    assert (untrusted.error_detail or "").startswith(
+        "certificate verify failed: self-signed certificate")
     unchecked = measure(plan_for(url, "/s?n=2", verify_tls=False))
     assert unchecked.error is None and unchecked.content_events == 2, unchecked.error_detail
     monkeypatch.setenv("SSL_CERT_FILE", str(cert))
@@ -301,3 +305,23 @@ def test_timing_matches_the_targets_configured_delays() -> None:
           f"configured ITL 20 ms -> measured median {itl:.2f} ms")
     assert 185 <= ttft <= 215, ttft
     assert 18 <= itl <= 22, itl
+
+
+@pytest.mark.timeout(10)
+def test_header_values_that_cannot_be_sent_are_refused_without_the_value() -> None:
+    with pytest.raises(ScenarioError) as info:
+        expand_headers({"Authorization": "Bearer ${SQ_K}"}, {"SQ_K": "s3cret\r\nX-Evil: 1"})
+    message = str(info.value)
+    assert message == ("header 'Authorization' holds a line break or another control character "
+                       "(after expanding ${SQ_K}): an HTTP header cannot carry it")
+    with pytest.raises(ScenarioError, match="'Bad Name' is not a valid HTTP header name"):
+        expand_headers({"Bad Name": "x"}, {})
+
+
+@pytest.mark.timeout(30)
+def test_path_templates_expand_from_the_environment(server: str) -> None:
+    # Gemini's key=... in the URL stays a ${VAR} template on disk, like a header.
+    plan = plan_for(server, "/s?n=2&key=${SQ_QUERY_KEY}")
+    assert measure(plan, {"SQ_QUERY_KEY": "q-secret"}).error is None
+    with pytest.raises(ScenarioError, match=r"^the request path uses \$\{SQ_QUERY_KEY\}, but "):
+        measure(plan, {})

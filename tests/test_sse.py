@@ -6,9 +6,11 @@ that passes on whole buffers can still break on the read boundaries a socket pro
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
-from streamquake.loadgen.sse import SSEEvent, SSEParser
+from streamquake.loadgen.sse import SSEEvent, SSELimitError, SSELimits, SSEParser
 
 E = SSEEvent
 
@@ -111,3 +113,106 @@ def test_close_resets_for_a_new_stream() -> None:
     parser.close()
     # A new stream may start with its own BOM, and does not inherit the old last event ID.
     assert parser.feed(b"\xef\xbb\xbfdata: new\n\n") == [E(data="new")]
+
+
+# Limits ---------------------------------------------------------------------------------------
+
+SMALL = SSELimits(max_line_bytes=16, max_event_bytes=24, max_data_lines=4)
+
+
+def _feed_all(stream: bytes, pieces: int, limits: SSELimits = SMALL) -> list[SSEEvent]:
+    parser = SSEParser(limits)
+    size = max(1, -(-len(stream) // pieces))
+    events: list[SSEEvent] = []
+    for i in range(0, len(stream), size):
+        events.extend(parser.feed(stream[i:i + size]))
+    return events
+
+
+LIMIT_CASES: dict[str, tuple[bytes, str | None]] = {
+    # (stream, the limit it breaks or None); "data: " is 6 bytes of a 16-byte line.
+    "line-at-limit": (b"data: 0123456789\n\n", None),
+    "line-over-limit": (b"data: 0123456789A\n\n", "line"),
+    "comment-over-limit": (b": 0123456789ABCDEF\ndata: a\n\n", "line"),
+    "unterminated-line-over-limit": (b"data: a\n\ndata: 0123456789ABCDEF", "line"),
+    "crlf-not-counted": (b"data: 0123456789\r\n\r\n", None),
+    "event-at-limit": (b"data: 0123456789\ndata: 0123456789\n\n", None),      # 10+1+10=21
+    "event-over-limit": (b"data: 0123456789\ndata: 0123456789\ndata: 0123456789\n\n", "event"),
+    "open-event-over-limit": (b"data: 0123456789\ndata: 0123456789\ndata: 0123456789\n",
+                              "event"),
+    "data-lines-at-limit": (b"data\n" * 4 + b"\n", None),
+    "data-lines-over-limit": (b"data\n" * 5 + b"\n", "data_lines"),
+    "open-data-lines-over-limit": (b"data\n" * 5, "data_lines"),
+    "limits-reset-per-event": (b"data: 0123456789\ndata: 0123456789\n\n" * 3, None),
+}
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", list(LIMIT_CASES))
+def test_limits_hold_however_the_stream_is_split(name: str) -> None:
+    stream, broken = LIMIT_CASES[name]
+    for pieces in (1, 2, 3, len(stream)):
+        if broken is None:
+            _feed_all(stream, pieces)
+            continue
+        with pytest.raises(SSELimitError) as info:
+            _feed_all(stream, pieces)
+        assert info.value.kind == broken, (pieces, info.value)
+
+
+@pytest.mark.timeout(10)
+def test_default_limits_and_their_messages() -> None:
+    assert SSELimits() == SSELimits(max_line_bytes=1 << 20, max_event_bytes=4 << 20,
+                                    max_data_lines=65_536)
+    with pytest.raises(SSELimitError, match=r"^an SSE line longer than 1 MiB \(the parser's "
+                                            r"line limit\)$"):
+        SSEParser().feed(b"x" * ((1 << 20) + 1))
+    with pytest.raises(SSELimitError, match=r"^an SSE event with more than 4 MiB of data"):
+        parser = SSEParser()
+        for _ in range(5):
+            parser.feed(b"data: " + b"x" * 1_000_000 + b"\n")
+
+
+@pytest.mark.timeout(30)
+def test_a_line_that_never_ends_costs_linear_time() -> None:
+    # 1 MiB - 1 in 8-byte reads: 131,072 reads. Copying the held line on every read (as this
+    # parser once did) is 64 GiB of copying; a list of reads joined once is a few ms per MiB.
+    parser = SSEParser()
+    piece = b"x" * 8
+    started = time.perf_counter()
+    for _ in range(((1 << 20) - 8) // 8):
+        parser.feed(piece)
+    assert parser.feed(b"\n") == []
+    elapsed = time.perf_counter() - started
+    assert elapsed < 5, elapsed
+    with pytest.raises(SSELimitError):
+        for _ in range(3):
+            parser.feed(b"x" * (1 << 19))      # the next line never ends either
+
+
+@pytest.mark.timeout(30)
+def test_data_lines_forever_raise_before_memory_grows() -> None:
+    # What a target that sends "data:" lines and never a blank line looks like: the old parser
+    # held every line until the process ran out of memory.
+    parser = SSEParser()
+    read = b"data: " + b"y" * 121 + b"\n"
+    read *= 1024                                   # 64 KiB reads
+    fed = 0
+    with pytest.raises(SSELimitError) as info:
+        for _ in range(10_000):
+            parser.feed(read)
+            fed += len(read)
+    assert info.value.kind == "event"
+    assert fed <= (4 << 20) + len(read)
+
+
+@pytest.mark.timeout(30)
+def test_a_persisted_long_id_is_not_decoded_per_event() -> None:
+    # A 512 KiB id, then 100,000 tiny events that all carry it: decoding it per event would be
+    # 50 GB of work; it is decoded once, when its line arrives.
+    parser = SSEParser()
+    parser.feed(b"id: " + b"7" * (1 << 19) + b"\n")
+    started = time.perf_counter()
+    events = parser.feed(b"data:\n\n" * 100_000)
+    assert len(events) == 100_000 and len(events[-1].id or "") == 1 << 19
+    assert time.perf_counter() - started < 5

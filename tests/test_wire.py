@@ -145,7 +145,8 @@ def test_unparseable_or_non_object_json_is_a_protocol_error(protocol: Protocol) 
 @pytest.fixture(scope="module")
 def target() -> Iterator[TargetProcess]:
     config = TargetConfig.model_validate(
-        {"ttft": "20ms", "itl": "2ms", "output_tokens": {"min": TOKENS, "max": TOKENS}})
+        {"ttft": "20ms", "itl": "2ms", "output_tokens": {"min": TOKENS, "max": TOKENS},
+         "sse_event_ids": True})   # numbered events: these tests count lost chunks too
     with start_target(config) as proc:
         yield proc
 

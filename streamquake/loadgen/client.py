@@ -7,6 +7,7 @@ lines over late, so :func:`_read_some` takes whatever body bytes each ``recv`` b
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -14,7 +15,7 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import gevent
@@ -26,13 +27,28 @@ from geventhttpclient.url import URL
 from streamquake.errors import ScenarioError
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import ErrorKind, RequestSample
-from streamquake.loadgen.sse import SSEEvent, SSEParser
+from streamquake.loadgen.sse import SSEEvent, SSELimitError, SSELimits, SSEParser
 from streamquake.loadgen.wire import ProtocolError, build_request, decode, protocol_headers
 
 _BLOCK = 64 * 1024
 _ERROR_BODY_MAX = 4096
 _DRAIN_S = 1.0          # after the terminal event, how long to wait for the HTTP body's end
+_DRAIN_MAX = 1 << 20    # ... and how much of it to read before dropping the connection instead
+_YIELD_S = 0.01         # a socket that never runs dry must still let other users run
+_BACKLOG = _BLOCK // 2  # a read this big says the socket had more waiting
+_DETAIL_MAX = 300       # characters of an error's reason kept in a sample
 _ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# What a header may hold (RFC 9110 field names and values; no CR, LF or NUL).
+_HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
+# Headers whose whole value is a credential, besides any value that came from ${VAR}.
+_SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|signature|credential|password", re.I)
+# Query parameters that carry credentials (Gemini's ``key=``, signed URLs, OAuth).
+_SECRET_PARAM = re.compile(
+    r"(?i)((?:^|[?&;\s\"'])(?:key|api[_-]?key|access[_-]?token|token|sig|signature|secret|"
+    r"password|auth)=)([^&#\s\"'<>]+)")
+_SECRET_MIN = 6         # shorter values would redact ordinary words
+REDACTED = "[redacted]"
 
 
 class _StreamTimeout(Exception):
@@ -47,23 +63,82 @@ class _Failed(Exception):
 
 
 def expand_headers(headers: Mapping[str, str], environ: Mapping[str, str]) -> dict[str, str]:
-    """Replace ``${VAR}`` in header values from ``environ``; name the variable if it is unset."""
+    """Replace ``${VAR}`` in header values from ``environ``; name the variable if it is unset.
+
+    Error messages name headers and variables, never a value.
+    """
     missing: list[str] = []
-
-    def sub(name: str) -> Callable[[re.Match[str]], str]:
-        def repl(m: re.Match[str]) -> str:
-            var = m.group(1)
-            if var not in environ:
-                missing.append(f"header {name!r} uses ${{{var}}}, but {var} is not set in the "
-                               "environment of the load process: export it before the run")
-                return ""
-            return environ[var]
-        return repl
-
-    out = {name: _ENV_REF.sub(sub(name), value) for name, value in headers.items()}
+    out: dict[str, str] = {}
+    for name, value in headers.items():
+        expanded = _expand(value, environ, f"header {name!r}", missing)
+        if not _HEADER_NAME.fullmatch(name):
+            missing.append(f"header name {name!r} is not a valid HTTP header name")
+        elif not _HEADER_VALUE.fullmatch(expanded):
+            refs = ", ".join(f"${{{v}}}" for v in _ENV_REF.findall(value))
+            source = f" (after expanding {refs})" if refs else ""
+            missing.append(f"header {name!r} holds a line break or another control character"
+                           f"{source}: an HTTP header cannot carry it")
+        out[name] = expanded
     if missing:
         raise ScenarioError(missing)
     return out
+
+
+def expand_path(path: str, environ: Mapping[str, str]) -> str:
+    """``${VAR}`` in the request path (e.g. Gemini's ``?key=${GEMINI_API_KEY}``), so that a key
+    given in the URL is never written to disk either."""
+    missing: list[str] = []
+    out = _expand(path, environ, "the request path", missing)
+    if missing:
+        raise ScenarioError(missing)
+    return out
+
+
+def check_templates(plan: LoadPlan, environ: Mapping[str, str]) -> None:
+    """Raise ScenarioError if a header or the path names a variable ``environ`` lacks."""
+    expand_headers(plan.headers, environ)
+    if plan.path:
+        expand_path(plan.path, environ)
+
+
+def _expand(text: str, environ: Mapping[str, str], what: str, missing: list[str]) -> str:
+    def repl(m: re.Match[str]) -> str:
+        var = m.group(1)
+        if var not in environ:
+            missing.append(f"{what} uses ${{{var}}}, but {var} is not set in the environment "
+                           "of the load process: export it before the run")
+            return ""
+        return environ[var]
+    return _ENV_REF.sub(repl, text)
+
+
+class Redactor:
+    """Removes credentials from text the load process writes (error reasons, logs): every
+    value that came from ``${VAR}``, whole values of credential headers (and their token after
+    ``Bearer``), and any ``key=``-style query parameter, even one the target made up."""
+
+    def __init__(self, secrets: Iterable[str]) -> None:
+        found = sorted({s for s in secrets if len(s) >= _SECRET_MIN}, key=len, reverse=True)
+        self._pattern = re.compile("|".join(map(re.escape, found))) if found else None
+
+    @classmethod
+    def for_request(cls, templates: Mapping[str, str], headers: Mapping[str, str],
+                    path_template: str, path: str, environ: Mapping[str, str]) -> Redactor:
+        secrets: list[str] = []
+        for name, template in templates.items():
+            value = headers.get(name, "")
+            if _SECRET_HEADER.search(name) or _ENV_REF.search(template):
+                scheme, _, token = value.partition(" ")    # "Bearer sk-...", "Basic ..."
+                secrets += [value, token.strip()] if token.strip() else [value]
+        for text in (*templates.values(), path_template):
+            secrets += [environ.get(var, "") for var in _ENV_REF.findall(text)]
+        secrets += [m.group(2) for m in _SECRET_PARAM.finditer(path)]
+        return cls(secrets)
+
+    def __call__(self, text: str) -> str:
+        if self._pattern is not None:
+            text = self._pattern.sub(REDACTED, text)
+        return _SECRET_PARAM.sub(lambda m: m.group(1) + REDACTED, text)
 
 
 def _tls_context_factory(verify: bool) -> Callable[..., ssl.SSLContext]:
@@ -80,8 +155,10 @@ def _tls_context_factory(verify: bool) -> Callable[..., ssl.SSLContext]:
     return factory
 
 
-def _read_some(resp: HTTPSocketResponse) -> bytes:
-    """Body bytes available now, after at most one ``recv``; b"" once the body has ended.
+def _read_some(resp: HTTPSocketResponse, deadline: float) -> bytes:
+    """Body bytes available now, after at most one ``recv`` that brings some; b"" once the body
+    has ended. Raises _StreamTimeout past ``deadline`` (perf_counter seconds) even while the
+    socket keeps delivering bytes that carry no body (chunk framing, say).
 
     Uses the response's parser buffer and socket directly: the public ``read(n)`` waits for
     ``n`` bytes, which would hold early events back until later ones arrive.
@@ -94,11 +171,16 @@ def _read_some(resp: HTTPSocketResponse) -> bytes:
         if sock is None:
             raise HTTPConnectionClosed("connection closed")
         data = sock.recv(_BLOCK)
-        resp.feed(data)   # b"" tells the parser the peer closed; a cut chunked body raises
         if not data:
+            # The peer closed: that ends a body without framing, and cuts any other short.
+            with contextlib.suppress(HTTPParseError):
+                resp.feed(data)
             if not resp.message_complete:
                 raise HTTPConnectionClosed("connection closed")
             break
+        resp.feed(data)   # broken framing (an invalid chunk size, say) raises HTTPParseError
+        if not buf and time.perf_counter() > deadline:
+            raise _StreamTimeout()
     out = bytes(buf)
     del buf[:]
     return out
@@ -107,18 +189,27 @@ def _read_some(resp: HTTPSocketResponse) -> bytes:
 class _Tally:
     """Folds a stream's events into a RequestSample as they arrive."""
 
-    def __init__(self, sample: RequestSample, plan: LoadPlan, t0: float) -> None:
+    def __init__(self, sample: RequestSample, plan: LoadPlan, t0: float,
+                 max_events: int) -> None:
         self.sample = sample
         self.protocol = plan.protocol
         self.stall_s = plan.stall_threshold_ms / 1000.0
         self.t0 = t0
         self.last_text_at: float | None = None
         self.ids: set[int] = set()
+        self.max_events = max_events
+        self.events_left = max_events
         self.done = False
 
     def add(self, event: SSEEvent, now: float) -> None:
         s = self.sample
-        if event.id is not None and event.id.isdigit():
+        self.events_left -= 1
+        if self.events_left < 0:
+            # Every event adds to the sample (an ITL, an id): a stream that never ends must
+            # not grow the load process, or a sample line, without bound.
+            raise _Failed("limit", f"more than {self.max_events:,} events in one stream "
+                                   "(the client's event limit)")
+        if event.id is not None and len(event.id) <= 18 and event.id.isdigit():
             self.ids.add(int(event.id))
         try:
             d = decode(self.protocol, event)
@@ -152,6 +243,11 @@ class _Tally:
         return s
 
 
+MAX_EVENTS = 200_000
+"""Events one stream may bring: a long answer is 30,000 tokens; past this the stream is an error
+(``limit``), so that one that never ends costs bounded memory and a bounded sample line."""
+
+
 class StreamClient:
     """Streams requests of one load plan over a connection pool of ``concurrency`` sockets."""
 
@@ -161,14 +257,26 @@ class StreamClient:
         *,
         concurrency: int = 1,
         environ: Mapping[str, str] | None = None,
+        limits: SSELimits | None = None,
+        max_events: int = MAX_EVENTS,
     ) -> None:
         self.plan = plan
+        self.limits = limits or SSELimits()
+        self.max_events = max_events
+        env = os.environ if environ is None else environ
         url = URL(plan.base_url)
         self._prefix = url.path.rstrip("/")
+        user_headers = expand_headers(plan.headers, env)
         self._headers = {
             **protocol_headers(plan.protocol),
-            **expand_headers(plan.headers, os.environ if environ is None else environ),
+            # A compressed event stream cannot be timed event by event: ask for none, and
+            # count one that comes anyway as its own error (unsupported_encoding).
+            "Accept-Encoding": "identity",
+            **user_headers,
         }
+        self._path = expand_path(plan.path, env) if plan.path else None
+        self.redact = Redactor.for_request(plan.headers, user_headers, plan.path or "",
+                                           self._path or "", env)
         self._http = HTTPClient.from_url(
             url,
             concurrency=concurrency,
@@ -186,20 +294,25 @@ class StreamClient:
     def measure(
         self, cls: RequestClassPlan, rng: random.Random, scheduled: float | None = None
     ) -> RequestSample:
-        """Send one request of class ``cls`` now and follow its stream to the end."""
+        """Send one request of class ``cls`` now and follow its stream to the end.
+
+        Always returns a sample: within the plan's timeout (checked between reads, so a socket
+        that never runs dry cannot hold it), and with any credential redacted from its reason.
+        """
         path, body = build_request(self.plan.protocol, self.plan.model, cls, rng)
-        uri = self._prefix + (self.plan.path or path)
+        uri = self._prefix + (self._path or path)
         payload = json.dumps(body).encode()
         sample = RequestSample(cls=cls.name, sent=time.time(), scheduled=scheduled)
         t0 = time.perf_counter()
-        tally = _Tally(sample, self.plan, t0)
+        deadline_at = t0 + self.plan.timeout_s
+        tally = _Tally(sample, self.plan, t0, self.max_events)
         resp: HTTPSocketResponse | None = None
         deadline = gevent.Timeout(self.plan.timeout_s, _StreamTimeout())
         deadline.start()
         try:
             try:
-                resp = self._open(uri, payload, sample, t0)
-                end = self._follow(resp, tally)
+                resp = self._open(uri, payload, sample, t0, deadline_at)
+                end = self._follow(resp, tally, deadline_at)
             except _Failed as exc:
                 end = time.perf_counter()
                 sample.error, sample.error_detail = exc.kind, exc.detail
@@ -218,10 +331,12 @@ class StreamClient:
             # Also on GreenletExit (Locust stopping a user): never leak the socket.
             if resp is not None:
                 resp.release()
+        if sample.error_detail is not None:
+            sample.error_detail = self.redact(sample.error_detail)[:_DETAIL_MAX]
         return tally.finish(end)
 
     def _open(
-        self, uri: str, payload: bytes, sample: RequestSample, t0: float
+        self, uri: str, payload: bytes, sample: RequestSample, t0: float, deadline: float
     ) -> HTTPSocketResponse:
         try:
             resp = self._http.request("POST", uri, body=payload, headers=self._headers)
@@ -230,22 +345,32 @@ class StreamClient:
         sample.ttfb_ms = (time.perf_counter() - t0) * 1000.0
         sample.status = resp.status_code
         if not 200 <= resp.status_code < 300:
-            detail = _error_message(resp)
+            detail = _status_detail(resp, deadline)
             resp.release()
-            raise _Failed("http_status", f"HTTP {resp.status_code}{detail}")
+            raise _Failed("http_status", detail)
         ctype = resp.get("content-type")
         if not isinstance(ctype, str) or "text/event-stream" not in ctype.lower():
             resp.release()
-            raise _Failed("protocol", "the response is not an event stream "
-                                      "(Content-Type is not text/event-stream)")
+            got = f"Content-Type {_printable(ctype)}" if isinstance(ctype, str) else \
+                "no Content-Type"
+            raise _Failed("content_type", f"HTTP {resp.status_code} with {got}, not "
+                                          "text/event-stream: the target did not stream")
+        encoding = resp.get("content-encoding")
+        if isinstance(encoding, str) and encoding.strip().lower() not in ("", "identity"):
+            resp.release()
+            raise _Failed("unsupported_encoding",
+                          f"the event stream is {_printable(encoding)}-encoded "
+                          "(Content-Encoding), though the request asked for identity: "
+                          "streamquake times uncompressed streams only")
         return resp
 
-    def _follow(self, resp: HTTPSocketResponse, tally: _Tally) -> float:
+    def _follow(self, resp: HTTPSocketResponse, tally: _Tally, deadline: float) -> float:
         """Feed the stream to ``tally`` until its terminal event; return that event's time."""
-        parser = SSEParser()
+        parser = SSEParser(self.limits)
+        next_yield = time.perf_counter() + _YIELD_S
         try:
             while True:
-                chunk = _read_some(resp)
+                chunk = _read_some(resp, deadline)
                 now = time.perf_counter()
                 if not chunk:
                     raise _Failed("truncated", "the stream ended before the protocol's final event")
@@ -253,23 +378,49 @@ class StreamClient:
                     tally.add(event, now)
                     if tally.done:
                         return now
-        except (OSError, HTTPParseError) as exc:
+                # A socket that always has data never blocks, so the gevent timeout never
+                # fires: the deadline is checked here too.
+                if now > deadline:
+                    raise _StreamTimeout()
+                if len(chunk) >= _BACKLOG and now >= next_yield:
+                    # ... and no other user (nor Locust's own timers) would run: a backlog
+                    # of a full read yields, every _YIELD_S, until the loop has polled I/O.
+                    gevent.idle()
+                    next_yield = time.perf_counter() + _YIELD_S
+        except SSELimitError as exc:
+            raise _Failed("limit", str(exc)) from exc
+        except (HTTPConnectionClosed, OSError) as exc:
             raise _Failed("truncated", f"the stream broke off: {_oserror_text(exc)}") from exc
+        except HTTPParseError as exc:
+            raise _Failed("protocol",
+                          f"invalid HTTP framing of the body: {_parse_error_text(exc)}") from exc
 
 
 def _drain(resp: HTTPSocketResponse) -> None:
-    """Read to the end of the HTTP body, briefly, so that its connection can be reused."""
+    """Read to the end of the HTTP body, briefly and boundedly, so that its connection can be
+    reused; a body that does not end soon is left unread, and the connection dropped."""
+    until = time.perf_counter() + _DRAIN_S
+    left = _DRAIN_MAX
     with gevent.Timeout(_DRAIN_S, False):
         try:
-            while _read_some(resp):
-                pass
-        except (OSError, HTTPParseError):
+            while left > 0:
+                chunk = _read_some(resp, until)
+                if not chunk:
+                    return
+                left -= len(chunk)
+                if time.perf_counter() > until:
+                    return
+        except (_StreamTimeout, OSError, HTTPParseError):
             pass
 
 
 def _before_response(exc: BaseException, connect_timeout_s: float) -> tuple[ErrorKind, str]:
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return "tls", (f"certificate verify failed: {exc.verify_message or exc.reason} "
+                       "(verify_tls: false skips the check; SSL_CERT_FILE trusts a private CA)")
     if isinstance(exc, ssl.SSLError):
-        return "connect", f"TLS handshake failed: {exc.reason or exc}"
+        reason = str(exc.reason or exc).replace("_", " ").lower()
+        return "tls", f"TLS handshake failed: {reason}"
     if isinstance(exc, TimeoutError | socket.timeout):
         return "connect", f"no connection within {connect_timeout_s:g} s"
     if isinstance(exc, socket.gaierror):
@@ -277,8 +428,14 @@ def _before_response(exc: BaseException, connect_timeout_s: float) -> tuple[Erro
     if isinstance(exc, HTTPConnectionClosed | ConnectionResetError | BrokenPipeError):
         return "connect", "the server closed the connection before answering"
     if isinstance(exc, HTTPParseError):
-        return "protocol", f"invalid HTTP response: {exc}"
+        return "protocol", f"invalid HTTP response: {_parse_error_text(exc)}"
     return "connect", _oserror_text(exc)
+
+
+def _parse_error_text(exc: HTTPParseError) -> str:
+    # llhttp's errors come as (message, code).
+    first = exc.args[0] if exc.args else None
+    return first if isinstance(first, str) and first else str(exc) or type(exc).__name__
 
 
 def _oserror_text(exc: BaseException) -> str:
@@ -287,18 +444,39 @@ def _oserror_text(exc: BaseException) -> str:
     return str(exc) or type(exc).__name__
 
 
-def _error_message(resp: HTTPSocketResponse) -> str:
+def _printable(text: str, limit: int = 80) -> str:
+    cleaned = "".join(c if c.isprintable() else "?" for c in text[:limit])
+    return cleaned + ("..." if len(text) > limit else "")
+
+
+def _status_detail(resp: HTTPSocketResponse, deadline: float) -> str:
+    """``HTTP 429 (Retry-After: 2): message``; a redirect names where it points."""
+    status = resp.status_code
+    detail = f"HTTP {status}"
+    retry_after = resp.get("retry-after")
+    if isinstance(retry_after, str):
+        detail += f" (Retry-After: {_printable(retry_after, 40)})"
+    if 300 <= status < 400:
+        location = resp.get("location")
+        where = f" to {_printable(location, 200)}" if isinstance(location, str) else ""
+        return (f"{detail}: redirected{where}; streamquake does not follow redirects (give the "
+                "final URL as target.url)")
+    return detail + _error_message(resp, deadline)
+
+
+def _error_message(resp: HTTPSocketResponse, deadline: float) -> str:
     """``": message"`` from an API error body, or "" when there is none to read."""
     try:
         raw = b""
         while len(raw) < _ERROR_BODY_MAX:
-            chunk = _read_some(resp)
+            chunk = _read_some(resp, deadline)
             if not chunk:
                 break
             raw += chunk
         obj = json.loads(raw[:_ERROR_BODY_MAX])
-    except (OSError, HTTPParseError, ValueError):
+    except (OSError, HTTPParseError, ValueError, _StreamTimeout):
+        # No readable message (a body that trickles past the deadline too): the status says it.
         return ""
     err = obj.get("error", obj) if isinstance(obj, dict) else obj
     message = err.get("message") if isinstance(err, dict) else None
-    return f": {str(message)[:200]}" if message else ""
+    return f": {_printable(str(message), 200)}" if message else ""

@@ -30,7 +30,7 @@ from locust.env import Environment
 from locust.runners import LocalRunner, MasterRunner, Runner
 
 from streamquake.errors import EXIT_SCENARIO, ScenarioError
-from streamquake.loadgen.client import StreamClient, expand_headers
+from streamquake.loadgen.client import StreamClient, check_templates
 from streamquake.loadgen.launcher import PLAN_ENV
 from streamquake.loadgen.plan import LoadPlan, OpenLoop
 from streamquake.loadgen.samples import RequestSample
@@ -104,7 +104,7 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
     # Fail the process at start, not every user at its first request.
     plan = _plan()
     try:
-        expand_headers(plan.headers, os.environ)
+        check_templates(plan, os.environ)
     except ScenarioError as exc:
         logging.getLogger(__name__).error("%s", exc)
         sys.exit(EXIT_SCENARIO)

@@ -33,6 +33,8 @@ SUMMARY_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 _SIG_FIGS = 4
 _HIGHEST = 3_600_000_000          # one hour in microseconds; 1e6 tokens/s in milli-tokens/s
 _SCALE = 1000.0                   # ms -> us, and tokens/s -> milli-tokens/s
+_REASONS_PER_KIND = 8
+_OTHER_REASONS = "(other reasons)"
 
 
 def _histogram() -> HdrHistogram:
@@ -59,6 +61,9 @@ class Stats:
 
     requests: int = 0
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
+    # kind -> reason (the sample's error_detail) -> count; a few reasons per kind, the rest
+    # pooled, so the report says why (a TLS failure's "self-signed certificate") at bounded size.
+    error_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
     successes: int = 0
     stalled: int = 0                  # successful requests with at least one stall
     missing_events: int = 0
@@ -93,6 +98,11 @@ class Stats:
             _record(h["queue_delay_ms"], queue)
         if s.error is not None:
             self.errors[s.error] = self.errors.get(s.error, 0) + 1
+            reasons = self.error_reasons.setdefault(s.error, {})
+            reason = s.error_detail or "(no reason given)"
+            if reason not in reasons and len(reasons) >= _REASONS_PER_KIND:
+                reason = _OTHER_REASONS
+            reasons[reason] = reasons.get(reason, 0) + 1
             return
         self.successes += 1
         self.stalled += int(s.stalls > 0)
@@ -196,6 +206,8 @@ class Stats:
             "requests": self.requests,
             "successes": self.successes,
             "errors": dict(self.errors),
+            "error_reasons": {kind: dict(sorted(r.items(), key=lambda kv: -kv[1]))
+                              for kind, r in self.error_reasons.items()},
         }
         out.update({m: self.value(m) for m in RATE_METRICS})
         out.update({m: self.summary(m) for m in HISTOGRAM_METRICS})

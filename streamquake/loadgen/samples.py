@@ -3,11 +3,23 @@
 from __future__ import annotations
 
 import json
+import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-ErrorKind = Literal["connect", "timeout", "http_status", "protocol", "truncated"]
-ERROR_KINDS: tuple[str, ...] = ("connect", "timeout", "http_status", "protocol", "truncated")
+# Each failed request is counted in exactly one kind; see README "What is measured, exactly".
+ErrorKind = Literal[
+    "connect",               # no connection (refused, DNS, connect timeout, closed at once)
+    "timeout",               # no complete stream within the request timeout
+    "http_status",           # a non-2xx answer, a redirect, or an error event in the stream
+    "protocol",              # an event, or the HTTP framing, that cannot be parsed
+    "truncated",             # the stream ended or was reset before its final event
+    "tls",                   # TLS handshake or certificate verification failed
+    "content_type",          # 2xx, but not text/event-stream (an HTML page, a JSON body)
+    "unsupported_encoding",  # a compressed (Content-Encoding: gzip ...) event stream
+    "limit",                 # the stream broke a parser or client limit (a line that never ends)
+]
+ERROR_KINDS: tuple[str, ...] = typing.get_args(ErrorKind)
 
 
 @dataclass

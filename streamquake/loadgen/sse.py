@@ -6,13 +6,20 @@ Bytes go in as they arrive off the socket; complete events come out at once, so 
 timestamp each one with the read that completed it. The parser works on bytes and decodes only
 field values: every byte of a multi-byte UTF-8 character is >= 0x80, so splitting on CR/LF never
 cuts one, and a character split across reads stays whole in the pending line.
+
+It is linear in its input (an unfinished line is kept as a list of reads and joined once, when
+its end arrives) and bounded: a line, an event's data and its number of ``data:`` lines each have
+a limit (:class:`SSELimits`); breaking one raises :class:`SSELimitError`, whatever way the stream
+was split into reads.
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 _BOM = b"\xef\xbb\xbf"
+
+LimitKind = Literal["line", "event", "data_lines"]
 
 
 class SSEEvent(NamedTuple):
@@ -22,21 +29,55 @@ class SSEEvent(NamedTuple):
     retry: int | None = None    # a valid ``retry:`` given since the previous dispatch
 
 
+class SSELimits(NamedTuple):
+    """How much one stream may make the parser hold.
+
+    The defaults are far above what any LLM API sends: a token event's line is 100-500 bytes,
+    the largest (a final usage chunk, a whole tool call's arguments, grounding metadata) tens
+    of KiB. 1 MiB per line is 1,000x that; 4 MiB per event leaves room for the rare multi-line
+    event while capping what one stream can pin in memory (a load process runs hundreds). The
+    line count bounds an event of empty ``data:`` lines, which the byte limit barely sees.
+    """
+
+    max_line_bytes: int = 1 << 20           # one line, without its line end
+    max_event_bytes: int = 4 << 20          # an event's data: its data lines joined by "\n"
+    max_data_lines: int = 65_536            # data lines in one event
+
+
+class SSELimitError(Exception):
+    """The stream broke one of the parser's limits; ``kind`` says which."""
+
+    def __init__(self, kind: LimitKind, message: str) -> None:
+        super().__init__(message)
+        self.kind: LimitKind = kind
+
+
+def _size(n: int) -> str:
+    return f"{n >> 20} MiB" if n >= 1 << 20 and n % (1 << 20) == 0 else f"{n:,} bytes"
+
+
 class SSEParser:
     """Feed bytes with :meth:`feed`; call :meth:`close` at end of stream."""
 
-    __slots__ = ("_pending", "_skip_lf", "_bom_checked", "_data", "_event", "_last_id", "_retry")
+    __slots__ = ("_pending", "_pending_len", "_skip_lf", "_bom_checked", "_data", "_data_len",
+                 "_event", "_last_id", "_retry", "_max_line", "_max_event", "_max_lines")
 
-    def __init__(self) -> None:
+    def __init__(self, limits: SSELimits | None = None) -> None:
+        limits = limits or SSELimits()
+        self._max_line = limits.max_line_bytes
+        self._max_event = limits.max_event_bytes
+        self._max_lines = limits.max_data_lines
         self._reset()
 
     def _reset(self) -> None:
-        self._pending = b""          # an incomplete last line
+        self._pending: list[bytes] = []  # the reads holding an incomplete last line
+        self._pending_len = 0
         self._skip_lf = False        # the previous read ended in CR: a leading LF is its pair
         self._bom_checked = False
         self._data: list[bytes] = []
+        self._data_len = 0           # bytes of the pending event's data, as joined so far
         self._event = b""
-        self._last_id = b""
+        self._last_id: str | None = None
         self._retry: int | None = None
 
     @property
@@ -45,49 +86,111 @@ class SSEParser:
         return bool(self._pending or self._data or self._event or self._retry is not None)
 
     def feed(self, data: bytes) -> list[SSEEvent]:
-        """Parse one read's worth of bytes; return the events it completed, in order."""
+        """Parse one read's worth of bytes; return the events it completed, in order.
+
+        Raises SSELimitError when the stream breaks a limit; the parser is then spent.
+        """
         if not data:
             return []
         if self._skip_lf:
             self._skip_lf = False
             if data[:1] == b"\n":
                 data = data[1:]
-        buf = self._pending + data if self._pending else data
+                if not data:
+                    return []
         if not self._bom_checked:
-            if len(buf) < 3 and _BOM.startswith(buf):
-                self._pending = buf          # cannot tell yet whether this is a BOM
+            if self._pending:
+                data = b"".join(self._pending) + data
+                self._pending, self._pending_len = [], 0
+            if len(data) < 3 and _BOM.startswith(data):
+                self._pending, self._pending_len = [data], len(data)   # cannot tell yet
                 return []
             self._bom_checked = True
-            if buf.startswith(_BOM):
-                buf = buf[3:]
-        if b"\r" in buf:
-            if buf[-1:] == b"\r":
+            if data.startswith(_BOM):
+                data = data[3:]
+                if not data:
+                    return []
+        if b"\r" in data:
+            if data[-1:] == b"\r":
                 # A CR ending this read ends a line now; an LF opening the next read is its pair.
                 self._skip_lf = True
-            buf = buf.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        lines = buf.split(b"\n")
-        self._pending = lines.pop()
+            data = data.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
+        lines = data.split(b"\n")
+        tail = lines.pop()
+        if self._pending or not lines:
+            if not self._hold(lines, tail):
+                return []
+        elif tail:
+            self._pending = [tail]
+            self._pending_len = len(tail)
+        if len(data) > self._max_line:
+            self._check_lines(lines, tail)
         out: list[SSEEvent] = []
-        if lines:
-            self._process(lines, out)
+        self._process(lines, out)
         return out
+
+    def _hold(self, lines: list[bytes], tail: bytes) -> bool:
+        """Reads held before this one, or this read without a line end: keep ``tail`` for
+        later, join the held reads to the first line; False if no line is complete yet.
+
+        Held reads stay a list until their line ends, so a line that never ends costs linear
+        time, not a copy of everything held on every read.
+        """
+        held = self._pending_len if self._pending else 0
+        if not lines:
+            self._pending.append(tail)
+            self._pending_len = held + len(tail)
+            if self._pending_len > self._max_line:
+                raise self._line_too_long()
+            return False
+        self._pending.append(lines[0])
+        lines[0] = b"".join(self._pending)
+        self._pending = [tail] if tail else []
+        self._pending_len = len(tail)
+        if len(lines[0]) > self._max_line:
+            raise self._line_too_long()
+        return True
+
+    def _check_lines(self, lines: list[bytes], tail: bytes) -> None:
+        if len(tail) > self._max_line or max(map(len, lines)) > self._max_line:
+            raise self._line_too_long()
 
     def close(self) -> list[SSEEvent]:
         """End of stream. Per the spec an unterminated event is discarded, so this returns []."""
         self._reset()
         return []
 
+    def _line_too_long(self) -> SSELimitError:
+        return SSELimitError("line", f"an SSE line longer than {_size(self._max_line)} "
+                                     "(the parser's line limit)")
+
+    def _event_too_big(self, size: int, lines: int) -> SSELimitError:
+        if lines > self._max_lines:
+            return SSELimitError("data_lines", f"an SSE event with more than {self._max_lines:,} "
+                                               "data lines (the parser's limit)")
+        return SSELimitError("event", f"an SSE event with more than {_size(self._max_event)} "
+                                      f"of data (the parser's event limit; {size:,} so far)")
+
     def _process(self, lines: list[bytes], out: list[SSEEvent]) -> None:
-        data = self._data
+        data = start = self._data
         last_id = self._last_id
+        max_event = self._max_event
+        new_from = len(data)          # data lines added by this call start here
         for line in lines:
             if not line:
                 if data:
-                    raw = data[0] if len(data) == 1 else b"\n".join(data)
+                    if len(data) == 1:
+                        raw = data[0]
+                    else:
+                        if len(data) > self._max_lines:
+                            raise self._event_too_big(0, len(data))
+                        raw = b"\n".join(data)
+                    if len(raw) > max_event:
+                        raise self._event_too_big(len(raw), len(data))
                     out.append(SSEEvent(
                         self._event.decode("utf-8", "replace") if self._event else "message",
                         raw.decode("utf-8", "replace"),
-                        last_id.decode("utf-8", "replace") if last_id else None,
+                        last_id,
                         self._retry,
                     ))
                     data = self._data = []
@@ -99,7 +202,9 @@ class SSEParser:
                 data.append(line[6:])
                 continue
             if line.startswith(b"id: ") and b"\0" not in line:
-                last_id = line[4:]
+                # Decoded here, not per event: the id persists, and a 1 MiB id followed by a
+                # million tiny events must not cost a million decodes.
+                last_id = line[4:].decode("utf-8", "replace") or None
                 continue
             colon = line.find(b":")
             if colon == 0:
@@ -115,7 +220,19 @@ class SSEParser:
                 self._event = value
             elif name == b"id":
                 if b"\0" not in value:
-                    last_id = value
+                    last_id = value.decode("utf-8", "replace") or None
             elif name == b"retry" and value.isdigit():
                 self._retry = int(value)
         self._last_id = last_id
+        if not data:
+            return
+        # An event still open after this read: account for what it holds now, counting only
+        # the lines this read added, so a stream of data lines stays linear. An event that began
+        # in this read (a new list, or an empty one at the start) starts its count afresh.
+        if data is not start or new_from == 0:
+            new_from, self._data_len = 0, 0
+        added = len(data) - new_from
+        self._data_len += sum(map(len, data[new_from:])) + added
+        size = self._data_len - 1               # joined by "\n": one fewer than the lines
+        if size > max_event or len(data) > self._max_lines:
+            raise self._event_too_big(size, len(data))

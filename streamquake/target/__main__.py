@@ -10,12 +10,21 @@ from pathlib import Path
 from typing import get_args
 
 from pydantic import ValidationError
-from ruamel.yaml import YAML
-from ruamel.yaml.error import YAMLError
 
-from streamquake.errors import StreamquakeError
+from streamquake.errors import EXIT_SCENARIO, ScenarioError, StreamquakeError
 from streamquake.target.config import Protocol, TargetConfig
 from streamquake.target.server import start_server
+
+CONFIG_SHAPE = ("the target configuration is a mapping of a scenario's target.embedded "
+                "settings (ttft, itl, output_tokens, ...)")
+
+
+def load_config_file(path: Path) -> TargetConfig:
+    """A ``--config`` file, with the scenario loader's limits and ``file:line:col`` errors;
+    raises ScenarioError."""
+    from streamquake.scenario.loader import load_model
+
+    return load_model(path, TargetConfig, "target configuration", CONFIG_SHAPE)
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -42,11 +51,18 @@ def _load_config(args: argparse.Namespace) -> TargetConfig:
         if args.config_json is not None:
             cfg = TargetConfig.model_validate_json(args.config_json)
         elif args.config is not None:
-            cfg = TargetConfig.model_validate(YAML(typ="safe").load(args.config.read_text()) or {})
+            cfg = load_config_file(args.config)
         else:
             cfg = TargetConfig()
-    except (OSError, ValidationError, YAMLError) as exc:
-        raise SystemExit(f"Error: invalid target configuration: {exc}") from None
+    except ScenarioError as exc:
+        for line in exc.problems:
+            print(f"Error: {line}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_SCENARIO) from None
+    except ValidationError as exc:
+        # --config-json comes from the runner, which validated it: this is a bug, said plainly.
+        print(f"Error: invalid --config-json: {exc.error_count()} problem(s), the first: "
+              f"{exc.errors()[0]['msg']}", file=sys.stderr, flush=True)
+        raise SystemExit(EXIT_SCENARIO) from None
     if args.protocol:
         cfg = cfg.model_copy(update={"protocols": list(dict.fromkeys(args.protocol))})
     return cfg

@@ -1,0 +1,296 @@
+"""A hostile streaming target on 127.0.0.1, for tests: one behaviour per request path.
+
+    python tests/hostile_server.py [CERT KEY]
+
+Plain sockets, one thread per connection, every answer closes its connection (so each
+request meets its behaviour on a fresh socket). Prints ``LISTENING http://127.0.0.1:P`` (and
+`` https://127.0.0.1:Q`` with a certificate) once bound. ``/mixed`` rotates through the
+behaviours request by request, for whole runs through the CLI (``/echo-mixed`` through the
+ways a target can echo credentials). Bodies are the generic ``sse``
+protocol: ``{"text": ...}`` events and a final ``{"done": true}``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import itertools
+import json
+import socket
+import ssl
+import struct
+import sys
+import threading
+import time
+from collections.abc import Callable
+from urllib.parse import parse_qs, urlsplit
+
+SSE_HEAD = (b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nCache-Control: no-cache\r\n"
+            b"Connection: close\r\n")
+FINAL = b'data: {"done": true, "usage": {"output_tokens": 2}}\n\n'
+TOKEN = b'data: {"text": "t "}\n\n'
+
+
+class Request:
+    def __init__(self, sock: socket.socket, method: str, target: str,
+                 headers: dict[str, str]) -> None:
+        self.sock = sock
+        self.method = method
+        self.path = urlsplit(target).path
+        self.query = {k: v[-1] for k, v in parse_qs(urlsplit(target).query).items()}
+        self.target = target
+        self.headers = headers
+
+    def send(self, data: bytes) -> None:
+        self.sock.sendall(data)
+
+
+def read_request(sock: socket.socket) -> Request | None:
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk or len(buf) > 1 << 20:
+            return None
+        buf += chunk
+    head, _, rest = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    method, target, _ = lines[0].split(" ", 2)
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    length = int(headers.get("content-length", "0"))
+    while len(rest) < length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        rest += chunk
+    return Request(sock, method, target, headers)
+
+
+def stream(req: Request, body: bytes, extra: bytes = b"") -> None:
+    req.send(SSE_HEAD + extra + b"\r\n" + body)
+
+
+def ok(req: Request) -> None:
+    stream(req, b"id: 1\n" + TOKEN + b"id: 2\n" + TOKEN + b"id: 3\n" + FINAL)
+
+
+def paced_forever(req: Request) -> None:
+    """Valid events, one every 20 ms, never the final one."""
+    req.send(SSE_HEAD + b"\r\n")
+    while True:
+        req.send(TOKEN)
+        time.sleep(0.02)
+
+
+def flood(req: Request) -> None:
+    """Valid events as fast as the socket takes them, never the final one: a socket that never
+    runs dry."""
+    req.send(SSE_HEAD + b"\r\n")
+    block = TOKEN * 4096
+    while True:
+        req.send(block)
+
+
+def final_then_flood(req: Request) -> None:
+    """A complete stream, then bytes forever where the body should end."""
+    req.send(SSE_HEAD + b"\r\n" + TOKEN + TOKEN + FINAL)
+    block = b": keep-alive\n" * 4096
+    while True:
+        req.send(block)
+
+
+def silent(req: Request) -> None:
+    req.send(SSE_HEAD + b"\r\n" + TOKEN + TOKEN)
+    time.sleep(3600)
+
+
+def big_event(req: Request) -> None:
+    """One 10 MB event (the final one, so that a client without limits counts it a success)."""
+    body = b'data: {"done": true, "pad": "' + b"x" * 10_000_000 + b'"}\n\n'
+    req.send(SSE_HEAD + b"\r\n")
+    for i in range(0, len(body), 65536):
+        req.send(body[i:i + 65536])
+    time.sleep(3600)
+
+
+def endless_line(req: Request) -> None:
+    req.send(SSE_HEAD + b"\r\n" + b"data: ")
+    block = b"x" * 65536
+    while True:
+        req.send(block)
+
+
+def data_forever(req: Request) -> None:
+    """``data:`` lines forever, never the blank line that would end the event."""
+    req.send(SSE_HEAD + b"\r\n")
+    block = b'data: {"text": "never dispatched"}\n' * 2048
+    while True:
+        req.send(block)
+
+
+def bad_json(req: Request) -> None:
+    stream(req, TOKEN + b"data: {not json\n\n" + FINAL)
+
+
+def html(req: Request) -> None:
+    page = b"<html><body>Welcome to nginx!</body></html>"
+    req.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/html\r\nConnection: close\r\n"
+             b"Content-Length: " + str(len(page)).encode() + b"\r\n\r\n" + page)
+
+
+def status(req: Request) -> None:
+    code = int(req.query.get("code", "503"))
+    reason = {429: "Too Many Requests", 500: "Internal Server Error",
+              503: "Service Unavailable"}.get(code, "Error")
+    body = json.dumps({"error": {"message": f"{reason.lower()}, try later"}}).encode()
+    retry = f"Retry-After: {req.query['retry']}\r\n".encode() if "retry" in req.query else b""
+    req.send(f"HTTP/1.1 {code} {reason}\r\nContent-Type: application/json\r\n".encode() + retry
+             + b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+             + body)
+
+
+def reset(req: Request) -> None:
+    """Half an event, then a TCP RST (SO_LINGER 0)."""
+    req.send(SSE_HEAD + b"\r\n" + TOKEN + b'data: {"text": "hal')
+    time.sleep(0.05)
+    req.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    req.sock.close()
+
+
+def slowloris(req: Request) -> None:
+    """Response headers one byte at a time, 20 ms apart: they would take about 10 s."""
+    head = SSE_HEAD + b"X-Padding: " + b"p" * 400 + b"\r\n\r\n"
+    for byte in head:
+        req.send(bytes([byte]))
+        time.sleep(0.02)
+    req.send(TOKEN + FINAL)
+
+
+def hang(req: Request) -> None:
+    time.sleep(3600)
+
+
+def gzipped(req: Request) -> None:
+    stream(req, gzip.compress(TOKEN + FINAL), b"Content-Encoding: gzip\r\n")
+
+
+def bad_chunked(req: Request) -> None:
+    """A valid first chunk, then a chunk header that is not hex (once the client reads the
+    body, so that the body's framing, not the headers, is what breaks)."""
+    req.send(SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n"
+             + b"%x\r\n" % len(TOKEN) + TOKEN + b"\r\n")
+    time.sleep(0.2)
+    req.send(b"zz-not-hex\r\n" + TOKEN)
+    time.sleep(3600)
+
+
+def chunk_extension_forever(req: Request) -> None:
+    """Chunked framing whose chunk header never ends: bytes forever, no body byte."""
+    req.send(SSE_HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + b"1;ext=")
+    block = b"a" * 65536
+    while True:
+        req.send(block)
+
+
+def redirect(req: Request) -> None:
+    req.send(b"HTTP/1.1 307 Temporary Redirect\r\nLocation: " + req.target.encode()
+             + b"\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+
+
+def echo_key(req: Request) -> None:
+    """A 401 that repeats the caller's credentials, as some APIs (and proxies) do."""
+    seen = f"{req.headers.get('authorization', '')} {req.target}"
+    body = json.dumps({"error": {"message": f"Incorrect API key provided: {seen}"}}).encode()
+    req.send(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n"
+             b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+             + body)
+
+
+def echo_key_event(req: Request) -> None:
+    """HTTP 200, then an error event that repeats the credentials."""
+    key = req.headers.get("authorization", "").removeprefix("Bearer ")
+    error = json.dumps({"error": {"message": f"key {key} is revoked; query was {req.target}"}})
+    stream(req, TOKEN + b"data: " + error.encode() + b"\n\n")
+
+
+def echo_key_redirect(req: Request) -> None:
+    key = req.headers.get("authorization", "").removeprefix("Bearer ")
+    req.send(b"HTTP/1.1 302 Found\r\nLocation: https://login.example/?api_key=" + key.encode()
+             + b"&next=" + req.target.encode() + b"\r\nContent-Length: 0\r\n"
+             b"Connection: close\r\n\r\n")
+
+
+ROUTES: dict[str, Callable[[Request], None]] = {
+    "/ok": ok, "/paced-forever": paced_forever, "/flood": flood, "/silent": silent,
+    "/final-then-flood": final_then_flood,
+    "/big-event": big_event, "/endless-line": endless_line, "/data-forever": data_forever,
+    "/bad-json": bad_json, "/html": html, "/status": status, "/reset": reset,
+    "/slowloris": slowloris, "/hang": hang, "/gzip": gzipped, "/bad-chunked": bad_chunked,
+    "/chunk-extension-forever": chunk_extension_forever, "/redirect": redirect,
+    "/echo-key": echo_key, "/echo-key-event": echo_key_event,
+    "/echo-key-redirect": echo_key_redirect,
+}
+# /mixed: what a whole run meets, in turn (paced and silent streams end at the timeout).
+MIXED = ["/ok", "/data-forever", "/endless-line", "/big-event", "/bad-json", "/html",
+         "/status", "/gzip", "/reset", "/ok", "/flood", "/echo-key", "/echo-key-event",
+         "/echo-key-redirect"]
+# /echo-mixed: credentials echoed in every way a target can, between normal streams.
+ECHO_MIXED = ["/ok", "/echo-key", "/echo-key-event", "/echo-key-redirect"]
+_turns = itertools.count()
+_lock = threading.Lock()
+
+
+def handle(conn: socket.socket, tls: ssl.SSLContext | None) -> None:
+    try:
+        if tls is not None:
+            conn = tls.wrap_socket(conn, server_side=True)
+        req = read_request(conn)
+        if req is None:
+            return
+        if req.path == "/close":
+            return                                 # read the request, answer nothing, close
+        path = req.path
+        if path in ("/mixed", "/echo-mixed"):
+            turns = MIXED if path == "/mixed" else ECHO_MIXED
+            with _lock:
+                path = turns[next(_turns) % len(turns)]
+        ROUTES.get(path, ok)(req)
+    except (OSError, ssl.SSLError):
+        pass                                       # the client gave up: that is its right
+    finally:
+        with contextlib.suppress(OSError):
+            conn.close()
+
+
+def serve(listener: socket.socket, tls: ssl.SSLContext | None) -> None:
+    while True:
+        conn, _ = listener.accept()
+        threading.Thread(target=handle, args=(conn, tls), daemon=True).start()
+
+
+def listen() -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(128)
+    return sock
+
+
+def main() -> None:
+    plain = listen()
+    urls = [f"http://127.0.0.1:{plain.getsockname()[1]}"]
+    threading.Thread(target=serve, args=(plain, None), daemon=True).start()
+    if len(sys.argv) == 3:
+        ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ctx.load_cert_chain(sys.argv[1], sys.argv[2])
+        secure = listen()
+        urls.append(f"https://127.0.0.1:{secure.getsockname()[1]}")
+        threading.Thread(target=serve, args=(secure, ctx), daemon=True).start()
+    print("LISTENING " + " ".join(urls), flush=True)
+    threading.Event().wait()
+
+
+if __name__ == "__main__":
+    main()
