@@ -33,6 +33,7 @@ from streamquake.errors import EXIT_SCENARIO, ScenarioError
 from streamquake.loadgen.client import StreamClient, check_templates
 from streamquake.loadgen.launcher import PLAN_ENV
 from streamquake.loadgen.plan import LoadPlan, OpenLoop
+from streamquake.loadgen.retry import retry_delay
 from streamquake.loadgen.samples import RequestSample
 
 _IDLE_S = 3600.0        # a user past end_at waits; Locust kills waiting users at once on stop
@@ -181,6 +182,17 @@ class StreamUser(User):
 
     def _send(self, plan: LoadPlan, scheduled: float | None) -> None:
         cls = self.rng.choices(plan.classes, weights=self.weights)[0]
-        sample = self.stream_client.measure(cls, self.rng, scheduled=scheduled)
-        _write(sample)
-        _fire(self.environment, sample)
+        attempt = 1
+        while True:
+            sample = self.stream_client.measure(cls, self.rng, scheduled=scheduled)
+            sample.attempt = attempt
+            delay = retry_delay(plan.retries, sample)
+            # No retry that would start after the run's end: the attempt stands as it is.
+            if delay is not None and time.time() + delay < plan.end_at:
+                sample.retried = True
+            _write(sample)
+            _fire(self.environment, sample)
+            if not sample.retried:
+                return
+            gevent.sleep(delay)
+            attempt += 1

@@ -66,6 +66,8 @@ class Stats:
     error_reasons: dict[str, dict[str, int]] = field(default_factory=dict)
     successes: int = 0
     stalled: int = 0                  # successful requests with at least one stall
+    retries: int = 0                  # extra attempts behind the requests counted here
+    retried_attempts: dict[str, int] = field(default_factory=dict)   # by error kind
     missing_events: int = 0
     expected_events: int = 0
     histograms: dict[str, HdrHistogram] = field(
@@ -85,7 +87,14 @@ class Stats:
     def add(self, s: RequestSample) -> None:
         h = self.histograms
         self._scans.clear()
+        if s.retried:
+            # A failed attempt that was retried: its request ends in a later attempt, so it is
+            # counted apart, never as a request, an error or a latency (retries hide nothing).
+            kind = s.error or "unknown"
+            self.retried_attempts[kind] = self.retried_attempts.get(kind, 0) + 1
+            return
         self.requests += 1
+        self.retries += s.attempt - 1
         self.missing_events += s.missing_events
         self.expected_events += s.expected_events
         if s.ttfb_ms is not None:
@@ -205,6 +214,8 @@ class Stats:
         out: dict[str, Any] = {
             "requests": self.requests,
             "successes": self.successes,
+            "retried_attempts": dict(self.retried_attempts),
+            "requests_retried": self.retries,
             "errors": dict(self.errors),
             "error_reasons": {kind: dict(sorted(r.items(), key=lambda kv: -kv[1]))
                               for kind, r in self.error_reasons.items()},

@@ -55,3 +55,4 @@ class LoadPlan(_Frozen):
     samples_path: str                      # JSONL of RequestSample, appended by every user
     seed: int = 0
     end_at: float                          # epoch s: no request is sent after this
+    retries: Literal["none", "standard"] = "none"   # loadgen/retry.py

@@ -38,6 +38,8 @@ class RequestSample:
     usage_tokens: int | None = None       # what the server's usage said, if it said
     missing_events: int = 0               # gaps in SSE ``id:`` sequence numbers (chunk loss)
     expected_events: int = 0              # events the server sent, by ids/usage (0 = unknown)
+    attempt: int = 1                      # 1 for the first try; 2, 3 for retries (load.retries)
+    retried: bool = False                 # this attempt failed and was retried: counted apart
     stalls: int = 0                       # inter-event gaps above the stall threshold
     status: int | None = None             # HTTP status
     error: ErrorKind | None = None

@@ -46,4 +46,5 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         samples_path=str(samples_dir),
         seed=load.seed,
         end_at=end_at,
+        retries=load.retries,
     )

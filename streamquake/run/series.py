@@ -69,6 +69,8 @@ def per_second(samples: Sequence[RequestSample], windows: Sequence[PhaseWindow],
     starts: list[float] = []
     ends: list[float] = []
     for s in samples:
+        if s.retried:
+            continue      # a retried attempt is counted apart (Stats), never as a request
         due = s.scheduled if s.scheduled is not None else s.sent
         i = math.floor(due - t0)
         if 0 <= i < seconds:

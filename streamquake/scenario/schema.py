@@ -241,6 +241,9 @@ class LoadSpec(_Model):
     stall_threshold_ms: float = Field(default=250.0, alias="stall_threshold", gt=0)
     workers: int = Field(default=0, ge=0, description="Locust worker processes; 0 = one process")
     seed: int = 0
+    # none, or the seed manual's policy (loadgen/retry.py): 5xx and connect errors get up to 2
+    # retries with exponential backoff, a 429 one retry after 100 ms or its Retry-After.
+    retries: Literal["none", "standard"] = "none"
 
     _st = field_validator("stall_threshold_ms", mode="before")(lambda v: parse_duration_ms(v))
 
