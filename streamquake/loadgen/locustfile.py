@@ -35,6 +35,7 @@ from streamquake.loadgen.launcher import PLAN_ENV
 from streamquake.loadgen.plan import LoadPlan, OpenLoop
 from streamquake.loadgen.retry import retry_delay
 from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.sse import SSELimits
 
 _IDLE_S = 3600.0        # a user past end_at waits; Locust kills waiting users at once on stop
 
@@ -135,7 +136,8 @@ class StreamUser(User):
         else:
             inflight = 1
         # As many pooled sockets as requests allowed in flight: the pool never queues on its own.
-        self.stream_client = StreamClient(plan, concurrency=inflight)
+        limits = SSELimits(plan.max_line_bytes, plan.max_event_bytes, plan.max_data_lines)
+        self.stream_client = StreamClient(plan, concurrency=inflight, limits=limits)
         self.slots = BoundedSemaphore(inflight)
         self.arrivals = Group()
 

@@ -47,4 +47,7 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         seed=load.seed,
         end_at=end_at,
         retries=load.retries,
+        max_line_bytes=load.limits.line_bytes,
+        max_event_bytes=load.limits.event_bytes,
+        max_data_lines=load.limits.data_lines,
     )

@@ -20,7 +20,7 @@ from streamquake.faults.catalog import fault_types
 from streamquake.faults.envelope import FaultSpec, PhaseName
 from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.target.config import Protocol, TargetConfig
-from streamquake.units import parse_duration_ms, parse_duration_s, parse_fraction
+from streamquake.units import parse_duration_ms, parse_duration_s, parse_fraction, parse_size_bytes
 
 SCORED_PHASES: tuple[PhaseName, ...] = ("baseline", "fault", "recovery")
 PHASE_ORDER: tuple[PhaseName, ...] = ("warmup", "baseline", "fault", "recovery")
@@ -232,6 +232,18 @@ class RequestClass(_Model):
         return [self.prompt or "Say something."]
 
 
+class StreamLimits(_Model):
+    """How much one stream may make the load generator hold (loadgen/sse.py has the reasons
+    for the defaults); a stream that breaks one fails as error kind ``limit``."""
+
+    line_bytes: int = Field(default=1 << 20, alias="line", ge=1024)
+    event_bytes: int = Field(default=4 << 20, alias="event", ge=1024)
+    data_lines: int = Field(default=65_536, ge=16)
+
+    _b = field_validator("line_bytes", "event_bytes", mode="before")(
+        lambda v: parse_size_bytes(v) if isinstance(v, str) else v)
+
+
 class LoadSpec(_Model):
     users: int = Field(default=1, ge=1)
     spawn_rate: float = Field(default=0.0, ge=0, description="users started per second; 0 = all")
@@ -244,6 +256,7 @@ class LoadSpec(_Model):
     # none, or the seed manual's policy (loadgen/retry.py): 5xx and connect errors get up to 2
     # retries with exponential backoff, a 429 one retry after 100 ms or its Retry-After.
     retries: Literal["none", "standard"] = "none"
+    limits: StreamLimits = Field(default_factory=StreamLimits)
 
     _st = field_validator("stall_threshold_ms", mode="before")(lambda v: parse_duration_ms(v))
 

@@ -1,0 +1,29 @@
+"""The scenario reaches the load process's plan: retries and the stream limits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from streamquake.run.loadplan import load_plan_for
+from streamquake.scenario import parse_scenario
+from streamquake.scenario.loader import ScenarioError
+
+
+@pytest.mark.timeout(10)
+def test_limits_and_retries_travel_to_the_load_plan(tmp_path: Path) -> None:
+    sc = parse_scenario("name: x\ntarget: {protocol: openai, embedded: {}}\n"
+                        "load: {retries: standard, limits: {line: 64kb, event: 1mb, "
+                        "data_lines: 1000}}\nphases: {baseline: 1s, fault: 0s, recovery: 0s}\n")
+    plan = load_plan_for(sc, "http://127.0.0.1:1", tmp_path, end_at=0.0)
+    assert (plan.retries, plan.max_line_bytes, plan.max_event_bytes, plan.max_data_lines) == \
+        ("standard", 64 * 1024, 1 << 20, 1000)
+    default = load_plan_for(parse_scenario(
+        "name: x\ntarget: {protocol: openai, embedded: {}}\n"
+        "phases: {baseline: 1s, fault: 0s, recovery: 0s}\n"), "http://127.0.0.1:1", tmp_path, 0.0)
+    assert (default.retries, default.max_line_bytes) == ("none", 1 << 20)
+    with pytest.raises(ScenarioError, match="load.limits.line"):
+        parse_scenario("name: x\ntarget: {protocol: openai, embedded: {}}\n"
+                       "load: {limits: {line: 10}}\nphases: {baseline: 1s, fault: 0s, "
+                       "recovery: 0s}\n")
