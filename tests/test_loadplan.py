@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
+from streamquake.errors import ScenarioError
 from streamquake.run.loadplan import load_plan_for
 from streamquake.scenario import parse_scenario
-from streamquake.scenario.loader import ScenarioError
 
 
 @pytest.mark.timeout(10)
