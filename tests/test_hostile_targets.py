@@ -145,12 +145,17 @@ def test_tls_verification_failure_says_why_and_reaches_the_report(
 
 MEMORY_PROBE = textwrap.dedent('''
     """Peak RSS of one process streaming hostile targets, as a Locust worker would."""
-    import json, random, resource, sys
+    import json, random, sys
     from streamquake.loadgen.client import StreamClient
     from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 
     def rss_mb():
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        # VmHWM, this process's own peak: getrusage's ru_maxrss survives exec and would report
+        # the forking parent's (a large pytest process) instead.
+        for line in open("/proc/self/status"):
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+        raise RuntimeError("no VmHWM in /proc/self/status")
 
     def plan(path):
         return LoadPlan(base_url=sys.argv[1], protocol="sse", path=path, samples_path="/x",

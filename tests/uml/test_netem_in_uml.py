@@ -318,10 +318,11 @@ def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str,
     assert len(samples) == 320
     # The profile's claim: TTFB median ~82 ms and P95 ~290 ms. The P95 of 320 draws from a
     # long tail wobbles by tens of ms, so check the share of samples under 290 ms instead
-    # (binomial sd 1.2%).
+    # (binomial sd 1.2%). UML's scheduling on a busy host only adds delay, so the low side gets
+    # 4 sd (0.9125 was seen once in CI); cross-region, the other profile, would be near 0.6.
     assert abs(statistics.median(samples) - 82) <= 0.15 * 82, statistics.median(samples)
     under = sum(x <= 290 for x in samples) / len(samples)
-    assert 0.915 <= under <= 0.985, (under, sorted(samples)[-30:])
+    assert 0.90 <= under <= 0.985, (under, sorted(samples)[-30:])
 
 
 @pytest.mark.timeout(90)
