@@ -119,6 +119,15 @@ class Arrival(_Model):
         return v
 
 
+def _threshold_value(v: Any) -> Any:
+    """A threshold as written: rates as percentages ("1%"), ms metrics as durations ("350ms")."""
+    if isinstance(v, str) and v.strip().endswith("%"):
+        return parse_fraction(v)
+    if isinstance(v, str):
+        return parse_duration_ms(v)
+    return v
+
+
 class AbortCondition(_Model):
     """``{metric: error_rate, above: 50%, for: 10s}``: stop the damage when it holds.
 
@@ -139,11 +148,7 @@ class AbortCondition(_Model):
     @field_validator("above", mode="before")
     @classmethod
     def _threshold(cls, v: Any) -> Any:
-        if isinstance(v, str) and v.strip().endswith("%"):
-            return parse_fraction(v)
-        if isinstance(v, str):
-            return parse_duration_ms(v)
-        return v
+        return _threshold_value(v)
 
     @model_validator(mode="after")
     def _shape(self) -> AbortCondition:
@@ -182,12 +187,7 @@ class SLOSpec(_Model):
     @field_validator("max", "min", mode="before")
     @classmethod
     def _threshold(cls, v: Any) -> Any:
-        # Rates may be written as percentages ("1%"); ms metrics as durations ("350ms").
-        if isinstance(v, str) and v.strip().endswith("%"):
-            return parse_fraction(v)
-        if isinstance(v, str):
-            return parse_duration_ms(v)
-        return v
+        return _threshold_value(v)
 
     @model_validator(mode="after")
     def _shape(self) -> SLOSpec:
