@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from rich.console import Console
 
-from streamquake.errors import StreamquakeError
+from streamquake.errors import ScenarioError, StreamquakeError
 
 if TYPE_CHECKING:
     from streamquake.result import RunResult
@@ -93,6 +93,20 @@ def run(
         bool, typer.Option("--dry-run", help="Print what the run would change, where, and how "
                            "it would be undone; start and change nothing.")
     ] = False,
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override one scenario field, e.g. "
+                                       "--set load.users=50 or --set faults.0.delay=80ms "
+                                       "(repeatable; YAML values).")
+    ] = None,
+    lease: Annotated[
+        str, typer.Option("--lease", help="The watchdog's lease: if this process stops renewing "
+                          "it for this long (killed, stopped), the local agent undoes its "
+                          "faults.")
+    ] = "10s",
+    no_watchdog: Annotated[
+        bool, typer.Option("--no-watchdog", help="Hold faults without the local agent's lease "
+                           "(a killed run then leaves them to `streamquake recover`).")
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="Print the verdicts as one JSON document on stdout "
                            "(everything for people goes to stderr).")
@@ -102,7 +116,7 @@ def run(
     import time
 
     if dry_run:
-        _dry_run(scenario_file)
+        _dry_run(scenario_file, overrides or [])
         return
     _check_out_dir(out)
 
@@ -122,12 +136,13 @@ def run(
     metrics = None
     live: LiveView | None = None
     try:
-        scenario = load_scenario(scenario_file)
+        lease_s = None if no_watchdog else _duration_option("--lease", lease)
+        scenario = load_scenario(scenario_file, overrides or [])
         events = Events()
         attach_live_log(events, console)
         live = LiveView(console, scenario)
         live.attach(events)
-        runner = Runner(scenario, str(scenario_file), out, events=events)
+        runner = Runner(scenario, str(scenario_file), out, events=events, lease_s=lease_s)
         if metrics_port is not None:
             from streamquake.metrics_server import MetricsServer
 
@@ -166,12 +181,24 @@ def run(
     raise typer.Exit(result.exit_code if result.exit_code or not failed else 3)
 
 
-def _dry_run(scenario_file: Path) -> None:
+def _duration_option(name: str, text: str) -> float:
+    from streamquake.units import parse_duration_s
+
+    try:
+        value = parse_duration_s(text)
+    except ValueError as exc:
+        raise ScenarioError(f"{name} {text}: {exc}") from None
+    if value <= 0:
+        raise ScenarioError(f"{name} {text}: must be longer than 0 s, e.g. {name} 10s")
+    return value
+
+
+def _dry_run(scenario_file: Path, overrides: list[str]) -> None:
     from streamquake.run.plan import dry_run_plan
     from streamquake.scenario import load_scenario
 
     try:
-        lines = dry_run_plan(load_scenario(scenario_file))
+        lines = dry_run_plan(load_scenario(scenario_file, overrides))
     except StreamquakeError as exc:
         _fail(exc)
         return
@@ -309,19 +336,59 @@ def _share(text: str, option: str) -> float:
 
 
 @app.command(epilog=EXIT_CODES_HELP)
-def validate(scenario_file: Annotated[Path, typer.Argument(help="Scenario YAML file.")]) -> None:
-    """Check a scenario file and report every problem at once (file:line:col: field: message)."""
+def validate(
+    scenario_file: Annotated[Path, typer.Argument(help="Scenario YAML file.")],
+    overrides: Annotated[
+        list[str] | None, typer.Option("--set", help="Override one field first, e.g. --set "
+                                       "load.users=50 (repeatable).")
+    ] = None,
+    as_json: Annotated[
+        bool, typer.Option("--json", help="Print one JSON document on stdout: ok, problems, "
+                           "warnings, and a summary of the scenario.")
+    ] = False,
+) -> None:
+    """Check a scenario file and report every problem at once (file:line:col: field: message),
+    then any warnings (settings that are valid but will not measure what they seem to)."""
     from streamquake.scenario import load_scenario
+    from streamquake.scenario.advice import scenario_warnings
+    from streamquake.scenario.schema import PHASE_ORDER
 
     try:
-        scenario = load_scenario(scenario_file)
+        scenario = load_scenario(scenario_file, overrides or [])
     except StreamquakeError as exc:
+        if as_json:
+            problems = getattr(exc, "problems", None) or [str(exc)]
+            _print_json({"ok": False, "file": str(scenario_file), "problems": problems,
+                         "warnings": []})
+            raise typer.Exit(exc.exit_code) from None
         _fail(exc)
+        return
+    warnings = scenario_warnings(scenario)
+    if as_json:
+        _print_json({
+            "ok": True, "file": str(scenario_file), "problems": [], "warnings": warnings,
+            "scenario": {
+                "name": scenario.name, "duration_s": scenario.phases.total_s,
+                "protocol": scenario.target.protocol, "users": scenario.load.users,
+                "phases": {p: scenario.phases.duration_s(p) for p in PHASE_ORDER},
+                "faults": [{"name": f.label, "type": f.type, "phase": f.phase,
+                            "at": f.at or "local"} for f in scenario.faults],
+                "slos": len(scenario.slos),
+            },
+        })
         return
     faults = ", ".join(f"{f.label} ({f.type}, {f.phase})" for f in scenario.faults) or "none"
     console.print(f"{scenario_file}: OK: scenario '{scenario.name}', "
                   f"{scenario.phases.total_s:g} s, faults: {faults}",
                   highlight=False, soft_wrap=True)
+    for w in warnings:
+        err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
+
+
+def _print_json(doc: object) -> None:
+    import json
+
+    print(json.dumps(doc, indent=2))
 
 
 @app.command()
@@ -523,6 +590,9 @@ def agent_cmd(
     ] = None,
     exit_when_idle: Annotated[str | None, typer.Option(
         "--exit-when-idle", help="Exit after this long holding nothing (e.g. 60s).")] = None,
+    watch_runs: Annotated[Path | None, typer.Option(
+        "--watch-runs", hidden=True, help="Watch local runs of this journal under leases "
+        "(the local agent that `run` starts).")] = None,
 ) -> None:
     """Hold faults under leases for controllers (`inject --at`, scenarios with `at: NAME`):
     each fault is reverted when its lease is not renewed in time."""
@@ -531,7 +601,7 @@ def agent_cmd(
     try:
         code = serve_agent(listen, token_env, allow_types, allow_interfaces, allow_gpus,
                            tls_cert, tls_key, tls_client_ca, state_dir, discovery_file,
-                           exit_when_idle)
+                           exit_when_idle, watch_runs)
     except StreamquakeError as exc:
         _fail(exc)
         return

@@ -117,8 +117,10 @@ def test_run_json_prints_only_the_verdicts_on_stdout(tmp_path: Path) -> None:
         "name: json\ntarget: {protocol: openai, embedded: {ttft: 10ms, itl: 2ms, "
         "output_tokens: {min: 3, max: 3}}}\nload: {users: 2, think_time: {min: 50ms, max: "
         "80ms}}\nphases: {warmup: 0.5s, baseline: 2s, fault: 0s, recovery: 0s}\n"
-        "slos: [{metric: error_rate, max: 1%}, {metric: ttft_ms, percentile: 50, max: 1ms}]\n")
-    proc = run_cli("run", str(scenario), "--out", str(tmp_path / "out"), "--json")
+        "slos: [{metric: error_rate, max: 1%}, {metric: ttft_ms, percentile: 50, max: 10s}]\n")
+    # The file's SLO is met with ease; the --set override makes it one that breaks.
+    proc = run_cli("run", str(scenario), "--out", str(tmp_path / "out"), "--json",
+                   "--set", "slos.1.max=1ms")
     assert proc.returncode == 1, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)                   # stdout is exactly one JSON document
     assert doc["schema"] == "streamquake.verdicts/1" and doc["exit_code"] == 1
@@ -127,3 +129,54 @@ def test_run_json_prints_only_the_verdicts_on_stdout(tmp_path: Path) -> None:
     assert by_name["error_rate <= 0.01"]["state"] == "met"
     assert by_name["ttft_ms p50 <= 1"]["samples"] > 0
     assert "phase baseline" in proc.stderr            # the people's part went to stderr
+
+
+SCENARIO = """\
+name: v
+target: {protocol: openai, embedded: {ttft: 10ms}}
+load: {users: 2}
+phases: {warmup: 1s, baseline: 2s, fault: 2s, recovery: 2s}
+faults: [{type: sse_proxy, name: drop, drop: 10%}]
+slos: [{metric: chunk_loss, max: 1%}]
+"""
+
+
+@pytest.mark.timeout(60)
+def test_validate_json_set_overrides_and_warnings(tmp_path: Path) -> None:
+    scenario = tmp_path / "v.yaml"
+    scenario.write_text(SCENARIO)
+    proc = run_cli("validate", str(scenario), "--json", "--set", "load.users=7",
+                   "--set", "phases.fault=1m30s", "--set", "target.embedded.itl=5ms")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert doc["ok"] is True and doc["problems"] == []
+    assert doc["scenario"]["users"] == 7 and doc["scenario"]["phases"]["fault"] == 90
+    assert doc["scenario"]["faults"] == [{"name": "drop", "type": "sse_proxy", "phase": "fault",
+                                          "at": "local"}]
+    # chunk_loss against a target that numbers no events cannot be measured: said up front.
+    (warning,) = doc["warnings"]
+    assert "chunk_loss" in warning and "sse_event_ids" in warning
+    text = run_cli("validate", str(scenario))
+    assert text.returncode == 0 and "OK" in text.stdout and "warning: chunk_loss" in text.stderr
+    fixed = run_cli("validate", str(scenario), "--json",
+                    "--set", "target.embedded.sse_event_ids=true")
+    assert json.loads(fixed.stdout)["warnings"] == []
+
+    for override, said in (
+        ("load.users=many", f"{scenario} (--set load.users=many): load.users: Input should be a "
+                            "valid integer"),
+        ("load.userz=3", f"{scenario} (--set load.userz=3): load.userz: unknown field (hint: "
+                         "did you mean 'users'?"),
+        ("faults.4.drop=1%", "--set faults.4.drop=1%: faults is a list of 1: write an index "
+                             "from 0 to 0 after 'faults.'"),
+        ("name.x=1", "--set name.x=1: name is the string 'v', not a mapping or a list, so it "
+                     "has no 'x'"),
+        ("load.users", "--set load.users: write KEY=VALUE"),
+    ):
+        bad = run_cli("validate", str(scenario), "--set", override)
+        assert bad.returncode == 2, (override, bad.stdout, bad.stderr)
+        assert said in bad.stderr, (override, bad.stderr)
+    bad_json = run_cli("validate", str(scenario), "--json", "--set", "load.users=0")
+    assert bad_json.returncode == 2
+    doc = json.loads(bad_json.stdout)
+    assert doc["ok"] is False and "load.users" in doc["problems"][0]

@@ -42,9 +42,10 @@ def _scenario(tmp_path: Path, flag: Path | str, fault_s: float = 3) -> Path:
     return path
 
 
-def _start(scenario: Path, out: Path, state_dir: Path) -> subprocess.Popen[str]:
+def _start(scenario: Path, out: Path, state_dir: Path, *extra: str) -> subprocess.Popen[str]:
     env = {**os.environ, **FAMILY_ENV, "STREAMQUAKE_STATE_DIR": str(state_dir)}
-    return subprocess.Popen(cli_cmd("run", str(scenario), "--out", str(out)), cwd=REPO, env=env,
+    return subprocess.Popen(cli_cmd("run", str(scenario), "--out", str(out), *extra), cwd=REPO,
+                            env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
@@ -124,7 +125,9 @@ def test_example_family_runs_and_reverts(tmp_path: Path, state_dir: Path) -> Non
 @pytest.mark.timeout(120)
 def test_example_family_killed_then_recovered(tmp_path: Path, state_dir: Path) -> None:
     flag = tmp_path / "flag"
-    proc = _start(_scenario(tmp_path, flag, fault_s=60), tmp_path / "out", state_dir)
+    # The journal path on its own, as when the watchdog is gone too (its lease: lifecycle tests).
+    proc = _start(_scenario(tmp_path, flag, fault_s=60), tmp_path / "out", state_dir,
+                  "--no-watchdog")
     _wait_for(proc, "fault applied")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)

@@ -5,6 +5,7 @@ SIGKILL, by `streamquake recover`. The real CLI runs against the emulated NVML d
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import time
@@ -154,14 +155,16 @@ def test_sigkill_then_run_refuses_and_recover_restores(gpus: FakeGpus, tmp_path:
     env = _env(gpus, state_dir)
     original = gpus.text()
     scenario = _scenario(tmp_path, fault_s=30)
-    proc = _start_and_wait_for_fault(["run", str(scenario), "--out", str(out)], env)
+    # Without the watchdog (or with it dead too): the journal and `recover` are what is left.
+    proc = _start_and_wait_for_fault(["run", str(scenario), "--out", str(out), "--no-watchdog"],
+                                     env)
     proc.kill()
     proc.communicate(timeout=30)
     assert LOCKED in gpus.read(), "a killed run leaves the lock behind, as the real driver would"
     (entry,) = _journal(state_dir)
     assert entry["type"] == "gpu_clocks" and entry["state"]
 
-    refused = _run(["run", str(scenario), "--out", str(out)], env)
+    refused = _run(["run", str(scenario), "--out", str(out), "--no-watchdog"], env)
     assert refused.returncode == 3
     assert "streamquake recover" in refused.stderr and "downclock" in refused.stderr
 
@@ -172,3 +175,67 @@ def test_sigkill_then_run_refuses_and_recover_restores(gpus: FakeGpus, tmp_path:
     assert _journal(state_dir) == []
     again = _run(["recover"], env)
     assert again.returncode == 0 and "nothing to recover" in again.stdout
+
+
+LEASE_S = 2.0
+
+
+def _wait_unlocked(gpus: FakeGpus, since: float, limit_s: float) -> float:
+    """Seconds from ``since`` until the lock is gone (or ``limit_s`` if it never went)."""
+    while LOCKED in gpus.read() and time.monotonic() - since < limit_s:
+        time.sleep(0.05)
+    return time.monotonic() - since
+
+
+def _agent_log(state_dir: Path) -> str:
+    path = state_dir / "local-agent" / "agent.log"
+    return path.read_text() if path.exists() else "(no local agent log)"
+
+
+@pytest.mark.timeout(90)
+def test_the_watchdog_undoes_a_sigkilled_runs_fault_when_its_lease_lapses(
+        gpus: FakeGpus, tmp_path: Path) -> None:
+    state_dir, out = tmp_path / "state", tmp_path / "out"
+    original = gpus.text()
+    proc = _start_and_wait_for_fault(
+        ["run", str(_scenario(tmp_path, fault_s=30)), "--out", str(out),
+         "--lease", f"{LEASE_S:g}s"], _env(gpus, state_dir))
+    assert LOCKED in gpus.read()
+    proc.kill()
+    killed = time.monotonic()
+    proc.communicate(timeout=30)
+    took = _wait_unlocked(gpus, killed, LEASE_S + 10)
+    log = _agent_log(state_dir)
+    assert _unlocked(gpus, original), f"still locked {took:.1f} s after the kill:\n{log}"
+    # Nobody ran `recover`: the lock went when the lease ran out, not before (the last renewal
+    # was at most lease/5 before the kill) and not long after.
+    assert LEASE_S * 0.75 <= took <= LEASE_S + 8, f"{took:.2f} s\n{log}"
+    assert _journal(state_dir) == []
+    assert "lease of run gpu-lifecycle" in log and "lapsed" in log
+    assert "recovered downclock (gpu_clocks" in log
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_run_loses_its_faults_at_the_lease_and_says_so_when_it_wakes(
+        gpus: FakeGpus, tmp_path: Path) -> None:
+    state_dir, out = tmp_path / "state", tmp_path / "out"
+    original = gpus.text()
+    proc = _start_and_wait_for_fault(
+        ["run", str(_scenario(tmp_path, fault_s=20)), "--out", str(out),
+         "--lease", f"{LEASE_S:g}s"], _env(gpus, state_dir))
+    os.kill(proc.pid, signal.SIGSTOP)       # hung, not dead: no renewal, owner still alive
+    stopped = time.monotonic()
+    try:
+        took = _wait_unlocked(gpus, stopped, LEASE_S + 10)
+        assert _unlocked(gpus, original), \
+            f"still locked {took:.1f} s into the stop:\n{_agent_log(state_dir)}"
+        assert proc.poll() is None, "the run was stopped, not killed"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    output, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 5, output     # aborted
+    report = json.loads((out / "report.json").read_text())
+    assert "lease lapsed" in report["aborted"] and "stopped" in report["aborted"]
+    assert any("removed under this run by another process" in e for e in report["errors"])
+    assert _unlocked(gpus, original)
+    assert _journal(state_dir) == []

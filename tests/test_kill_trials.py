@@ -81,7 +81,10 @@ def _start(kind: str, tmp_path: Path, env: dict[str, str],
     scenario.write_text(SCENARIOS[kind])
     if kill_at:
         env = {**env, "STREAMQUAKE_KILL_AT": kill_at}
-    return subprocess.Popen(cli_cmd("run", str(scenario), "--out", str(tmp_path / "out")),
+    # --no-watchdog: these trials prove the journal and `recover` on their own (what is left
+    # when the watchdog itself is gone); tests/test_fault_lifecycle.py proves the lease.
+    return subprocess.Popen(cli_cmd("run", str(scenario), "--out", str(tmp_path / "out"),
+                                    "--no-watchdog"),
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
 

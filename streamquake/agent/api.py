@@ -10,6 +10,13 @@ a token (it always has one off loopback)::
     POST   /v1/faults/{key}/renew Renew -> HeldFault: the lease runs ``lease`` from now
     DELETE /v1/faults/{key}       -> Reverted: revert now ({key}: the id or the name)
     DELETE /v1/faults             -> RevertedAll: revert everything held
+    POST   /v1/runs               WatchRun -> WatchedRun (201): watch a local run under a lease
+    POST   /v1/runs/{id}/renew    Renew -> WatchedRun: the run's lease runs ``lease`` from now
+    DELETE /v1/runs/{id}          -> WatchedRun: the run ended; stop watching it
+
+The ``/v1/runs`` calls exist only on an agent started with ``--watch-runs JOURNAL`` (the local
+agent is): when a watched run's lease lapses, the agent undoes every entry that run owns in that
+journal, alive or not, exactly as ``streamquake recover`` would for a dead one.
 
 Errors come back as ``Problem`` with a status: 400 a bad request (the sentence says which
 field), 401 no or a wrong token, 403 outside this agent's allowlist, 404 nothing of that id or
@@ -72,6 +79,34 @@ class Renew(_Body):
     lease_s: float | None = Field(default=None, alias="lease", gt=0, le=7 * 24 * 3600)
 
     _l = field_validator("lease_s", mode="before")(_lease)
+
+
+class WatchRun(_Body):
+    """A local run asks to be watched: its pid (and start time) own entries in ``journal``."""
+
+    pid: int = Field(gt=0)
+    pid_start: int | None = None
+    journal: str
+    label: str = ""
+    lease_s: float = Field(alias="lease", gt=0, le=24 * 3600)
+
+    _l = field_validator("lease_s", mode="before")(_lease)
+
+
+RunState = Literal["watched", "reverting", "ended"]
+
+
+class WatchedRun(_Answer):
+    id: str
+    pid: int
+    label: str
+    state: RunState
+    lease_s: float
+    expires_at: float
+    remaining_s: float
+    renewals: int
+    ended_by: EndedBy | None = None
+    recovered: list[str] = Field(default_factory=list)   # what a lapse undid, line by line
 
 
 class HeldFault(_Answer):

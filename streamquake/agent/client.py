@@ -28,6 +28,8 @@ from streamquake.agent.api import (
     Renew,
     Reverted,
     RevertedAll,
+    WatchedRun,
+    WatchRun,
 )
 from streamquake.errors import InjectorError
 
@@ -114,6 +116,16 @@ class AgentClient:
     def revert_all(self) -> RevertedAll:
         return self._call("DELETE", "/v1/faults", None, RevertedAll,
                           read_timeout_s=APPLY_READ_TIMEOUT_S, ok=(200, 500))
+
+    def watch_run(self, req: WatchRun) -> WatchedRun:
+        return self._call("POST", "/v1/runs", req, WatchedRun)
+
+    def renew_run(self, key: str, read_timeout_s: float | None = None) -> WatchedRun:
+        return self._call("POST", f"/v1/runs/{_quote(key)}/renew", Renew(), WatchedRun,
+                          read_timeout_s=read_timeout_s)
+
+    def end_run(self, key: str) -> WatchedRun:
+        return self._call("DELETE", f"/v1/runs/{_quote(key)}", None, WatchedRun)
 
     # -- the wire ------------------------------------------------------------------------------
 

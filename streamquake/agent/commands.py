@@ -233,7 +233,7 @@ def serve_agent(listen: str, token_env: str, allow_types: list[str] | None,
                 allow_interfaces: list[str] | None, allow_gpus: list[str] | None,
                 tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None,
                 state_dir: Path | None, discovery_file: Path | None,
-                exit_when_idle: str | None) -> int:
+                exit_when_idle: str | None, watch_runs: Path | None = None) -> int:
     from streamquake.agent.policy import Allowlist
     from streamquake.agent.server import AgentConfig, parse_listen, serve
     from streamquake.journal import state_dir as default_state_dir
@@ -248,5 +248,6 @@ def serve_agent(listen: str, token_env: str, allow_types: list[str] | None,
                       token_env=token_env, allow=allow,
                       state_dir=state_dir or default_state_dir() / "agent",
                       tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
-                      discovery_file=discovery_file, idle_exit_s=idle_s)
+                      discovery_file=discovery_file, idle_exit_s=idle_s,
+                      runs_journal=watch_runs)
     return serve(cfg)

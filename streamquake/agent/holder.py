@@ -32,6 +32,7 @@ from streamquake.agent.api import (
     RevertedAll,
 )
 from streamquake.agent.policy import Allowlist
+from streamquake.agent.runs import LocalRun, RunWatch
 from streamquake.errors import StreamquakeError
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.contract import FaultSpec, Injector, Preflights, RunContext
@@ -106,8 +107,9 @@ class Holder:
     """The faults one agent holds. Call only from the event loop's thread."""
 
     def __init__(self, journal: Journal, allow: Allowlist, state_dir: Path, log: Log,
-                 idle_exit_s: float | None = None) -> None:
+                 idle_exit_s: float | None = None, runs_journal: Path | None = None) -> None:
         self.journal = journal
+        self.runs = RunWatch(runs_journal, log)
         self.allow = allow
         self.state_dir = state_dir
         self.log = log
@@ -146,7 +148,7 @@ class Holder:
         return answer
 
     def idle(self) -> bool:
-        return (self.idle_exit_s is not None and not self._names
+        return (self.idle_exit_s is not None and not self._names and not self.runs.watching()
                 and time.monotonic() - self.last_activity >= self.idle_exit_s)
 
     # -- the watchdog ------------------------------------------------------------------------
@@ -165,15 +167,28 @@ class Holder:
                       and (held.inflight is None or held.inflight.done())):
                     self.log(f"retrying the revert of {held.name}")
                     self._background(self._revert_quietly(held, held.ended_by))
+            for run in self.runs.lapsed():
+                self._background(self._undo_run(run))
             if self.idle():
                 self.log(f"idle for {self.idle_exit_s:g} s with no fault held: exiting")
                 stop.set()
                 return
             # Wake at the next lease's end if that comes sooner than the next tick.
             ends = [h.expires_mono for h in self._held.values() if h.state == "held"]
+            if (run_end := self.runs.next_end()) is not None:
+                ends.append(run_end)
             wait_s = min([WATCH_INTERVAL_S, *(e - time.monotonic() for e in ends)])
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), max(0.001, wait_s))
+
+    async def _undo_run(self, run: LocalRun) -> None:
+        try:
+            lines, failed = await self._call(lambda: self.runs.undo(run), 2 * REVERT_TIMEOUT_S,
+                                             f"undoing run {run.label}'s faults")
+        except Exception as exc:  # noqa: BLE001 - said; the journal keeps them for `recover`
+            lines, failed = [f"FAILED: {exc}"], True
+        self.runs.undone(run, lines, failed)
+        self.touch()
 
     def _background(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from streamquake.agent.client import AgentClient, AgentUnreachable
 from streamquake.errors import InjectorError, StreamquakeError
-from streamquake.journal import Journal, owner_alive, state_dir
+from streamquake.journal import Journal, journal_path, owner_alive, state_dir
 from streamquake.procs import child_env, python_module_cmd
 
 LOCAL_TOKEN_ENV = "STREAMQUAKE_LOCAL_AGENT_TOKEN"
@@ -122,7 +122,7 @@ def ensure_local_agent(idle_exit_s: float = IDLE_EXIT_S) -> LocalAgent:
         _daemonize(python_module_cmd(
             "streamquake", "agent", "--listen", "127.0.0.1:0", "--state-dir", str(sd),
             "--token-env", LOCAL_TOKEN_ENV, "--discovery-file", str(sd / "local.json"),
-            "--exit-when-idle", f"{idle_exit_s:g}s",
+            "--exit-when-idle", f"{idle_exit_s:g}s", "--watch-runs", str(journal_path()),
         ), child_env({LOCAL_TOKEN_ENV: token}), sd / "agent.log")
         return _wait_ready(sd)
 

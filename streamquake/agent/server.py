@@ -36,6 +36,7 @@ from streamquake.agent.api import (
     Problem,
     Problems,
     Renew,
+    WatchRun,
 )
 from streamquake.agent.holder import AgentError, Holder, validation_sentences
 from streamquake.agent.policy import Allowlist
@@ -61,6 +62,7 @@ class AgentConfig:
     tls_client_ca: Path | None = None
     discovery_file: Path | None = None     # where a local daemon says its URL (inject finds it)
     idle_exit_s: float | None = None
+    runs_journal: Path | None = None       # watch local runs of this journal (/v1/runs)
 
     @property
     def scheme(self) -> str:
@@ -246,6 +248,44 @@ async def _revert_all(request: web.Request) -> web.Response:
     return _answer(answer, 500 if answer.failed else 200)
 
 
+def _run_answer(call: Callable[[], BaseModel], status: int = 200) -> web.Response:
+    from streamquake.agent.runs import RunWatchError
+
+    try:
+        return _answer(call(), status)
+    except RunWatchError as exc:
+        raise AgentError(exc.status, exc.error) from None
+
+
+async def _watch_run(request: web.Request) -> web.Response:
+    raw = await _body(request)
+    try:
+        req = WatchRun.model_validate(raw)
+    except ValidationError as exc:
+        problems = validation_sentences(exc, "")
+        raise AgentError(400, "; ".join(problems), problems) from None
+    holder = request.app[HOLDER]
+    holder.touch()
+    return _run_answer(lambda: holder.runs.watch(req), 201)
+
+
+async def _renew_run(request: web.Request) -> web.Response:
+    raw = await _body(request) if request.can_read_body else {}
+    try:
+        renew = Renew.model_validate(raw)
+    except ValidationError as exc:
+        problems = validation_sentences(exc, "")
+        raise AgentError(400, "; ".join(problems), problems) from None
+    holder = request.app[HOLDER]
+    return _run_answer(lambda: holder.runs.renew(request.match_info["key"], renew.lease_s))
+
+
+async def _end_run(request: web.Request) -> web.Response:
+    holder = request.app[HOLDER]
+    holder.touch()
+    return _run_answer(lambda: holder.runs.end(request.match_info["key"]))
+
+
 def build_app(holder: Holder, info: AgentInfo, cfg: AgentConfig) -> web.Application:
     app = web.Application(middlewares=[_auth(cfg.token, cfg.token_env)],
                           client_max_size=256 * 1024)
@@ -258,6 +298,9 @@ def build_app(holder: Holder, info: AgentInfo, cfg: AgentConfig) -> web.Applicat
     app.router.add_delete("/v1/faults", _revert_all)
     app.router.add_post("/v1/faults/{key}/renew", _renew)
     app.router.add_delete("/v1/faults/{key}", _revert)
+    app.router.add_post("/v1/runs", _watch_run)
+    app.router.add_post("/v1/runs/{key}/renew", _renew_run)
+    app.router.add_delete("/v1/runs/{key}", _end_run)
     return app
 
 
@@ -307,7 +350,8 @@ def serve(cfg: AgentConfig) -> int:
     log = _log_to(sys.stdout)
     with state_dir_lock(cfg.state_dir):
         journal = Journal(cfg.state_dir / "journal.json")
-        holder = Holder(journal, cfg.allow, cfg.state_dir, log, cfg.idle_exit_s)
+        holder = Holder(journal, cfg.allow, cfg.state_dir, log, cfg.idle_exit_s,
+                        cfg.runs_journal)
         holder.recover_at_start()
         return asyncio.run(_serve(cfg, holder, tls, log))
 

@@ -51,7 +51,17 @@ def recover_all(journal: Journal | None = None) -> tuple[list[str], bool]:
         return [f"nothing to recover: the journal {journal.path} lists no applied fault"], False
     live = [r for r in records if r.owner_alive]
     orphans = [r for r in records if not r.owner_alive]
-    for rec in sorted(orphans, key=_resource_last):
+    said, failed_now = _revert_records(journal, orphans)
+    lines += said
+    lines.extend(_skipped(r) for r in live)
+    return lines, failed or failed_now
+
+
+def _revert_records(journal: Journal, records: list[JournalRecord]) -> tuple[list[str], bool]:
+    """Undo each record from its state alone, faults before the resources they live in."""
+    lines: list[str] = []
+    failed = False
+    for rec in sorted(records, key=_resource_last):
         label = f"{rec.name} ({rec.type}, applied by pid {rec.pid})"
         try:
             said = _recoverer(rec.type)(dict(rec.state))
@@ -61,5 +71,12 @@ def recover_all(journal: Journal | None = None) -> tuple[list[str], bool]:
             continue
         journal.remove(rec.id)
         lines.append(f"recovered {label}: {said}")
-    lines.extend(_skipped(r) for r in live)
     return lines, failed
+
+
+def recover_owner(journal: Journal, pid: int, pid_start: int | None) -> tuple[list[str], bool]:
+    """Revert every entry one process owns, alive or not: what the local watchdog does when
+    that run's lease lapses (the run was killed, stopped or starved past its lease). A run that
+    wakes afterwards finds its entries gone and says its phase was not faulted throughout."""
+    mine = [r for r in journal.records() if r.pid == pid and r.pid_start == pid_start]
+    return _revert_records(journal, mine)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from streamquake import __version__
@@ -21,9 +22,10 @@ from streamquake.faults.contract import FaultSpec
 from streamquake.journal import Journal
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.launcher import LocustRun
-from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.result import Check, PhaseResult, RunResult
 from streamquake.run import preflight
+from streamquake.run.lease import RunLease
 from streamquake.run.ledger import WHOLE_RUN, Ledger, PlannedFault
 from streamquake.run.outcome import exit_code_for, redacted_echo
 from streamquake.run.parts import start_loadgen, start_parts
@@ -36,10 +38,13 @@ from streamquake.run.watch import Watch
 from streamquake.scenario import Scenario
 from streamquake.scenario.advice import scenario_warnings
 
+DEFAULT_LEASE_S = 10.0     # how long the watchdog waits for a renewal before undoing faults
+
 
 class Runner:
     def __init__(self, scenario: Scenario, scenario_file: str, out_dir: Path,
-                 events: Events | None = None, journal: Journal | None = None) -> None:
+                 events: Events | None = None, journal: Journal | None = None,
+                 lease_s: float | None = DEFAULT_LEASE_S) -> None:
         self.scenario = scenario
         self.scenario_file = scenario_file
         self.out_dir = out_dir
@@ -51,6 +56,8 @@ class Runner:
         self.warnings: list[str] = []
         self.aborted: str | None = None
         self.watch = Watch(self.work_dir / "samples", [])
+        self.lease_s = lease_s
+        self.lease: RunLease | None = None
 
     def run(self) -> RunResult:
         self._preflight()
@@ -67,11 +74,16 @@ class Runner:
             parts = None
             try:
                 with contextlib.ExitStack() as stack:
+                    # Entered first, so it is left last: the watch ends after every revert.
+                    if self.lease_s:
+                        self.lease = stack.enter_context(
+                            RunLease(self.journal, self.lease_s, self.scenario.name))
                     parts = start_parts(stack, self.scenario, self.work_dir, self.journal,
                                         self.events)
                     target_info = parts.target_info
                     planned = self.ledger.plan(parts.ctx, self._implied(),
                                                list(self.scenario.faults))
+                    self._wait_for_watchdog()
                     # Whole-run faults on a stack of their own, so an abort can revert them early.
                     whole_run = stack.enter_context(contextlib.ExitStack())
                     for fault in (f for f in planned if f.phase == WHOLE_RUN):
@@ -99,8 +111,9 @@ class Runner:
                 if parts is not None:
                     telemetry = parts.reports()
         samples = load.samples() if load is not None else []
+        unsent = load.unsent() if load is not None else []
         result = self._result(started, windows, samples, interrupted, target_info, telemetry,
-                              stopped_at)
+                              stopped_at, unsent)
         if failure is not None:
             result.failure = str(failure)
             if result.exit_code in (EXIT_OK, EXIT_SLO_BROKEN):
@@ -116,6 +129,14 @@ class Runner:
         self.warnings += warnings
         if problems:
             raise PreflightError(problems)
+
+    def _wait_for_watchdog(self) -> None:
+        if self.lease is None:
+            return
+        warning = self.lease.wait_ready()
+        if warning is not None:
+            self.events.message(f"warning: {warning}")
+            self.warnings.append(warning)
 
     def _implied(self) -> list[FaultSpec]:
         return [spec for family in families() for spec in family.implied(self.scenario)]
@@ -142,6 +163,10 @@ class Runner:
         """Feed the watch; report rolling stats; True once, when an abort condition holds."""
         self.watch.poll()
         self.events.emit(Tick(self.watch.rolling()))
+        if self.aborted is None and self.lease is not None and self.lease.lost is not None:
+            self.aborted = (f"{self.lease.lost}; it undid this run's faults when its "
+                            f"{self.lease_s:g} s lease lapsed (was this process stopped?)")
+            return True
         if self.aborted is None and (reason := self.watch.abort_reason()) is not None:
             self.aborted = reason
             return True
@@ -149,8 +174,9 @@ class Runner:
 
     def _result(self, started: float, windows: list[PhaseWindow], samples: list[RequestSample],
                 interrupted: str | None, target_info: JsonDict,
-                telemetry: JsonDict, stopped_at: float | None = None) -> RunResult:
-        scored = score(self.scenario, windows, samples)
+                telemetry: JsonDict, stopped_at: float | None = None,
+                unsent: Sequence[UnsentArrival] = ()) -> RunResult:
+        scored = score(self.scenario, windows, samples, unsent)
         measured = {k: v for k, v in scored.stats.items() if k != "warmup"}
         checks = evaluate(self.scenario, measured, scored.class_stats)
         _mark_stopped(scored.phases, checks, stopped_at)

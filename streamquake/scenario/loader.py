@@ -56,14 +56,18 @@ _SCENARIO_SHAPE = ("a scenario is a mapping with 'name', 'target', 'phases' "
                    "(and usually 'load', 'faults', 'slos')")
 
 
-def load_scenario(path: str | Path) -> Scenario:
-    """Read, parse and validate a scenario file; raise ScenarioError listing every problem."""
+def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    """Read, parse and validate a scenario file, with ``--set KEY=VALUE`` overrides applied;
+    raise ScenarioError listing every problem."""
     p = Path(path)
-    return parse_scenario(read_file(p, "scenario file"), str(p))
+    return parse_scenario(read_file(p, "scenario file"), str(p), overrides)
 
 
-def parse_scenario(text: str | bytes, filename: str = "<scenario>") -> Scenario:
-    doc = parse_yaml(text, filename)
+def parse_scenario(text: str | bytes, filename: str = "<scenario>",
+                   overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    from streamquake.scenario.overrides import apply_overrides
+
+    doc = apply_overrides(parse_yaml(text, filename), overrides)
     return validate(Scenario, doc, filename, _SCENARIO_SHAPE)
 
 
@@ -204,6 +208,7 @@ class Pos:
     col: int
     keys: dict[str, tuple[int, int, Pos]] | None = None    # key -> (key line, key col, value)
     items: list[Pos] | None = None
+    source: str | None = None       # not from the file: the ``--set`` that put it here
 
 
 @dataclass(slots=True)
@@ -589,8 +594,9 @@ def validate(model: type[M], doc: YamlDoc, filename: str, shape: str) -> M:
         raise ScenarioError(f"{filename}: nested too deeply to check") from None
 
 
-def _locate(pos: Pos, loc: tuple[Any, ...]) -> tuple[int, int, list[str]]:
-    """Walk the positions along a pydantic error location: (line, col, yaml path found)."""
+def _locate(pos: Pos, loc: tuple[Any, ...]) -> tuple[int, int, list[str], str | None]:
+    """Walk the positions along a pydantic error location: (line, col, yaml path found, the
+    ``--set`` it came from if it did not come from the file)."""
     node, line, col, path = pos, 1, 1, []
     for part in loc:
         if node.keys is not None and isinstance(part, str) and part in node.keys:
@@ -601,7 +607,7 @@ def _locate(pos: Pos, loc: tuple[Any, ...]) -> tuple[int, int, list[str]]:
             line, col = node.line, node.col
             path.append(str(part))
         # Anything else is a union tag or validator name that has no place in the YAML.
-    return line, col, path
+    return line, col, path, node.source
 
 
 def _format_errors(exc: ValidationError, pos: Pos, filename: str,
@@ -609,7 +615,7 @@ def _format_errors(exc: ValidationError, pos: Pos, filename: str,
     problems = []
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
-        line, col, path = _locate(pos, loc)
+        line, col, path, source = _locate(pos, loc)
         field_path = ".".join(path) or "(top level)"
         kind = err["type"]
         if kind == "missing":
@@ -624,7 +630,8 @@ def _format_errors(exc: ValidationError, pos: Pos, filename: str,
             msg = str(err["msg"]).removeprefix("Value error, ")
             hint = _HINTS.get(kind, "")
         suffix = f" (hint: {hint})" if hint else ""
-        problems.append(f"{filename}:{line}:{col}: {field_path}: {msg}{suffix}")
+        where = f"{filename} ({source})" if source else f"{filename}:{line}:{col}"
+        problems.append(f"{where}: {field_path}: {msg}{suffix}")
     return problems
 
 
