@@ -3,8 +3,8 @@ it lasts (the official ``prometheus_client``), on 127.0.0.1 unless told otherwis
 
 It reads what the load process appends to ``<out>/run/samples/samples-<pid>.jsonl`` (complete
 lines only; a line still being written is read on the next pass) and listens to the runner's
-events for the phase and the faults. A request is counted in the phase it was sent in
-(straddlers included, unlike the verdicts, which leave them out).
+events for the phase and the faults. A request is counted whole in the phase it was sent in,
+even when it ended after (the verdicts attribute each measurement to its own phase instead).
 
 Exposed (labels ``scenario``, ``phase``, ``class``): ``streamquake_ttfb_seconds``,
 ``streamquake_ttft_seconds``, ``streamquake_itl_seconds``, ``streamquake_e2e_seconds``

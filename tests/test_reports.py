@@ -185,9 +185,10 @@ def test_csv_files_agree_with_the_report(runs: Runs) -> None:
         samples = list(csv.DictReader(f))
     for phase in report["phases"]:
         scored = [s for s in samples if s["phase"] == phase["name"] and s["scored"] == "yes"]
-        straddled = [s for s in samples if s["phase"] == phase["name"]
-                     and s["scored"] == "straddled"]
+        ended_after = [s for s in samples if s["phase"] == phase["name"]
+                       and s["scored"] == "ended_after"]
         assert len(scored) == phase["stats"]["requests"], phase["name"]
-        assert len(straddled) == phase["stats"]["straddled"], phase["name"]
+        assert len(ended_after) == phase["stats"]["unattributed"]["e2e_ms"], phase["name"]
+        assert len(scored) + len(ended_after) == phase["stats"]["sent"], phase["name"]
     errors = sum(1 for s in samples if s["error"] == "http_status" and s["status"] == "503")
     assert errors >= sum(p["stats"]["errors"]["http_status"] for p in report["phases"])

@@ -19,8 +19,8 @@ BAD = Path("tests/scenarios/bad")
 EXPECTED = {
     "unknown_field.yaml": [
         "6:3: load.userz: unknown field (hint: did you mean 'users'? allowed here: arrival, "
-        "classes, limits, retries, seed, spawn_rate, stall_threshold, think_time, users, "
-        "workers)"
+        "classes, limits, retries, saturation, seed, spawn_rate, stall_threshold, think_time, "
+        "trace, users, workers)"
     ],
     "missing_phases.yaml": ["1:1: phases: required field is missing (hint: add 'phases:' here)"],
     "bad_duration.yaml": [
@@ -43,9 +43,9 @@ EXPECTED = {
     "merge_key_unknown_field.yaml": [
         # A merged key is located where it is written: in the anchored mapping.
         "5:26: load.classes.0.max_tokenz: unknown field (hint: did you mean 'max_tokens'? "
-        "allowed here: body, max_tokens, name, prompt, prompts, slos, weight)",
+        "allowed here: body, dataset, max_tokens, name, prompt, prompts, slos, weight)",
         "5:26: load.classes.1.max_tokenz: unknown field (hint: did you mean 'max_tokens'? "
-        "allowed here: body, max_tokens, name, prompt, prompts, slos, weight)",
+        "allowed here: body, dataset, max_tokens, name, prompt, prompts, slos, weight)",
     ],
     "merge_not_a_mapping.yaml": [
         "4:7: '<<' merges a mapping (or a list of mappings) into this one, but this is a list "
@@ -105,8 +105,9 @@ EXPECTED = {
         "7:3: load.users: Input should be greater than or equal to 1 (hint: use a bigger value)",
         "15:5: faults.0.drop: must be between 0% and 100%, got '150%'",
         "17:6: slos.0.metric: Input should be 'ttfb_ms', 'ttft_ms', 'itl_ms', 'e2e_ms', "
-        "'output_tokens_per_s', 'error_rate', 'stall_rate' or 'chunk_loss' (hint: use one of "
-        "the values listed)",
+        "'output_tokens_per_s', 'queue_delay_ms', 'ttft_scheduled_ms', 'e2e_scheduled_ms', "
+        "'error_rate', 'stall_rate', 'chunk_loss' or 'not_sent_rate' (hint: use one of the "
+        "values listed)",
     ],
 }
 

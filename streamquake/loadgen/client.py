@@ -3,6 +3,14 @@
 Runs under gevent (inside the Locust process, or any greenlet). geventhttpclient parses the
 HTTP response, but its ``read()`` blocks for a whole block and Locust's ``iter_lines()`` hands
 lines over late, so :func:`_read_some` takes whatever body bytes each ``recv`` brought.
+
+Event times come from the kernel where it can say: plain TCP sockets get ``SO_TIMESTAMPNS``
+at connect and are read with ``recvmsg``, whose ``SCM_TIMESTAMPNS`` says when the bytes came in,
+whenever our greenlet got to them. For TCP that stamp is the arrival of the *latest* segment the
+read returns (segments waiting in the receive queue are coalesced and keep the newest stamp),
+so it never dates bytes before they arrived. TLS sockets cannot ``recvmsg`` (and their records
+are decrypted in user space anyway): they, and any read the kernel gave no stamp, are timed
+when our code saw them, and the sample says which clock it used (``clock``).
 """
 
 from __future__ import annotations
@@ -14,6 +22,7 @@ import random
 import re
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -25,6 +34,7 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError, HTTP
 from geventhttpclient.url import URL
 
 from streamquake.errors import ScenarioError
+from streamquake.loadgen import saturation
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import ErrorKind, RequestSample
 from streamquake.loadgen.sse import SSEEvent, SSELimitError, SSELimits, SSEParser
@@ -49,6 +59,12 @@ _SECRET_PARAM = re.compile(
     r"password|auth)=)([^&#\s\"'<>]+)")
 _SECRET_MIN = 6         # shorter values would redact ordinary words
 REDACTED = "[redacted]"
+# Linux's value (asm-generic; x86, arm); Python 3.11 does not name it. With it set, a TCP
+# socket's recvmsg carries SCM_TIMESTAMPNS (same number): a struct timespec, CLOCK_REALTIME.
+SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
+_SOL_SOCKET = socket.SOL_SOCKET
+_TIMESPEC = struct.Struct("@ll")
+_CMSG_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 
 
 class _StreamTimeout(Exception):
@@ -145,7 +161,11 @@ def _tls_context_factory(verify: bool) -> Callable[..., ssl.SSLContext]:
     def factory(cafile: str | None = None, **_: Any) -> ssl.SSLContext:
         # The system store honours SSL_CERT_FILE / SSL_CERT_DIR at call time, which is how a
         # private CA gets trusted; geventhttpclient's own bundle is added on top.
-        ctx: ssl.SSLContext = gevent.ssl.create_default_context()
+        # gevent's own context (what ssl.create_default_context builds, minus the stdlib
+        # class): in a process gevent has not patched, the stdlib's sockets would read TLS in
+        # blocking calls that stop every other greenlet.
+        ctx: ssl.SSLContext = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.load_default_certs()
         if cafile and os.path.isfile(cafile):
             ctx.load_verify_locations(cafile=cafile)
         if not verify:
@@ -155,22 +175,86 @@ def _tls_context_factory(verify: bool) -> Callable[..., ssl.SSLContext]:
     return factory
 
 
-def _read_some(resp: HTTPSocketResponse, deadline: float) -> bytes:
+def _is_tls(sock: object) -> bool:
+    return isinstance(sock, gevent.ssl.SSLSocket | ssl.SSLSocket)
+
+
+def enable_kernel_timestamps(sock: socket.socket) -> bool:
+    """Ask the kernel to stamp what this socket receives from now on (bytes already queued get
+    no stamp); False where it cannot (TLS, another OS)."""
+    if _is_tls(sock):
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+class Arrival:
+    """When the body bytes of the latest read arrived (``at``) and when our code saw them
+    (``seen``), both perf_counter seconds; ``kernel`` says whether ``at`` came from the kernel.
+
+    ``at`` never goes back: not before the previous read's, nor before the response headers
+    were seen (``floor``), so that a stream's times stay ordered whatever the wall clock does.
+    ``with_headers``: the latest bytes came in the headers' read (timed at the headers).
+    """
+
+    __slots__ = ("at", "seen", "kernel", "with_headers", "_plain")
+
+    def __init__(self, sock: object, floor: float) -> None:
+        self.at = self.seen = floor
+        self.kernel = self.with_headers = False
+        self._plain = sock is not None and not _is_tls(sock)
+
+    def buffered(self) -> None:
+        """Bytes the HTTP parser already held came in the headers' read: they arrived by the
+        time the headers were seen (``at`` stays there), and no kernel stamp says when."""
+        self.seen = time.perf_counter()
+        self.kernel, self.with_headers = False, True
+
+    def recv(self, sock: Any) -> bytes:
+        stamp: float | None = None
+        data: bytes
+        if self._plain:
+            data, ancillary, _flags, _addr = sock.recvmsg(_BLOCK, _CMSG_BYTES)
+            if ancillary:       # room for one message: the stamp, when there is one
+                level, kind, raw = ancillary[0]
+                if kind == SO_TIMESTAMPNS and level == _SOL_SOCKET:
+                    sec, nsec = _TIMESPEC.unpack_from(raw)
+                    stamp = sec + nsec * 1e-9
+        else:
+            data = sock.recv(_BLOCK)
+        seen = time.perf_counter()
+        self.seen, self.with_headers = seen, False
+        if stamp is None:
+            self.at, self.kernel = max(self.at, seen), False
+        else:
+            # The stamp is CLOCK_REALTIME: carry its distance from now over to perf_counter.
+            self.at = max(self.at, seen - max(0.0, time.time() - stamp))
+            self.kernel = True
+        return data
+
+
+def _read_some(resp: HTTPSocketResponse, deadline: float, arrival: Arrival | None = None) -> bytes:
     """Body bytes available now, after at most one ``recv`` that brings some; b"" once the body
     has ended. Raises _StreamTimeout past ``deadline`` (perf_counter seconds) even while the
-    socket keeps delivering bytes that carry no body (chunk framing, say).
+    socket keeps delivering bytes that carry no body (chunk framing, say). ``arrival``, if
+    given, is told when the returned bytes arrived.
 
     Uses the response's parser buffer and socket directly: the public ``read(n)`` waits for
     ``n`` bytes, which would hold early events back until later ones arrive.
     """
     buf = resp._body_buffer
+    if buf and arrival is not None:
+        arrival.buffered()
     while not buf:
         if resp.message_complete:
             return b""
         sock = resp._sock
         if sock is None:
             raise HTTPConnectionClosed("connection closed")
-        data = sock.recv(_BLOCK)
+        data = sock.recv(_BLOCK) if arrival is None else arrival.recv(sock)
         if not data:
             # The peer closed: that ends a body without framing, and cuts any other short.
             with contextlib.suppress(HTTPParseError):
@@ -187,22 +271,34 @@ def _read_some(resp: HTTPSocketResponse, deadline: float) -> bytes:
 
 
 class _Tally:
-    """Folds a stream's events into a RequestSample as they arrive."""
+    """Folds a stream's events into a RequestSample as they arrive.
+
+    A gap over the stall threshold is the server's (``stalls``) only when the bytes really came
+    that late: when the kernel's stamps say they came in time, or (without stamps) the gap less
+    the time the gevent hub was running late within it is under the threshold, the stall was
+    the load process's own and is counted apart (``client_stalls``).
+    """
 
     def __init__(self, sample: RequestSample, plan: LoadPlan, t0: float,
-                 max_events: int) -> None:
+                 max_events: int, guard: saturation.Guard | None = None) -> None:
         self.sample = sample
         self.protocol = plan.protocol
         self.stall_s = plan.stall_threshold_ms / 1000.0
         self.t0 = t0
+        self.guard = guard
         self.last_text_at: float | None = None
+        self.last_text_seen = t0
         self.ids: set[int] = set()
         self.max_events = max_events
         self.events_left = max_events
         self.done = False
 
-    def add(self, event: SSEEvent, now: float) -> None:
+    def add(self, event: SSEEvent, now: float, seen: float | None = None,
+            kernel: bool = False) -> None:
+        """``now``: when the event's bytes arrived; ``seen``: when our code saw them (default:
+        the same); ``kernel``: ``now`` is the kernel's receive stamp."""
         s = self.sample
+        seen = now if seen is None else seen
         self.events_left -= 1
         if self.events_left < 0:
             # Every event adds to the sample (an ITL, an id): a stream that never ends must
@@ -225,13 +321,24 @@ class _Tally:
                 gap = now - self.last_text_at
                 s.itl_ms.append(gap * 1000.0)
                 if gap > self.stall_s:
-                    s.stalls += 1
+                    if kernel or self._server_late(gap, seen):
+                        s.stalls += 1
+                    else:
+                        s.client_stalls += 1
+                elif seen - self.last_text_seen > self.stall_s:
+                    s.client_stalls += 1     # the bytes came in time; we saw them late
             self.last_text_at = now
+            self.last_text_seen = seen
         if d.error is not None:
             # The server gave up mid-stream in its own words (e.g. Anthropic overloaded_error).
             raise _Failed("http_status", f"error event in the stream: {d.error}")
         if d.done:
             self.done = True
+
+    def _server_late(self, gap: float, seen: float) -> bool:
+        if self.guard is None:
+            return True
+        return gap - self.guard.blocked_within(self.last_text_seen, seen) > self.stall_s
 
     def finish(self, end: float) -> RequestSample:
         s = self.sample
@@ -287,6 +394,10 @@ class StreamClient:
             insecure=not plan.verify_tls,
             block_size=_BLOCK,
         )
+        # The pool's own hook for socket options, on its every new connection: stamped from
+        # the first byte (a socket enabled later gets no stamp for bytes already queued).
+        setattr(self._http._connection_pool, "after_connect",  # noqa: B010
+                enable_kernel_timestamps)
 
     def close(self) -> None:
         self._http.close()
@@ -305,7 +416,7 @@ class StreamClient:
         sample = RequestSample(cls=cls.name, sent=time.time(), scheduled=scheduled)
         t0 = time.perf_counter()
         deadline_at = t0 + self.plan.timeout_s
-        tally = _Tally(sample, self.plan, t0, self.max_events)
+        tally = _Tally(sample, self.plan, t0, self.max_events, saturation.active())
         resp: HTTPSocketResponse | None = None
         deadline = gevent.Timeout(self.plan.timeout_s, _StreamTimeout())
         deadline.start()
@@ -365,19 +476,36 @@ class StreamClient:
         return resp
 
     def _follow(self, resp: HTTPSocketResponse, tally: _Tally, deadline: float) -> float:
-        """Feed the stream to ``tally`` until its terminal event; return that event's time."""
+        """Feed the stream to ``tally`` until its terminal event; return when it arrived."""
         parser = SSEParser(self.limits)
+        arrival = Arrival(resp._sock, time.perf_counter())
+        guard = tally.guard
+        kernel_reads = user_reads = 0
         next_yield = time.perf_counter() + _YIELD_S
         try:
             while True:
-                chunk = _read_some(resp, deadline)
-                now = time.perf_counter()
+                chunk = _read_some(resp, deadline, arrival)
+                now = arrival.seen
                 if not chunk:
                     raise _Failed("truncated", "the stream ended before the protocol's final event")
-                for event in parser.feed(chunk):
-                    tally.add(event, now)
+                events = parser.feed(chunk)
+                if events and not arrival.with_headers:
+                    # The stream's clock: "kernel" while every read off the socket that
+                    # brought events had a stamp (bytes that came with the headers are timed
+                    # at the headers, as TTFB is).
+                    if arrival.kernel:
+                        kernel_reads += 1
+                        if guard is not None:
+                            guard.seen(arrival.seen - arrival.at, len(events))
+                    else:
+                        user_reads += 1
+                        if guard is not None:
+                            guard.user_read()
+                    tally.sample.clock = "kernel" if kernel_reads and not user_reads else "user"
+                for event in events:
+                    tally.add(event, arrival.at, now, arrival.kernel)
                     if tally.done:
-                        return now
+                        return arrival.at
                 # A socket that always has data never blocks, so the gevent timeout never
                 # fires: the deadline is checked here too.
                 if now > deadline:

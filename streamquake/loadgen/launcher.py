@@ -2,7 +2,8 @@
 
 Imported by the runner, so it must never import locust or gevent (locust monkey-patches the
 standard library at import). Locust's own master/worker mode spreads users over processes;
-each process appends its samples to ``<samples dir>/samples-<pid>.jsonl``.
+each process appends its samples to ``<samples dir>/samples-<pid>.jsonl``, and the open-loop
+arrivals it never sent to ``<samples dir>/unsent-<pid>.jsonl``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from typing import IO, TYPE_CHECKING
 
 from streamquake import procs
 from streamquake.errors import StreamquakeError
+from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.plan import LoadPlan
-from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.samples import RequestSample, UnsentArrival
 
 if TYPE_CHECKING:
     from streamquake.scenario import Scenario
@@ -75,15 +77,31 @@ class LocustRun:
 
     def samples(self) -> list[RequestSample]:
         """Every sample written so far, from all processes; a torn last line is skipped."""
-        out: list[RequestSample] = []
-        for path in sorted(self.samples_dir.glob("samples-*.jsonl")):
-            with open(path, encoding="utf-8") as f:
-                for line in f:
-                    try:
-                        out.append(RequestSample.from_dict(json.loads(line)))
-                    except ValueError:
-                        continue   # only a process killed mid-write leaves such a line
+        return [RequestSample.from_dict(d) for d in _records(self.samples_dir, "samples")]
+
+    def unsent(self) -> list[UnsentArrival]:
+        """Every open-loop arrival that was due but never sent, from all processes."""
+        out = []
+        for d in _records(self.samples_dir, "unsent"):
+            try:
+                out.append(UnsentArrival.from_dict(d))
+            except TypeError:
+                continue   # a line from some other writer: not ours to count
         return out
+
+
+def _records(samples_dir: Path, prefix: str) -> list[JsonDict]:
+    out: list[JsonDict] = []
+    for path in sorted(samples_dir.glob(f"{prefix}-*.jsonl")):
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    record = json.loads(line)
+                except ValueError:
+                    continue   # only a process killed mid-write leaves such a line
+                if isinstance(record, dict):
+                    out.append(record)
+    return out
 
 
 def start_locust(

@@ -32,10 +32,12 @@ from locust.runners import LocalRunner, MasterRunner, Runner
 from streamquake.errors import EXIT_SCENARIO, ScenarioError
 from streamquake.loadgen.client import StreamClient, check_templates
 from streamquake.loadgen.launcher import PLAN_ENV
-from streamquake.loadgen.plan import LoadPlan, OpenLoop
+from streamquake.loadgen.plan import LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
 from streamquake.loadgen.retry import retry_delay
-from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.samples import RequestSample, UnsentArrival
+from streamquake.loadgen.saturation import start as start_saturation_guard
 from streamquake.loadgen.sse import SSELimits
+from streamquake.loadgen.trace import PromptSynth
 
 _IDLE_S = 3600.0        # a user past end_at waits; Locust kills waiting users at once on stop
 
@@ -48,7 +50,7 @@ class _Process:
     """What the users of this one load process share."""
 
     plan: LoadPlan | None = None
-    sink: IO[str] | None = None
+    sinks: dict[str, IO[str]] = {}          # file prefix -> open JSONL file
     user_numbers = itertools.count()
 
 
@@ -62,15 +64,18 @@ def _plan() -> LoadPlan:
     return _Process.plan
 
 
-def _write(sample: RequestSample) -> None:
-    if _Process.sink is None:
+def _write(record: RequestSample | UnsentArrival) -> None:
+    # Requests to samples-<pid>.jsonl, arrivals never sent to unsent-<pid>.jsonl (launcher.py).
+    prefix = "samples" if isinstance(record, RequestSample) else "unsent"
+    sink = _Process.sinks.get(prefix)
+    if sink is None:
         directory = Path(_plan().samples_path)
         directory.mkdir(parents=True, exist_ok=True)
-        _Process.sink = open(directory / f"samples-{os.getpid()}.jsonl", "a",  # noqa: SIM115
-                             encoding="utf-8")
-    # One line per request, flushed at once: a killed process loses at most the line in flight.
-    _Process.sink.write(sample.to_json() + "\n")
-    _Process.sink.flush()
+        sink = _Process.sinks[prefix] = open(  # noqa: SIM115 - closed on quitting
+            directory / f"{prefix}-{os.getpid()}.jsonl", "a", encoding="utf-8")
+    # One line per record, flushed at once: a killed process loses at most the line in flight.
+    sink.write(record.to_json() + "\n")
+    sink.flush()
 
 
 def _fire(environment: Environment, sample: RequestSample) -> None:
@@ -112,13 +117,14 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
         sys.exit(EXIT_SCENARIO)
     if isinstance(runner, LocalRunner | MasterRunner):
         gevent.spawn(_quit_at_end, runner, plan)
+    start_saturation_guard(runner)     # CPU, hub lag, kernel-to-seen: saturation-<pid>.jsonl
 
 
 @events.quitting.add_listener  # type: ignore[untyped-decorator]
 def _on_quitting(**_: Any) -> None:
-    if _Process.sink is not None:
-        _Process.sink.close()
-        _Process.sink = None
+    for sink in _Process.sinks.values():
+        sink.close()
+    _Process.sinks.clear()
 
 
 class StreamUser(User):
@@ -131,8 +137,11 @@ class StreamUser(User):
         self.rng = random.Random(f"{plan.seed}/{worker}/{number}")
         self.arrivals_rng = random.Random(f"{plan.seed}/{worker}/{number}/arrivals")
         self.weights = [c.weight for c in plan.classes]
+        self.number = number
         if isinstance(plan.arrival, OpenLoop):
             inflight = max(1, math.ceil(plan.arrival.max_inflight / plan.users))
+        elif isinstance(plan.arrival, TraceReplay):
+            inflight = max(1, math.ceil(plan.arrival.max_inflight / plan.arrival.processes))
         else:
             inflight = 1
         # As many pooled sockets as requests allowed in flight: the pool never queues on its own.
@@ -140,16 +149,24 @@ class StreamUser(User):
         self.stream_client = StreamClient(plan, concurrency=inflight, limits=limits)
         self.slots = BoundedSemaphore(inflight)
         self.arrivals = Group()
+        # Arrivals due and not yet sent, by number: what a stopped user still owes the record.
+        self.waiting: dict[int, tuple[float, RequestClassPlan]] = {}
+        self.arrival_numbers = itertools.count()
 
     def on_stop(self) -> None:
         self.arrivals.kill()
+        # Killed while waiting for a slot, or before their greenlet ever ran: never sent.
+        now = time.time()
+        for due, cls in self.waiting.values():
+            _write(UnsentArrival(cls=cls.name, scheduled=due, given_up=now, reason="stopped"))
+        self.waiting.clear()
         self.stream_client.close()
 
     def wait_time(self) -> float:
         plan = _plan()
         if time.time() >= plan.end_at:
             return _IDLE_S
-        if isinstance(plan.arrival, OpenLoop):
+        if isinstance(plan.arrival, OpenLoop | TraceReplay):
             return 0.0
         return self.rng.uniform(plan.arrival.think_time_min_s, plan.arrival.think_time_max_s)
 
@@ -160,11 +177,17 @@ class StreamUser(User):
             return
         if isinstance(plan.arrival, OpenLoop):
             self._open_loop(plan, plan.arrival)
+        elif isinstance(plan.arrival, TraceReplay):
+            self._trace(plan, plan.arrival)
         else:
             self._send(plan, None)
 
     def _open_loop(self, plan: LoadPlan, arrival: OpenLoop) -> None:
-        """Arrivals at this user's share of the rate, each in its own greenlet until end_at."""
+        """Arrivals at this user's share of the rate, each in its own greenlet until end_at.
+
+        An arrival is *due* once this loop reaches its time before end_at; from then on it is
+        either sent (a sample, its wait for a slot in ``queue_delay_ms``) or recorded as never
+        sent. Arrivals timed at or after end_at were never due."""
         rate = arrival.rate_per_s / plan.users
         rng = self.arrivals_rng
         poisson = arrival.process == "poisson"
@@ -172,18 +195,62 @@ class StreamUser(User):
         due = time.time() + (rng.expovariate(rate) if poisson else rng.uniform(0.0, 1.0 / rate))
         while due < plan.end_at:
             gevent.sleep(max(0.0, due - time.time()))
-            self.arrivals.spawn(self._arrival, plan, due)
+            cls = self.rng.choices(plan.classes, weights=self.weights)[0]
+            number = next(self.arrival_numbers)
+            self.waiting[number] = (due, cls)
+            self.arrivals.spawn(self._arrival, plan, number)
             due += rng.expovariate(rate) if poisson else 1.0 / rate
         self.arrivals.join()
 
-    def _arrival(self, plan: LoadPlan, due: float) -> None:
+    def _trace(self, plan: LoadPlan, trace: TraceReplay) -> None:
+        """This process's rows of a recorded trace (row i if i mod processes is this worker's
+        index), each due at its own time and from then on accounted for exactly as an open-loop
+        arrival: sent (its wait in queue_delay_ms) or recorded as never sent. One user per
+        process dispatches; any other user of the process idles."""
+        worker = getattr(self.environment.runner, "worker_index", 0) % trace.processes
+        if self.number != 0:
+            gevent.sleep(max(0.0, plan.end_at - time.time()))
+            return
+        mine = trace.rows[worker::trace.processes]
+        if not mine:
+            return
+        by_name = {c.name: c for c in plan.classes}
+        synth = PromptSynth(f"{plan.seed}/trace", max(r[1] for r in mine))
+        start = trace.start_at
+        while True:
+            for offset, input_tokens, output_tokens, cls_name, prompt in mine:
+                due = start + offset
+                if due >= plan.end_at:
+                    self.arrivals.join()
+                    return
+                gevent.sleep(max(0.0, due - time.time()))
+                cls = by_name.get(cls_name or "") or \
+                    self.rng.choices(plan.classes, weights=self.weights)[0]
+                row_cls = cls.model_copy(update={
+                    "prompts": [prompt or synth.prompt(input_tokens)],
+                    "prompt_max_tokens": None, "max_tokens": output_tokens})
+                number = next(self.arrival_numbers)
+                self.waiting[number] = (due, row_cls)
+                self.arrivals.spawn(self._arrival, plan, number)
+            if not trace.loop:
+                break
+            start += trace.period_s
+        self.arrivals.join()
+
+    def _arrival(self, plan: LoadPlan, number: int) -> None:
         # Waiting here for a free slot is client-side queueing; it shows as sent - scheduled.
         with self.slots:
+            due, cls = self.waiting.pop(number)
             if time.time() < plan.end_at:
-                self._send(plan, due)
+                self._send(plan, due, cls)
+                return
+        _write(UnsentArrival(cls=cls.name, scheduled=due, given_up=time.time(),
+                             reason="run_ended"))
 
-    def _send(self, plan: LoadPlan, scheduled: float | None) -> None:
-        cls = self.rng.choices(plan.classes, weights=self.weights)[0]
+    def _send(self, plan: LoadPlan, scheduled: float | None,
+              cls: RequestClassPlan | None = None) -> None:
+        if cls is None:
+            cls = self.rng.choices(plan.classes, weights=self.weights)[0]
         attempt = 1
         while True:
             sample = self.stream_client.measure(cls, self.rng, scheduled=scheduled)

@@ -1,4 +1,5 @@
-"""Per-request samples folded into full-precision HDR histograms and rates, for SLO verdicts.
+"""Per-request measurements folded into full-precision HDR histograms and rates, for SLO
+verdicts.
 
 Locust's own statistics round response times into coarse buckets; verdicts come from here.
 Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution up to ~1.6 s,
@@ -9,6 +10,14 @@ Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution 
 * ``e2e_ms``, ``output_tokens_per_s``: successful requests only; a failed stream's end time
   says how it failed, not how long a completion takes.
 * ``queue_delay_ms``: open-loop requests (sent - scheduled), failed or not.
+* ``ttft_scheduled_ms``, ``e2e_scheduled_ms``: open loop, TTFT and E2E timed from when the
+  request was due rather than sent (queue delay + TTFT), so a client that falls behind cannot
+  hide the wait (coordinated omission; wrk2's and k6's corrected latency).
+* ``not_sent_rate``: open-loop arrivals due but never sent, over all arrivals due.
+
+``add`` takes a whole request; the scoring (``run/scoring.py``) instead adds each measurement
+to the phase it belongs to (``add_first_token``, ``add_gap``, ``add_outcome``...) and counts
+the ones no phase can own in ``unattributed``.
 """
 
 from __future__ import annotations
@@ -26,8 +35,17 @@ from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
 
 HISTOGRAM_METRICS: tuple[str, ...] = (
     "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s", "queue_delay_ms",
+    "ttft_scheduled_ms", "e2e_scheduled_ms",
 )
-RATE_METRICS: tuple[str, ...] = ("error_rate", "stall_rate", "chunk_loss")
+RATE_METRICS: tuple[str, ...] = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate")
+# What a measurement is counted as when it cannot be attributed to one phase (run/scoring.py):
+# ``e2e_ms`` stands for the request's end, and with it its outcome, stalls and chunks.
+UNATTRIBUTED: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "queue_delay_ms")
+_FROM_SCHEDULE = frozenset({"queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms"})
+# A histogram metric -> the unattributed count that stands for its measurements.
+_SPANNED_AS = {"ttfb_ms": "ttfb_ms", "ttft_ms": "ttft_ms", "ttft_scheduled_ms": "ttft_ms",
+               "itl_ms": "itl_ms", "e2e_ms": "e2e_ms", "e2e_scheduled_ms": "e2e_ms",
+               "output_tokens_per_s": "e2e_ms", "queue_delay_ms": "queue_delay_ms"}
 SUMMARY_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 
 _SIG_FIGS = 4
@@ -59,7 +77,10 @@ def _nonzero(hist: HdrHistogram) -> list[tuple[int, int]]:
 class Stats:
     """Histograms and counts over one set of samples (a phase, a window, a whole run)."""
 
-    requests: int = 0
+    requests: int = 0                 # requests whose end (outcome, E2E) is counted here
+    sent: int = 0                     # requests sent for arrivals due here, however they ended
+    not_sent: int = 0                 # open-loop arrivals due here and never sent
+    unattributed: dict[str, int] = field(default_factory=lambda: dict.fromkeys(UNATTRIBUTED, 0))
     errors: dict[str, int] = field(default_factory=lambda: dict.fromkeys(ERROR_KINDS, 0))
     # kind -> reason (the sample's error_detail) -> count; a few reasons per kind, the rest
     # pooled, so the report says why (a TLS failure's "self-signed certificate") at bounded size.
@@ -70,9 +91,8 @@ class Stats:
     retried_attempts: dict[str, int] = field(default_factory=dict)   # by error kind
     missing_events: int = 0
     expected_events: int = 0
-    histograms: dict[str, HdrHistogram] = field(
-        default_factory=lambda: {m: _histogram() for m in HISTOGRAM_METRICS}
-    )
+    # Created on first use: a histogram is ~1.2 MB, and closed loop never fills three of them.
+    histograms: dict[str, HdrHistogram] = field(default_factory=dict)
     _scans: dict[str, list[tuple[int, int]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
@@ -85,26 +105,56 @@ class Stats:
         return stats
 
     def add(self, s: RequestSample) -> None:
-        h = self.histograms
-        self._scans.clear()
+        """One whole request, every measurement of it counted here."""
         if s.retried:
-            # A failed attempt that was retried: its request ends in a later attempt, so it is
-            # counted apart, never as a request, an error or a latency (retries hide nothing).
-            kind = s.error or "unknown"
-            self.retried_attempts[kind] = self.retried_attempts.get(kind, 0) + 1
+            self.add_retried(s)
             return
-        self.requests += 1
+        self.add_sent(s)
+        self.add_queue_delay(s)
+        self.add_first_byte(s)
+        self.add_first_token(s)
+        for gap in s.itl_ms:
+            self.add_gap(gap)
+        self.add_outcome(s)
+
+    def add_retried(self, s: RequestSample) -> None:
+        # A failed attempt that was retried: its request ends in a later attempt, so it is
+        # counted apart, never as a request, an error or a latency (retries hide nothing).
+        kind = s.error or "unknown"
+        self.retried_attempts[kind] = self.retried_attempts.get(kind, 0) + 1
+
+    def add_sent(self, s: RequestSample) -> None:
+        self.sent += 1
         self.retries += s.attempt - 1
+
+    def add_not_sent(self) -> None:
+        self.not_sent += 1
+
+    def add_unattributed(self, metric: str, n: int = 1) -> None:
+        self.unattributed[metric] = self.unattributed.get(metric, 0) + n
+
+    def add_queue_delay(self, s: RequestSample) -> None:
+        if (queue := s.queue_delay_ms) is not None:
+            self._put("queue_delay_ms", queue)
+
+    def add_first_byte(self, s: RequestSample) -> None:
+        if s.ttfb_ms is not None:
+            self._put("ttfb_ms", s.ttfb_ms)
+
+    def add_first_token(self, s: RequestSample) -> None:
+        if s.ttft_ms is not None:
+            self._put("ttft_ms", s.ttft_ms)
+        if (due := s.ttft_scheduled_ms) is not None:
+            self._put("ttft_scheduled_ms", due)
+
+    def add_gap(self, gap_ms: float) -> None:
+        self._put("itl_ms", gap_ms)
+
+    def add_outcome(self, s: RequestSample) -> None:
+        """The request's end: counted as a request, its error or success, E2E, stalls, chunks."""
+        self.requests += 1
         self.missing_events += s.missing_events
         self.expected_events += s.expected_events
-        if s.ttfb_ms is not None:
-            _record(h["ttfb_ms"], s.ttfb_ms)
-        if s.ttft_ms is not None:
-            _record(h["ttft_ms"], s.ttft_ms)
-        for gap in s.itl_ms:
-            _record(h["itl_ms"], gap)
-        if (queue := s.queue_delay_ms) is not None:
-            _record(h["queue_delay_ms"], queue)
         if s.error is not None:
             self.errors[s.error] = self.errors.get(s.error, 0) + 1
             reasons = self.error_reasons.setdefault(s.error, {})
@@ -116,9 +166,19 @@ class Stats:
         self.successes += 1
         self.stalled += int(s.stalls > 0)
         if s.e2e_ms is not None:
-            _record(h["e2e_ms"], s.e2e_ms)
+            self._put("e2e_ms", s.e2e_ms)
+            if (due := s.e2e_scheduled_ms) is not None:
+                self._put("e2e_scheduled_ms", due)
             if s.ttft_ms is not None and s.e2e_ms > s.ttft_ms and s.output_tokens > 0:
-                _record(h["output_tokens_per_s"], s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3))
+                self._put("output_tokens_per_s",
+                             s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3))
+
+    def _put(self, metric: str, value: float) -> None:
+        self._scans.pop(metric, None)
+        hist = self.histograms.get(metric)
+        if hist is None:
+            hist = self.histograms[metric] = _histogram()
+        _record(hist, value)
 
     @property
     def error_count(self) -> int:
@@ -127,7 +187,7 @@ class Stats:
     def percentile(self, metric: str, p: float) -> float | None:
         """The ``p``-th percentile of ``metric`` (0 < p <= 100), or None if nothing was recorded."""
         hist, buckets = self._scan(metric)
-        if not buckets:
+        if hist is None or not buckets:
             return None
         target = hist.get_target_count_at_percentile(p)
         seen = 0
@@ -139,11 +199,12 @@ class Stats:
         raise AssertionError("bucket counts add up to less than the histogram's total")
 
     def count(self, metric: str) -> int:
-        return int(self._scan(metric)[0].get_total_count())
+        hist = self._scan(metric)[0]
+        return 0 if hist is None else int(hist.get_total_count())
 
     def mean(self, metric: str) -> float | None:
         hist, buckets = self._scan(metric)
-        if not buckets:
+        if hist is None or not buckets:
             return None
         total = 0
         for index, count in buckets:
@@ -153,7 +214,7 @@ class Stats:
 
     def max(self, metric: str) -> float | None:
         hist, buckets = self._scan(metric)
-        return float(hist.get_max_value()) / _SCALE if buckets else None
+        return float(hist.get_max_value()) / _SCALE if hist is not None and buckets else None
 
     def value(self, metric: str) -> float | None:
         """A rate metric (``error_rate``, ``stall_rate``, ``chunk_loss``); None if undefined."""
@@ -163,6 +224,9 @@ class Stats:
             return self.stalled / self.successes if self.successes else None
         if metric == "chunk_loss":
             return self.missing_events / self.expected_events if self.expected_events else None
+        if metric == "not_sent_rate":
+            due = self.sent + self.not_sent
+            return self.not_sent / due if due else None
         raise KeyError(f"unknown rate metric {metric!r}; known: {', '.join(RATE_METRICS)}")
 
     def percentile_interval(self, metric: str, p: float, confidence: float
@@ -184,7 +248,8 @@ class Stats:
         """(low, high, n): a Wilson score interval for a rate metric over its n trials."""
         k, n = {"error_rate": (self.error_count, self.requests),
                 "stall_rate": (self.stalled, self.successes),
-                "chunk_loss": (self.missing_events, self.expected_events)}[metric]
+                "chunk_loss": (self.missing_events, self.expected_events),
+                "not_sent_rate": (self.not_sent, self.sent + self.not_sent)}[metric]
         if n == 0:
             return None, None, 0
         z = normal_quantile(confidence)
@@ -199,6 +264,18 @@ class Stats:
             return ("not measurable: the server numbers none of its events (no SSE `id:` "
                     "lines), so lost chunks cannot be counted; the embedded target numbers "
                     "them with `sse_event_ids: true`")
+        scheduled = self.not_sent or self.count("queue_delay_ms") \
+            or self.unattributed.get("queue_delay_ms")
+        if metric in _FROM_SCHEDULE and self.sent and not scheduled:
+            return ("no data: no request here had a schedule; this metric measures open-loop "
+                    "arrivals (load.arrival), not a closed loop (load.think_time)")
+        spanned = self.unattributed.get(_SPANNED_AS.get(metric, ""), 0)
+        if spanned and not self.count(metric):
+            return (f"no data: every measurement of it here ({spanned}) spanned the phase's "
+                    "end, so none could be attributed to the phase (see `unattributed`)")
+        if not self.requests and self.not_sent:
+            return (f"no data: no request ended in this phase, and {self.not_sent} arrivals "
+                    "due in it were never sent")
         if not self.requests:
             return "no data: no request was scored in this phase"
         return None
@@ -213,6 +290,9 @@ class Stats:
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
             "requests": self.requests,
+            "sent": self.sent,
+            "not_sent": self.not_sent,
+            "unattributed": dict(self.unattributed),
             "successes": self.successes,
             "retried_attempts": dict(self.retried_attempts),
             "requests_retried": self.retries,
@@ -224,13 +304,13 @@ class Stats:
         out.update({m: self.summary(m) for m in HISTOGRAM_METRICS})
         return out
 
-    def _scan(self, metric: str) -> tuple[HdrHistogram, list[tuple[int, int]]]:
-        try:
-            hist = self.histograms[metric]
-        except KeyError:
-            raise KeyError(
-                f"unknown metric {metric!r}; known: {', '.join(HISTOGRAM_METRICS)}"
-            ) from None
+    def _scan(self, metric: str) -> tuple[HdrHistogram | None, list[tuple[int, int]]]:
+        """The metric's histogram (None: nothing recorded) and its nonzero buckets."""
+        if metric not in HISTOGRAM_METRICS:
+            raise KeyError(f"unknown metric {metric!r}; known: {', '.join(HISTOGRAM_METRICS)}")
+        hist = self.histograms.get(metric)
+        if hist is None:
+            return None, []
         if metric not in self._scans:
             self._scans[metric] = _nonzero(hist)
         return hist, self._scans[metric]

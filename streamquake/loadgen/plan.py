@@ -21,6 +21,8 @@ class RequestClassPlan(_Frozen):
     name: str = "default"
     weight: float = 1.0
     prompts: list[str] = Field(default_factory=lambda: ["Say something."])
+    # Per prompt (a dataset's rows): its own max_tokens, 0 for the class's; None: all the class's.
+    prompt_max_tokens: list[int] | None = None
     max_tokens: int = 64
     body: dict[str, Any] | None = None     # full request body; overrides prompts/max_tokens
 
@@ -38,6 +40,19 @@ class OpenLoop(_Frozen):
     max_inflight: int = 1000               # beyond this, arrivals queue client-side (and it shows)
 
 
+class TraceReplay(_Frozen):
+    """Recorded arrivals (loadgen/trace.py): each row is due at ``start_at + offset``. Rows are
+    split over the load processes by index (row i to process i mod processes)."""
+
+    mode: Literal["trace"] = "trace"
+    start_at: float                        # epoch s of the trace's first row
+    rows: list[tuple[float, int, int, str | None, str | None]]  # offset, in, out, class, prompt
+    loop: bool = False
+    period_s: float = 0.0                  # with loop: the trace starts again this much later
+    max_inflight: int = 1000               # across all processes
+    processes: int = 1
+
+
 class LoadPlan(_Frozen):
     base_url: str                          # where requests go: the target, or the proxy before it
     protocol: Protocol
@@ -50,7 +65,8 @@ class LoadPlan(_Frozen):
     stall_threshold_ms: float = 250.0
     users: int = 1
     spawn_rate: float = 1.0
-    arrival: ClosedLoop | OpenLoop = Field(default_factory=ClosedLoop, discriminator="mode")
+    arrival: ClosedLoop | OpenLoop | TraceReplay = Field(default_factory=ClosedLoop,
+                                                          discriminator="mode")
     classes: list[RequestClassPlan] = Field(default_factory=lambda: [RequestClassPlan()])
     samples_path: str                      # JSONL of RequestSample, appended by every user
     seed: int = 0

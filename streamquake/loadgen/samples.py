@@ -1,4 +1,6 @@
-"""The one record that crosses from the load process to the runner: one line per request."""
+"""The records that cross from the load process to the runner: one line per request in
+``samples-<pid>.jsonl``, and one line per open-loop arrival that was due but never sent in
+``unsent-<pid>.jsonl`` (a file of its own, so that nothing that counts requests counts one)."""
 
 from __future__ import annotations
 
@@ -40,7 +42,9 @@ class RequestSample:
     expected_events: int = 0              # events the server sent, by ids/usage (0 = unknown)
     attempt: int = 1                      # 1 for the first try; 2, 3 for retries (load.retries)
     retried: bool = False                 # this attempt failed and was retried: counted apart
-    stalls: int = 0                       # inter-event gaps above the stall threshold
+    stalls: int = 0                       # inter-event gaps above the stall threshold (server's)
+    client_stalls: int = 0                # such gaps that were the load process's own lateness
+    clock: Literal["kernel", "user"] = "user"   # event times: kernel receive stamps, or not
     status: int | None = None             # HTTP status
     error: ErrorKind | None = None
     error_detail: str | None = None
@@ -51,9 +55,47 @@ class RequestSample:
             return None
         return max(0.0, (self.sent - self.scheduled) * 1000.0)
 
+    @property
+    def ttft_scheduled_ms(self) -> float | None:
+        """Due -> first token (open loop): what the user waited, queueing included."""
+        if self.scheduled is None or self.ttft_ms is None:
+            return None
+        return (self.queue_delay_ms or 0.0) + self.ttft_ms
+
+    @property
+    def e2e_scheduled_ms(self) -> float | None:
+        """Due -> end of stream (open loop)."""
+        if self.scheduled is None or self.e2e_ms is None:
+            return None
+        return (self.queue_delay_ms or 0.0) + self.e2e_ms
+
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> RequestSample:
+        return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})
+
+
+UnsentReason = Literal[
+    "run_ended",    # no slot (load.arrival.max_inflight) came free before the run's end
+    "stopped",      # the load process stopped its user while the arrival waited for a slot
+]
+
+
+@dataclass
+class UnsentArrival:
+    """An open-loop arrival that was due (its time came before the run's end) but was never
+    sent. Every due arrival is either a request sample or one of these."""
+
+    cls: str                              # request class it would have been
+    scheduled: float                      # epoch s it was due
+    given_up: float                       # epoch s the load process gave up on it
+    reason: UnsentReason = "run_ended"
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> UnsentArrival:
         return cls(**{k: v for k, v in data.items() if k in cls.__dataclass_fields__})

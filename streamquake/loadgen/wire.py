@@ -39,8 +39,14 @@ def build_request(
     path = wire.path(model)
     if cls.body is not None:
         return path, wire.force_streaming(model, copy.deepcopy(cls.body))
-    prompt = rng.choice(cls.prompts) if cls.prompts else ""
-    return path, wire.body(model, prompt, cls.max_tokens)
+    if not cls.prompts:
+        return path, wire.body(model, "", cls.max_tokens)
+    if cls.prompt_max_tokens is None:
+        return path, wire.body(model, rng.choice(cls.prompts), cls.max_tokens)
+    i = rng.randrange(len(cls.prompts))      # a dataset: each prompt with its own max_tokens
+    caps = cls.prompt_max_tokens
+    return path, wire.body(model, cls.prompts[i], (caps[i] if i < len(caps) else 0)
+                           or cls.max_tokens)
 
 
 def decode(protocol: Protocol, event: SSEEvent) -> Decoded:

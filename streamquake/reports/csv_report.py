@@ -45,12 +45,13 @@ def read_samples(samples_dir: Path) -> list[RequestSample]:
 SAMPLE_COLUMNS = ("phase", "scored", "class", "sent_epoch_s", "t_s", "scheduled_epoch_s",
                   "ttfb_ms", "ttft_ms", "e2e_ms", "itl_n", "itl_p50_ms", "itl_max_ms",
                   "content_events", "output_tokens", "missing_events", "expected_events",
-                  "stalls", "status", "error", "error_detail")
+                  "stalls", "client_stalls", "clock", "status", "error", "error_detail")
 
 
 def write_samples_csv(result: RunResult, samples: list[RequestSample], path: Path) -> Path:
-    """``scored``: ``yes`` (counted in its phase), ``straddled`` (ended after its phase did: not
-    scored), or ``no`` (sent outside every phase)."""
+    """``scored``: ``yes`` (its end, outcome and E2E counted in its phase), ``ended_after``
+    (it ended after its phase did: its end is counted as unattributed there, its earlier
+    measurements may still count, see run/scoring.py), or ``no`` (due outside every phase)."""
     windows = [PhaseWindow(p.name, p.start, p.end) for p in result.phases]
     by_phase, _ = assign_phases(samples, windows)
     scored = {id(s): name for name, group in by_phase.items() for s in group}
@@ -61,14 +62,15 @@ def write_samples_csv(result: RunResult, samples: list[RequestSample], path: Pat
         for s in sorted(samples, key=lambda s: s.sent):
             due = s.scheduled if s.scheduled is not None else s.sent
             phase = next((w.name for w in windows if w.start <= due < w.end), "")
-            state = "yes" if id(s) in scored else ("straddled" if phase else "no")
+            state = "yes" if id(s) in scored else ("ended_after" if phase else "no")
             gaps = sorted(s.itl_ms)
             out.writerow([phase, state, s.cls, f"{s.sent:.6f}", f"{s.sent - t0:.3f}",
                           "" if s.scheduled is None else f"{s.scheduled:.6f}",
                           _num(s.ttfb_ms), _num(s.ttft_ms), _num(s.e2e_ms), len(gaps),
                           _num(nearest_rank(gaps, 50)), _num(gaps[-1] if gaps else None),
                           s.content_events, s.output_tokens, s.missing_events, s.expected_events,
-                          s.stalls, "" if s.status is None else s.status, s.error or "",
+                          s.stalls, s.client_stalls, s.clock,
+                          "" if s.status is None else s.status, s.error or "",
                           s.error_detail or ""])
     return path
 

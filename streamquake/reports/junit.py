@@ -14,7 +14,7 @@ import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from streamquake.reports.words import interruption, sentence, state, target_text
+from streamquake.reports.words import interruption, pairs, sentence, state, target_text
 from streamquake.result import Check, RunResult
 
 
@@ -40,9 +40,26 @@ def _case(suite: ET.Element, check: Check, scenario: str, seconds: float) -> str
     return "passed"
 
 
+def _arrival_counts(result: RunResult) -> list[tuple[str, str]]:
+    """Open loop: each phase's requests sent and arrivals never sent, so a CI page shows that
+    the load asked for was the load applied (the warning in system-err says so too)."""
+    out = []
+    for p in result.phases:
+        sent, unsent = p.stats.get("sent"), p.stats.get("not_sent")
+        if isinstance(unsent, int) and unsent > 0:
+            out += [(f"{p.name}.requests_sent", str(sent)), (f"{p.name}.not_sent", str(unsent))]
+    return out
+
+
 def _error_case(suite: ET.Element, classname: str, name: str, message: str, kind: str) -> None:
     case = ET.SubElement(suite, "testcase", classname=classname, name=name, time="0.000")
     ET.SubElement(case, "error", message=message, type=kind).text = message
+
+
+def _client_load(result: RunResult) -> list[tuple[str, str]]:
+    """Per phase, whether the load generator kept up, with its figures (run/saturation.py)."""
+    return [(f"client_saturated.{p.name}", pairs(p.stats["client"]))
+            for p in result.phases if isinstance(p.stats.get("client"), dict)]
 
 
 def write_junit(result: RunResult, path: Path) -> Path:
@@ -54,7 +71,9 @@ def write_junit(result: RunResult, path: Path) -> Path:
     for name, value in (("scenario_file", result.scenario_file),
                         ("target", target_text(result)),
                         ("exit_code", str(result.exit_code)),
-                        *sorted(result.environment.items())):
+                        *sorted(result.environment.items()),
+                        *_arrival_counts(result),
+                        *_client_load(result)):
         ET.SubElement(props, "property", name=name, value=value)
     outcomes = [_case(suite, c, scenario, durations.get(c.phase, 0.0)) for c in result.checks]
     errors = 0

@@ -9,8 +9,11 @@ from streamquake.result import Check, RunResult
 
 PHASE_COLUMNS = ("baseline", "fault", "recovery")
 SUMMARY_METRICS = (
-    ("requests", "requests", None),
-    ("straddling, not scored", "straddled", None),
+    ("requests sent", "sent", None),
+    ("arrivals not sent", "not_sent", None),            # open loop only, as the two below
+    ("queue delay p95 ms", "queue_delay_ms", "p95"),
+    ("TTFT p95 from schedule ms", "ttft_scheduled_ms", "p95"),
+    ("not attributed: TTFB/TTFT/ITL/end", "unattributed", None),
     ("errors", "error_rate", None),
     ("TTFB p95 ms", "ttfb_ms", "p95"),
     ("TTFT p50 ms", "ttft_ms", "p50"),
@@ -20,7 +23,12 @@ SUMMARY_METRICS = (
     ("E2E p95 ms", "e2e_ms", "p95"),
     ("tokens/s p50", "output_tokens_per_s", "p50"),
     ("stall rate", "stall_rate", None),
+    ("client stalls, not the server's", "client_stalls", None),   # run/saturation.py
     ("chunk loss", "chunk_loss", None),
+    ("client saturated", "client_saturated", None),
+    ("client CPU % max", "client", "cpu_pct_max"),
+    ("client hub lag p99 ms", "client", "hub_lag_p99_ms"),
+    ("client kernel-to-seen p99 ms", "client", "seen_gap_p99_ms"),
 )
 
 
@@ -32,14 +40,35 @@ class Cell:
     ran: bool = True         # False: the phase never ran ("not run", never a failure)
 
 
+OPEN_LOOP_ROWS = frozenset({"not_sent", "queue_delay_ms", "ttft_scheduled_ms"})
+_UNATTRIBUTED = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")   # loadgen/metrics.py UNATTRIBUTED
+
+
 def fmt_value(metric: str, value: float | None) -> str:
     if value is None:
         return "-"
-    if metric in ("error_rate", "stall_rate", "chunk_loss"):
+    if metric == "client_saturated":
+        return "yes" if value else "no"
+    if metric in ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate"):
         return f"{value * 100:.1f}%"
-    if metric in ("requests", "straddled"):
+    if metric in ("requests", "sent", "not_sent", "client_stalls", "client_saturated_s"):
         return f"{int(value)}"
     return f"{value:.1f}"
+
+
+def _unattributed(stats: JsonDict) -> str:
+    counts = stats.get("unattributed")
+    if not isinstance(counts, dict):
+        return "-"
+    return "/".join(str(counts.get(m, 0)) for m in _UNATTRIBUTED)
+
+
+def _open_loop(result: RunResult) -> bool:
+    for p in result.phases:
+        queue = p.stats.get("queue_delay_ms")
+        if p.stats.get("not_sent") or (isinstance(queue, dict) and queue.get("count")):
+            return True
+    return False
 
 
 def verdict_rows(result: RunResult) -> list[tuple[str, dict[str, Cell]]]:
@@ -61,11 +90,17 @@ def _cell(check: Check) -> Cell:
 
 def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
     by_phase = {p.name: p.stats for p in result.phases}
+    open_loop = _open_loop(result)
     rows = []
     for label, metric, stat in SUMMARY_METRICS:
+        if metric in OPEN_LOOP_ROWS and not open_loop:
+            continue
         cells = {}
         for phase in PHASE_COLUMNS:
             stats: JsonDict = by_phase.get(phase, {})
+            if metric == "unattributed":
+                cells[phase] = _unattributed(stats) if stats else "-"
+                continue
             value = stats.get(metric)
             if stat is not None:
                 value = value.get(stat) if isinstance(value, dict) else None

@@ -8,8 +8,8 @@ import datetime
 from streamquake.jsontypes import JsonValue
 from streamquake.result import Check, PhaseResult, RunResult
 
-RATE_METRICS = ("error_rate", "stall_rate", "chunk_loss")
-COUNT_METRICS = ("requests", "straddled")
+RATE_METRICS = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate")
+COUNT_METRICS = ("requests", "sent", "not_sent")
 
 
 def unit(metric: str) -> str:
@@ -17,6 +17,8 @@ def unit(metric: str) -> str:
         return " ms"
     if metric == "output_tokens_per_s":
         return " tokens/s"
+    if metric == "client_saturated_s":     # seconds the load generator was saturated
+        return " s"
     return ""
 
 

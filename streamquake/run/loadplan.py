@@ -4,14 +4,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from streamquake.loadgen.plan import ClosedLoop, LoadPlan, OpenLoop, RequestClassPlan
+from streamquake.loadgen.plan import ClosedLoop, LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
 from streamquake.scenario import Scenario
+from streamquake.scenario.schema import RequestClass, TraceSpec
 
 
 def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: float) -> LoadPlan:
     load, target = scenario.load, scenario.target
-    arrival: ClosedLoop | OpenLoop
-    if load.arrival is not None:
+    arrival: ClosedLoop | OpenLoop | TraceReplay
+    users = load.users
+    if load.trace is not None:
+        arrival = _trace(load.trace, end_at - scenario.phases.total_s, max(1, load.workers))
+        users = arrival.processes       # one dispatching user per load process
+    elif load.arrival is not None:
         arrival = OpenLoop(
             rate_per_s=load.arrival.rate_per_s,
             process=load.arrival.process,
@@ -33,16 +38,10 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         timeout_s=target.timeout_s,
         connect_timeout_s=target.connect_timeout_s,
         stall_threshold_ms=load.stall_threshold_ms,
-        users=load.users,
-        spawn_rate=load.spawn_rate or float(load.users),
+        users=users,
+        spawn_rate=load.spawn_rate or float(users),
         arrival=arrival,
-        classes=[
-            RequestClassPlan(
-                name=c.name, weight=c.weight, prompts=c.prompt_list, max_tokens=c.max_tokens,
-                body=c.body,
-            )
-            for c in load.classes
-        ],
+        classes=[_class(c) for c in load.classes],
         samples_path=str(samples_dir),
         seed=load.seed,
         end_at=end_at,
@@ -51,3 +50,29 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         max_event_bytes=load.limits.event_bytes,
         max_data_lines=load.limits.data_lines,
     )
+
+
+def _class(c: RequestClass) -> RequestClassPlan:
+    if c.dataset is None:
+        return RequestClassPlan(name=c.name, weight=c.weight, prompts=c.prompt_list,
+                                max_tokens=c.max_tokens, body=c.body)
+    from streamquake.loadgen.trace import read_prompts
+
+    # The rows travel in the plan, so a load process on another host needs no copy of the file.
+    rows = read_prompts(c.dataset)
+    return RequestClassPlan(name=c.name, weight=c.weight, prompts=[r.prompt for r in rows],
+                            prompt_max_tokens=[r.max_tokens or 0 for r in rows],
+                            max_tokens=c.max_tokens, body=c.body)
+
+
+def _trace(spec: TraceSpec, start_at: float, processes: int) -> TraceReplay:
+    from streamquake.loadgen.trace import read_trace
+
+    rows = read_trace(spec.file, spec.speedup)
+    last = rows[-1].offset_s
+    # Looping keeps the trace's mean rate: the next pass starts one mean gap after the last row.
+    period = last + (last / (len(rows) - 1) if len(rows) > 1 and last > 0 else 1.0)
+    return TraceReplay(
+        start_at=start_at,
+        rows=[(r.offset_s, r.input_tokens, r.output_tokens, r.cls, r.prompt) for r in rows],
+        loop=spec.loop, period_s=period, max_inflight=spec.max_inflight, processes=processes)

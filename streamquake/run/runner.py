@@ -29,6 +29,7 @@ from streamquake.run.lease import RunLease
 from streamquake.run.ledger import WHOLE_RUN, Ledger, PlannedFault
 from streamquake.run.outcome import exit_code_for, redacted_echo
 from streamquake.run.parts import start_loadgen, start_parts
+from streamquake.run.saturation import SaturationGuard
 from streamquake.run.scoring import score
 from streamquake.run.series import cdfs, environment, per_second
 from streamquake.run.signals import Interrupted, Signals
@@ -56,6 +57,7 @@ class Runner:
         self.warnings: list[str] = []
         self.aborted: str | None = None
         self.watch = Watch(self.work_dir / "samples", [])
+        self.guard = SaturationGuard(self.work_dir, [], self.events)
         self.lease_s = lease_s
         self.lease: RunLease | None = None
 
@@ -94,6 +96,7 @@ class Runner:
                     load = start_loadgen(stack, self.scenario, parts, windows[-1].end,
                                          self.events)
                     self.watch = Watch(self.work_dir / "samples", self.scenario.abort_when)
+                    self.guard = SaturationGuard(self.work_dir, windows, self.events)
                     self._walk(windows, planned, load, whole_run)
                     self.events.message("waiting for in-flight requests to finish")
                     load.wait()
@@ -162,6 +165,7 @@ class Runner:
     def _tick(self) -> bool:
         """Feed the watch; report rolling stats; True once, when an abort condition holds."""
         self.watch.poll()
+        self.guard.poll()
         self.events.emit(Tick(self.watch.rolling()))
         if self.aborted is None and self.lease is not None and self.lease.lost is not None:
             self.aborted = (f"{self.lease.lost}; it undid this run's faults when its "
@@ -179,6 +183,9 @@ class Runner:
         scored = score(self.scenario, windows, samples, unsent)
         measured = {k: v for k, v in scored.stats.items() if k != "warmup"}
         checks = evaluate(self.scenario, measured, scored.class_stats)
+        client_warnings, client_checks = self.guard.mark(
+            scored.phases, samples, fail=self.scenario.load.saturation == "fail")
+        checks += client_checks
         _mark_stopped(scored.phases, checks, stopped_at)
         echo = redacted_echo(self.scenario)
         result = RunResult(
@@ -194,7 +201,7 @@ class Runner:
             faults=self.ledger.records,
             target=target_info,
             telemetry=telemetry,
-            errors=[*self.ledger.errors, *scored.warnings, *self.warnings,
+            errors=[*self.ledger.errors, *scored.warnings, *client_warnings, *self.warnings,
                     *([f"run aborted: {self.aborted}"] if self.aborted else [])],
             aborted=self.aborted,
             timeline=per_second(samples, windows, stopped_at),

@@ -65,10 +65,16 @@ def load_scenario(path: str | Path, overrides: list[str] | tuple[str, ...] = ())
 
 def parse_scenario(text: str | bytes, filename: str = "<scenario>",
                    overrides: list[str] | tuple[str, ...] = ()) -> Scenario:
+    from streamquake.scenario import datafiles
     from streamquake.scenario.overrides import apply_overrides
 
     doc = apply_overrides(parse_yaml(text, filename), overrides)
-    return validate(Scenario, doc, filename, _SCENARIO_SHAPE)
+    files = datafiles.resolve(doc, filename)
+    scenario = validate(Scenario, doc, filename, _SCENARIO_SHAPE)
+    trace = scenario.load.trace
+    datafiles.check(files, filename, trace.speedup if trace is not None else 1.0,
+                    tuple(c.name for c in scenario.load.classes))
+    return scenario
 
 
 def load_model(path: str | Path, model: type[M], what: str, shape: str) -> M:

@@ -25,9 +25,19 @@ from streamquake.units import parse_duration_ms, parse_duration_s, parse_fractio
 SCORED_PHASES: tuple[PhaseName, ...] = ("baseline", "fault", "recovery")
 PHASE_ORDER: tuple[PhaseName, ...] = ("warmup", "baseline", "fault", "recovery")
 
-HistogramMetric = Literal["ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s"]
-RateMetric = Literal["error_rate", "stall_rate", "chunk_loss"]
+HistogramMetric = Literal[
+    "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
+    "queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms",     # open loop: from the schedule
+]
+RateMetric = Literal["error_rate", "stall_rate", "chunk_loss", "not_sent_rate"]
 Metric = Literal[
+    "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
+    "queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms",
+    "error_rate", "stall_rate", "chunk_loss", "not_sent_rate",
+]
+# Abort conditions read the live samples (run/watch.py), which hold requests, not the arrivals
+# that were never sent, nor a schedule-based E2E: the metrics measured there.
+AbortMetric = Literal[
     "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
     "error_rate", "stall_rate", "chunk_loss",
 ]
@@ -119,6 +129,21 @@ class Arrival(_Model):
         return v
 
 
+class TraceSpec(_Model):
+    """Replay a recorded trace (loadgen/trace.py reads Mooncake and Azure shapes): each row is
+    sent at its own time from the start of the run, with its own prompt and output lengths."""
+
+    file: str
+    speedup: float = Field(default=1.0, gt=0)
+    loop: bool = False           # start the trace again when it runs out before the run ends
+    max_inflight: int = Field(default=1000, ge=1)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare(cls, v: Any) -> Any:
+        return {"file": v} if isinstance(v, str) else v
+
+
 def _threshold_value(v: Any) -> Any:
     """A threshold as written: rates as percentages ("1%"), ms metrics as durations ("350ms")."""
     if isinstance(v, str) and v.strip().endswith("%"):
@@ -137,7 +162,7 @@ class AbortCondition(_Model):
     and the run is marked aborted with the reason (exit 5).
     """
 
-    metric: Metric
+    metric: AbortMetric
     percentile: float | None = Field(default=None, gt=0, le=100)
     above: float
     for_s: float = Field(default=10.0, alias="for", gt=0)
@@ -215,14 +240,17 @@ class RequestClass(_Model):
     weight: float = Field(default=1.0, gt=0)
     prompt: str | None = None
     prompts: list[str] | None = None
+    dataset: str | None = None     # a JSONL/CSV file of prompts (and max_tokens), loadgen/trace.py
     max_tokens: int = Field(default=64, ge=1)
     body: dict[str, Any] | None = None
     slos: list[SLOSpec] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _one_prompt(self) -> RequestClass:
-        if self.prompt is not None and self.prompts is not None:
-            raise ValueError("give 'prompt' or 'prompts', not both")
+        given = [k for k in ("prompt", "prompts", "dataset") if getattr(self, k) is not None]
+        if len(given) > 1:
+            raise ValueError(f"give one of 'prompt', 'prompts' or 'dataset', not "
+                             f"{' and '.join(repr(g) for g in given)}")
         return self
 
     @property
@@ -249,6 +277,7 @@ class LoadSpec(_Model):
     spawn_rate: float = Field(default=0.0, ge=0, description="users started per second; 0 = all")
     think_time: ThinkTime | None = None
     arrival: Arrival | None = None
+    trace: TraceSpec | None = None
     classes: list[RequestClass] = Field(default_factory=lambda: [RequestClass()])
     stall_threshold_ms: float = Field(default=250.0, alias="stall_threshold", gt=0)
     workers: int = Field(default=0, ge=0, description="Locust worker processes; 0 = one process")
@@ -257,6 +286,9 @@ class LoadSpec(_Model):
     # retries with exponential backoff, a 429 one retry after 100 ms or its Retry-After.
     retries: Literal["none", "standard"] = "none"
     limits: StreamLimits = Field(default_factory=StreamLimits)
+    # A load generator too busy to keep up (run/saturation.py has the thresholds): warn in
+    # every report, or also fail the gate in each measured phase where it was.
+    saturation: Literal["warn", "fail"] = "warn"
 
     _st = field_validator("stall_threshold_ms", mode="before")(lambda v: parse_duration_ms(v))
 
@@ -266,6 +298,9 @@ class LoadSpec(_Model):
             raise ValueError(
                 "give 'think_time' (closed loop) or 'arrival' (open loop), not both"
             )
+        if self.trace is not None and (self.think_time is not None or self.arrival is not None):
+            raise ValueError("a 'trace' sets its own arrival times: remove 'think_time' and "
+                             "'arrival'")
         names = [c.name for c in self.classes]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:

@@ -1,0 +1,274 @@
+"""Was the load generator keeping up? The runner's side of the saturation guard.
+
+Each load process writes one line a second to ``saturation-<pid>.jsonl`` in the run directory
+(``loadgen/saturation.py``). A second is *saturated*, its timings distorted, when any of:
+
+* the process used at least :data:`CPU_PCT` % of one core (a gevent process has one);
+* the gevent hub woke at least :data:`HUB_LAG_P90_MS` ms late on a tenth of its probes (p90):
+  every greenlet, each socket read among them, waited that long, whatever the CPU figure says
+  (two processes sharing one core each stay near 50%);
+* a tenth of its events (p90, in a second with at least :data:`SEEN_MIN_EVENTS`) were seen
+  :data:`SEEN_P90_MS` ms or more after the kernel received them.
+
+Why p90 and not p99: on a shared 2-core VM an idle load process (4 streams, 5% CPU) already
+shows kernel-to-seen p99 of 2-5 ms and hub-lag maxima of 1-10 ms in some seconds (wake-up
+latency, other processes); a tenth of a second's readings 10 ms late has not been noise there.
+
+A phase is ``client_saturated`` when at least a tenth of its seconds (and at least one) were:
+the live view says so once per phase as soon as that holds, and every report shows the phase's
+figures. With ``load.saturation: fail`` a saturated measured phase also breaks the gate.
+
+The thresholds sit far from both sides measured here (README, "the saturation guard"): a
+process keeping up (5-46% CPU, up to 9,000 events/s) shows hub lag p90 <= 2.5 ms and
+kernel-to-seen p90 <= 0.5 ms; a saturated one (90-99% CPU, or sharing its core at far less)
+hub-lag medians of 2-175 ms and kernel-to-seen medians of 3-300 ms.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from streamquake.events import Events
+from streamquake.jsontypes import JsonDict
+from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.saturation import FILE_PREFIX, bucket_ms
+from streamquake.result import Check, PhaseResult
+from streamquake.run.scoring import assign_phases
+from streamquake.run.timeline import PhaseWindow
+
+CPU_PCT = 90.0
+HUB_LAG_P90_MS = 10.0
+SEEN_P90_MS = 10.0
+SEEN_MIN_EVENTS = 100
+PHASE_SHARE = 0.10
+MEASURED = ("baseline", "fault", "recovery")
+CHECK_NAME = "load generator not saturated"
+CHECK_METRIC = "client_saturated_s"
+
+
+def _rank(ordered: list[float], p: float) -> float | None:
+    if not ordered:
+        return None
+    return ordered[max(0, math.ceil(p / 100.0 * len(ordered)) - 1)]
+
+
+def _hist_rank(hist: dict[int, int], p: float) -> float | None:
+    total = sum(hist.values())
+    if not total:
+        return None
+    want, seen = math.ceil(p / 100.0 * total), 0
+    for bucket in sorted(hist):
+        seen += hist[bucket]
+        if seen >= want:
+            return bucket_ms(bucket)
+    return None
+
+
+@dataclass(frozen=True)
+class LoadSecond:
+    """One second of one load process, as it measured itself."""
+
+    pid: int
+    start: float
+    end: float
+    cpu_pct: float
+    lag_ms: list[float]
+    seen: dict[int, int]          # kernel-to-seen gap: log bucket -> events
+    seen_max_ms: float
+    kernel_reads: int
+    user_reads: int
+
+    @classmethod
+    def from_dict(cls, d: JsonDict) -> LoadSecond:
+        lag, seen = d.get("lag_ms"), d.get("seen")
+        return cls(
+            pid=int(str(d["pid"])), start=float(str(d["start"])), end=float(str(d["end"])),
+            cpu_pct=float(str(d["cpu_pct"])),
+            lag_ms=sorted(float(str(v)) for v in lag) if isinstance(lag, list) else [],
+            seen={int(k): int(str(v)) for k, v in seen.items()} if isinstance(seen, dict) else {},
+            seen_max_ms=float(str(d.get("seen_max_ms", 0.0))),
+            kernel_reads=int(str(d.get("kernel_reads", 0))),
+            user_reads=int(str(d.get("user_reads", 0))),
+        )
+
+    @property
+    def mid(self) -> float:
+        return (self.start + self.end) / 2.0
+
+    @property
+    def seen_events(self) -> int:
+        return sum(self.seen.values())
+
+    def reasons(self) -> list[str]:
+        """Why this second's timings are distorted; empty when they are not."""
+        out = []
+        if self.cpu_pct >= CPU_PCT:
+            out.append(f"CPU {self.cpu_pct:.0f}% of a core")
+        lag = _rank(self.lag_ms, 90)
+        if lag is not None and lag >= HUB_LAG_P90_MS:
+            out.append(f"hub lag p90 {lag:.1f} ms")
+        seen = _hist_rank(self.seen, 90)
+        if seen is not None and self.seen_events >= SEEN_MIN_EVENTS and seen >= SEEN_P90_MS:
+            out.append(f"kernel-to-seen p90 {seen:.1f} ms")
+        return out
+
+
+class SaturationTail:
+    """Reads the per-second lines every load process appends: complete lines only, once."""
+
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = run_dir
+        self._offsets: dict[Path, int] = {}
+
+    def poll(self) -> list[LoadSecond]:
+        if not self.run_dir.is_dir():
+            return []
+        new: list[LoadSecond] = []
+        for path in sorted(self.run_dir.glob(f"{FILE_PREFIX}*.jsonl")):
+            offset = self._offsets.get(path, 0)
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+            except OSError:
+                continue
+            end = chunk.rfind(b"\n")
+            if end < 0:
+                continue
+            self._offsets[path] = offset + end + 1
+            for line in chunk[: end + 1].splitlines():
+                try:
+                    data = json.loads(line)
+                    if isinstance(data, dict):
+                        new.append(LoadSecond.from_dict(data))
+                except (ValueError, TypeError, KeyError):
+                    continue
+        return new
+
+
+def needed_seconds(seconds: float) -> int:
+    """Saturated seconds that make a phase of ``seconds`` saturated."""
+    return max(1, math.ceil(PHASE_SHARE * seconds))
+
+
+@dataclass
+class _Phase:
+    window: PhaseWindow
+    seconds: list[LoadSecond] = field(default_factory=list)
+    saturated: set[int] = field(default_factory=set)      # whole seconds after the phase start
+    warned: bool = False
+
+
+class SaturationGuard:
+    """Feeds on the load processes' seconds while the run lasts and marks phases after it."""
+
+    def __init__(self, run_dir: Path, windows: list[PhaseWindow], events: Events) -> None:
+        self.tail = SaturationTail(run_dir)
+        self.events = events
+        self._phases = [_Phase(w) for w in windows]
+
+    def poll(self) -> None:
+        for second in self.tail.poll():
+            phase = next((p for p in self._phases
+                          if p.window.start <= second.mid < p.window.end), None)
+            if phase is None:
+                continue
+            phase.seconds.append(second)
+            reasons = second.reasons()
+            if not reasons:
+                continue
+            phase.saturated.add(int(second.mid - phase.window.start))
+            need = needed_seconds(phase.window.end - phase.window.start)
+            if phase.window.name in MEASURED and not phase.warned and \
+                    len(phase.saturated) >= need:
+                phase.warned = True
+                self.events.message(
+                    f"warning: the load generator is saturated in {phase.window.name} "
+                    f"({len(phase.saturated)} s so far; pid {second.pid}: "
+                    f"{', '.join(reasons)}): its timings are distorted; give it more cores "
+                    "(load.workers) or fewer streams")
+
+    def mark(self, phases: list[PhaseResult], samples: list[RequestSample],
+             fail: bool) -> tuple[list[str], list[Check]]:
+        """Add each phase's figures to its stats (``client_saturated``, ``client``); return
+        the warnings for saturated measured phases, and with ``fail`` a gating check each."""
+        self.poll()
+        windows = [p.window for p in self._phases]
+        scored, _ = assign_phases(samples, windows)
+        by_name = {p.window.name: p for p in self._phases}
+        warnings: list[str] = []
+        checks: list[Check] = []
+        for result in phases:
+            phase = by_name.get(result.name)
+            if phase is None:
+                continue
+            figures = _figures(phase, scored.get(result.name, []))
+            result.stats["client_saturated"] = bool(figures["saturated"])
+            result.stats["client_stalls"] = figures["client_stalls"]
+            result.stats["client"] = figures
+            if result.name not in MEASURED or not phase.seconds:
+                continue
+            if figures["saturated"]:
+                warnings.append(_warning(result.name, figures))
+            if fail:
+                need = needed_seconds(phase.window.end - phase.window.start)
+                checks.append(Check(
+                    name=CHECK_NAME, kind="client", phase=result.name, metric=CHECK_METRIC,
+                    op="<=", threshold=float(need - 1), observed=float(len(phase.saturated)),
+                    passed=not figures["saturated"], gating=True,
+                    detail=_warning(result.name, figures) if figures["saturated"] else ""))
+        return warnings, checks
+
+
+def _figures(phase: _Phase, samples: list[RequestSample]) -> JsonDict:
+    seconds = phase.seconds
+    lags = sorted(v for s in seconds for v in s.lag_ms)
+    hist: dict[int, int] = {}
+    for s in seconds:
+        for b, n in s.seen.items():
+            hist[b] = hist.get(b, 0) + n
+    by_pid: dict[int, list[float]] = {}
+    for s in seconds:
+        by_pid.setdefault(s.pid, []).append(s.cpu_pct)
+    busiest = max((sum(v) / len(v) for v in by_pid.values()), default=None)
+    kernel = sum(s.kernel_reads for s in seconds)
+    reads = kernel + sum(s.user_reads for s in seconds)
+    need = needed_seconds(phase.window.end - phase.window.start)
+
+    def r(v: float | None) -> float | None:
+        return None if v is None else round(v, 3)
+
+    return {
+        "saturated": bool(seconds) and len(phase.saturated) >= need,
+        "saturated_s": len(phase.saturated),
+        "seconds": len({int(s.mid) for s in seconds}),
+        "processes": len(by_pid),
+        "cpu_pct": r(busiest),
+        "cpu_pct_max": r(max((s.cpu_pct for s in seconds), default=None)),
+        "hub_lag_p50_ms": r(_rank(lags, 50)),
+        "hub_lag_p99_ms": r(_rank(lags, 99)),
+        "hub_lag_max_ms": r(lags[-1] if lags else None),
+        "seen_gap_p50_ms": r(_hist_rank(hist, 50)),
+        "seen_gap_p99_ms": r(_hist_rank(hist, 99)),
+        "seen_gap_max_ms": r(max((s.seen_max_ms for s in seconds), default=None)),
+        "kernel_timed_reads": round(kernel / reads, 4) if reads else None,
+        "client_stalls": sum(s.client_stalls for s in samples),
+        "server_stalls": sum(s.stalls for s in samples),
+    }
+
+
+def _warning(phase: str, f: JsonDict) -> str:
+    def ms(key: str) -> str:
+        v = f.get(key)
+        return "-" if not isinstance(v, int | float) else f"{v:.1f} ms"
+
+    cpu = f.get("cpu_pct_max")
+    cpu_text = "-" if not isinstance(cpu, int | float) else f"{cpu:.0f}%"
+    return (f"phase {phase}: the load generator was saturated for {f['saturated_s']} of "
+            f"{f['seconds']} s (CPU up to {cpu_text} of a core, hub lag p99 "
+            f"{ms('hub_lag_p99_ms')}, kernel-to-seen p99 {ms('seen_gap_p99_ms')}): its "
+            f"timings are distorted ({f['client_stalls']} stalls were its own and are not "
+            "counted as the server's); give it more cores (load.workers) or fewer streams")

@@ -1,0 +1,177 @@
+"""Event times from the kernel's receive stamps (SO_TIMESTAMPNS), against real servers on
+127.0.0.1: a read our loop got to late still dates its bytes when they arrived; TLS falls back
+to the time our code saw them and says so; a stall of our own loop is not the server's."""
+
+from __future__ import annotations
+
+import random
+import socket
+import subprocess
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import gevent
+import gevent.socket
+import pytest
+
+from streamquake.loadgen import saturation
+from streamquake.loadgen.client import Arrival, StreamClient, enable_kernel_timestamps
+from streamquake.loadgen.plan import RequestClassPlan
+from streamquake.loadgen.samples import RequestSample
+from tests.test_client import measure, plan_for, start_server
+
+BLOCK_S = 0.2
+
+
+class _Writer:
+    """A TCP server in a thread that writes given bytes at given delays once the client says
+    go, and notes (perf_counter) when each write went out."""
+
+    def __init__(self, writes: list[tuple[float, bytes]]) -> None:
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.writes = writes
+        self.sent: list[float] = []
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        with self.listener:
+            conn, _ = self.listener.accept()
+        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        with conn:
+            conn.recv(1)        # the client stamps what it receives from now on
+            for delay, data in self.writes:
+                time.sleep(delay)
+                conn.sendall(data)
+                self.sent.append(time.perf_counter())
+            conn.recv(1)        # until the client closes
+
+    def connect(self) -> gevent.socket.socket:
+        sock = gevent.socket.create_connection(self.listener.getsockname())
+        assert enable_kernel_timestamps(sock)
+        sock.sendall(b"g")
+        return sock
+
+
+@pytest.mark.timeout(20)
+def test_a_late_read_still_dates_the_bytes_when_they_arrived() -> None:
+    server = _Writer([(0.0, b"data: one\n\n")])
+    sock = server.connect()
+    try:
+        while not server.sent:
+            time.sleep(0.001)
+        time.sleep(BLOCK_S)     # the reading thread (and its hub) is busy elsewhere
+        arrival = Arrival(sock, floor=0.0)
+        data = arrival.recv(sock)
+    finally:
+        sock.close()
+        server.thread.join(5)
+    late = arrival.seen - arrival.at
+    print(f"\nkernel stamp {(arrival.at - server.sent[0]) * 1000:+.2f} ms from the write, "
+          f"user-space time {(arrival.seen - server.sent[0]) * 1000:+.2f} ms")
+    assert data == b"data: one\n\n" and arrival.kernel
+    assert BLOCK_S - 0.005 <= late <= BLOCK_S + 0.1, late
+    assert -0.001 <= arrival.at - server.sent[0] <= 0.01
+
+
+@pytest.mark.timeout(20)
+def test_events_in_one_read_share_the_stamp_of_its_newest_segment() -> None:
+    # Measured: TCP reports the stamp of the latest segment a read returns (waiting segments
+    # are coalesced and keep the newest stamp), so a read never dates bytes too early.
+    server = _Writer([(0.0, b"data: a\n\n"), (0.1, b"data: b\n\n")])
+    sock = server.connect()
+    try:
+        while len(server.sent) < 2:
+            time.sleep(0.001)
+        time.sleep(0.05)
+        arrival = Arrival(sock, floor=0.0)
+        data = arrival.recv(sock)
+    finally:
+        sock.close()
+        server.thread.join(5)
+    assert data == b"data: a\n\ndata: b\n\n" and arrival.kernel
+    assert abs(arrival.at - server.sent[1]) < 0.01, (arrival.at, server.sent)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    yield from start_server(tmp_path_factory.mktemp("sse"))
+
+
+@pytest.fixture(scope="module")
+def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    tmp = tmp_path_factory.mktemp("tls")
+    cert, key = tmp / "cert.pem", tmp / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=30,
+    )
+    yield from start_server(tmp, str(cert), str(key))
+
+
+@pytest.fixture
+def guard(tmp_path: Path) -> Iterator[saturation.Guard]:
+    g = saturation.start(None, tmp_path)
+    assert g is not None
+    try:
+        yield g
+    finally:
+        saturation.stop()
+
+
+# The second event comes 600 ms after the first; our hub is blocked from 250 ms to 1050 ms,
+# so we see it ~1050 ms after the first. Stall threshold 800 ms: by the kernel's stamps the
+# server was on time, by our own reading it was not.
+GAP_MS, BLOCK_FROM_S, BLOCKED_S, STALL_MS = 600, 0.25, 0.8, 800
+
+
+def _blocked_stream(url: str, **plan: object) -> RequestSample:
+    warm = measure(plan_for(url, "/?n=1", **plan))       # a warm server answers at once
+    assert warm.error is None, warm.error_detail
+    # The client first (a TLS context takes a while to build), then the clock starts.
+    client = StreamClient(plan_for(url, f"/?n=2&gap_ms={GAP_MS}", stall_threshold_ms=STALL_MS,
+                                   **plan), environ={})
+    gevent.get_hub().loop.update_now()     # timers count from now, not the loop's last turn
+    blocker = gevent.spawn_later(BLOCK_FROM_S, time.sleep, BLOCKED_S)
+    try:
+        return client.measure(RequestClassPlan(), random.Random(0))
+    finally:
+        blocker.join()
+        client.close()
+
+
+@pytest.mark.timeout(30)
+def test_a_stall_of_our_own_loop_is_a_client_stall_by_the_kernels_stamps(server: str) -> None:
+    s = _blocked_stream(server)
+    assert s.error is None, s.error_detail
+    assert s.ttft_ms is not None and s.ttft_ms < BLOCK_FROM_S * 1000, s.ttft_ms
+    assert s.clock == "kernel"
+    # The gap is the server's 600 ms, not the ~950 ms our blocked loop saw.
+    assert len(s.itl_ms) == 1 and GAP_MS - 20 <= s.itl_ms[0] <= GAP_MS + 100, s.itl_ms
+    assert (s.stalls, s.client_stalls) == (0, 1)
+
+
+@pytest.mark.timeout(30)
+def test_tls_falls_back_to_user_time_and_says_so(tls_server: str) -> None:
+    s = _blocked_stream(tls_server, verify_tls=False)
+    assert s.error is None, s.error_detail
+    assert s.clock == "user"
+    # No kernel stamps through TLS: the gap is what our late loop saw, and with nothing to
+    # say the loop was late (no guard running), the stall is the server's.
+    assert len(s.itl_ms) == 1 and s.itl_ms[0] >= (BLOCK_FROM_S + BLOCKED_S) * 1000 - 50
+    assert (s.stalls, s.client_stalls) == (1, 0)
+
+
+@pytest.mark.timeout(30)
+def test_tls_stall_during_hub_lag_is_a_client_stall(tls_server: str,
+                                                    guard: saturation.Guard) -> None:
+    s = _blocked_stream(tls_server, verify_tls=False)
+    assert s.error is None, s.error_detail
+    assert s.clock == "user"
+    # The saturation guard's probe saw the hub ~800 ms late within that gap: the gap less that
+    # is under the threshold, so the stall was the load process's own.
+    assert (s.stalls, s.client_stalls) == (0, 1)
