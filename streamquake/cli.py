@@ -98,6 +98,18 @@ def run(
                                        "--set load.users=50 or --set faults.0.delay=80ms "
                                        "(repeatable; YAML values).")
     ] = None,
+    workers: Annotated[
+        str | None, typer.Option("--workers", help="Locust worker processes on this host "
+                                 "(N, or auto: one per core); sets load.workers.")
+    ] = None,
+    remote_workers: Annotated[
+        int | None, typer.Option("--remote-workers", help="Also wait for this many workers "
+                                 "from other hosts (`streamquake worker --master`).")
+    ] = None,
+    master_bind: Annotated[
+        str | None, typer.Option("--master-bind", help="Where remote workers connect "
+                                 "(HOST:PORT; default 127.0.0.1:5557).")
+    ] = None,
     lease: Annotated[
         str, typer.Option("--lease", help="The watchdog's lease: if this process stops renewing "
                           "it for this long (killed, stopped), the local agent undoes its "
@@ -137,7 +149,8 @@ def run(
     live: LiveView | None = None
     try:
         lease_s = None if no_watchdog else _duration_option("--lease", lease)
-        scenario = load_scenario(scenario_file, overrides or [])
+        overrides = [*(overrides or []), *_load_flags(workers, remote_workers, master_bind)]
+        scenario = load_scenario(scenario_file, overrides)
         events = Events()
         attach_live_log(events, console)
         live = LiveView(console, scenario)
@@ -179,6 +192,21 @@ def run(
                           markup=False, highlight=False, soft_wrap=True)
     # Lost reports are an environment problem (3), never "an SLO broke" (1) unless one did.
     raise typer.Exit(result.exit_code if result.exit_code or not failed else 3)
+
+
+def _load_flags(workers: str | None, remote_workers: int | None,
+                master_bind: str | None) -> list[str]:
+    """--workers, --remote-workers and --master-bind are --set shorthands."""
+    out = []
+    if workers is not None:
+        from streamquake.loadgen.worker import processes_option
+
+        out.append(f"load.workers={processes_option(workers)}")
+    if remote_workers is not None:
+        out.append(f"load.remote_workers={remote_workers}")
+    if master_bind is not None:
+        out.append(f"load.master_bind={master_bind}")
+    return out
 
 
 def _duration_option(name: str, text: str) -> float:
@@ -602,6 +630,25 @@ def agent_cmd(
         code = serve_agent(listen, token_env, allow_types, allow_interfaces, allow_gpus,
                            tls_cert, tls_key, tls_client_ca, state_dir, discovery_file,
                            exit_when_idle, watch_runs)
+    except StreamquakeError as exc:
+        _fail(exc)
+        return
+    raise typer.Exit(code)
+
+
+@app.command("worker")
+def worker_cmd(
+    master: Annotated[str, typer.Option("--master", help="The run's master: HOST or HOST:PORT "
+                                        "(its --master-bind; port 5557 by default).")],
+    processes: Annotated[str, typer.Option("--processes", help="Worker processes here (N, or "
+                                           "auto: one per core).")] = "1",
+) -> None:
+    """Lend this host's load to a run elsewhere: Locust workers that take the plan from the
+    master and send every record back to it; they exit when the run ends."""
+    from streamquake.loadgen.worker import processes_option, run_workers
+
+    try:
+        code = run_workers(master, processes_option(processes))
     except StreamquakeError as exc:
         _fail(exc)
         return

@@ -114,6 +114,7 @@ class RunResult:
     environment: dict[str, str] = field(default_factory=dict)   # host, python, scenario hash
     trend: list[TrendPoint] = field(default_factory=list)
     aborted: str | None = None                 # the abort condition that held, as a sentence
+    load_processes: list[JsonDict] = field(default_factory=list)   # Locust workers (run/workers.py)
 
     @property
     def broken(self) -> list[Check]:

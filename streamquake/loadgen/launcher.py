@@ -30,6 +30,7 @@ PLAN_ENV = "STREAMQUAKE_LOAD_PLAN"
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 _WORKERS_MAX_WAIT_S = 30
 _WAIT_GRACE_S = 30.0
+_RUN_TIME_BACKSTOP_S = 15.0
 
 
 class LocustRun:
@@ -110,6 +111,8 @@ def start_locust(
     run_time_s: float,
     *,
     workers: int = 0,
+    remote_workers: int = 0,
+    master_bind: str = "127.0.0.1:5557",
     stop_timeout_s: float | None = None,
 ) -> LocustRun:
     """Start ``locust --headless`` (or a master and ``workers`` workers) on ``plan``.
@@ -125,7 +128,9 @@ def start_locust(
     plan_path = run_dir / "load-plan.json"
     plan_path.write_text(plan.model_dump_json(indent=2))
     stop_timeout = plan.timeout_s if stop_timeout_s is None else stop_timeout_s
-    run_time = max(1, math.ceil(run_time_s))
+    # The locustfile ends the run at the plan's end_at itself (gracefully, waiting for remote
+    # workers' last records); Locust's own --run-time is only a backstop after that.
+    run_time = max(1, math.ceil(run_time_s + stop_timeout + _RUN_TIME_BACKSTOP_S))
     common = ["-f", str(LOCUSTFILE)]
     main = [
         *common, "--headless", "-u", str(plan.users), "-r", f"{plan.spawn_rate:g}",
@@ -134,17 +139,21 @@ def start_locust(
     ]
     env = procs.child_env({PLAN_ENV: str(plan_path)})
     launches: list[tuple[list[str], Path]] = []
-    if workers > 0:
-        port = _free_port()
-        main += ["--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
-                 "--expect-workers", str(workers),
+    if workers > 0 or remote_workers > 0:
+        host, port = "127.0.0.1", _free_port()
+        if remote_workers > 0:
+            bind_host, _, bind_port = master_bind.rpartition(":")
+            host, port = bind_host.strip("[]"), int(bind_port)
+        main += ["--master", "--master-bind-host", host, "--master-bind-port", str(port),
+                 "--expect-workers", str(workers + remote_workers),
                  "--expect-workers-max-wait", str(_WORKERS_MAX_WAIT_S)]
         launches.append((main, run_dir / "locust.log"))
-        worker = [*common, "--worker", "--master-host", "127.0.0.1", "--master-port", str(port)]
+        local = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+        worker = [*common, "--worker", "--master-host", local, "--master-port", str(port)]
         launches += [(worker, run_dir / f"locust-worker-{i}.log") for i in range(workers)]
     else:
         launches.append((main, run_dir / "locust.log"))
-    run = LocustRun([], [], samples_dir, time.time() + run_time + stop_timeout)
+    run = LocustRun([], [], samples_dir, time.time() + run_time)
     try:
         for args, log_path in launches:
             log = open(log_path, "ab")  # noqa: SIM115 - closed by LocustRun.stop
@@ -166,7 +175,9 @@ def start_load(
     from streamquake.run.loadplan import load_plan_for
 
     plan = load_plan_for(scenario, base_url, work_dir / "samples", end_at)
-    return start_locust(plan, work_dir, run_time_s, workers=scenario.load.workers)
+    return start_locust(plan, work_dir, run_time_s, workers=scenario.load.workers,
+                        remote_workers=scenario.load.remote_workers,
+                        master_bind=scenario.load.master_bind)
 
 
 def _free_port() -> int:

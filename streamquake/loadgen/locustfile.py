@@ -23,13 +23,21 @@ from pathlib import Path
 from typing import IO, Any
 
 import gevent
+from gevent.event import Event
 from gevent.lock import BoundedSemaphore
 from gevent.pool import Group
 from locust import User, events, task
 from locust.env import Environment
-from locust.runners import LocalRunner, MasterRunner, Runner
+from locust.runners import (
+    STATE_MISSING,
+    LocalRunner,
+    MasterRunner,
+    Runner,
+    WorkerRunner,
+)
 
 from streamquake.errors import EXIT_SCENARIO, ScenarioError
+from streamquake.loadgen import relay
 from streamquake.loadgen.client import StreamClient, check_templates
 from streamquake.loadgen.launcher import PLAN_ENV
 from streamquake.loadgen.plan import LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
@@ -50,17 +58,28 @@ class _Process:
     """What the users of this one load process share."""
 
     plan: LoadPlan | None = None
-    sinks: dict[str, IO[str]] = {}          # file prefix -> open JSONL file
+    sinks: dict[str, IO[str]] = {}          # file prefix -> open JSONL file (or a relay sink)
     user_numbers = itertools.count()
+    relay: relay.Relay | None = None        # a remote worker's outbox to the master
+    joined: set[str] = set()                # on a master: every worker that ever connected
+    stopped: set[str] = set()               # ... and those that said sq_stopped
+    plan_ready = Event()
 
 
 def _plan() -> LoadPlan:
     if _Process.plan is None:
         path = os.environ.get(PLAN_ENV)
-        if not path:
+        if path:
+            _Process.plan = LoadPlan.model_validate_json(Path(path).read_text())
+        elif relay.is_remote():
+            # A worker on another host: the master sends the plan once asked (_on_init).
+            if not _Process.plan_ready.wait(relay.PLAN_WAIT_S) or _Process.plan is None:
+                raise RuntimeError(f"no load plan from the master within "
+                                   f"{relay.PLAN_WAIT_S:g} s")
+        else:
             raise RuntimeError(f"{PLAN_ENV} is not set: start this locustfile through "
                                "streamquake.loadgen.launcher")
-        _Process.plan = LoadPlan.model_validate_json(Path(path).read_text())
+    assert _Process.plan is not None
     return _Process.plan
 
 
@@ -68,6 +87,8 @@ def _write(record: RequestSample | UnsentArrival) -> None:
     # Requests to samples-<pid>.jsonl, arrivals never sent to unsent-<pid>.jsonl (launcher.py).
     prefix = "samples" if isinstance(record, RequestSample) else "unsent"
     sink = _Process.sinks.get(prefix)
+    if sink is None and _Process.relay is not None:
+        sink = _Process.sinks[prefix] = relay.RelaySink(_Process.relay, prefix)  # type: ignore[assignment]
     if sink is None:
         directory = Path(_plan().samples_path)
         directory.mkdir(parents=True, exist_ok=True)
@@ -103,11 +124,32 @@ def _quit_at_end(runner: Runner, plan: LoadPlan) -> None:
     open-loop user joining its arrivals) finish within --stop-timeout; idle users die at once.
     """
     gevent.sleep(max(0.0, plan.end_at - time.time()))
+    if isinstance(runner, MasterRunner):
+        # Stop first and wait for every worker to say its users stopped: a remote worker sends
+        # its last records before that word (one connection, in order), so they are all on
+        # disk before the master quits. Missing workers are not waited for.
+        # Not Locust's stop: a worker handling it sleeps a whole stop timeout before reading
+        # the next message, quit included. sq_stop makes each worker stop its users (each
+        # stream in flight may finish), send its last records, say sq_stopped and quit; one
+        # connection, in order, so when it has said so its records are on disk here.
+        for client_id in _Process.joined:
+            runner.send_message("sq_stop", None, client_id=client_id)
+        deadline = time.time() + plan.timeout_s + 15.0
+        while time.time() < deadline and any(
+                cid not in _Process.stopped and cid in runner.clients
+                and runner.clients[cid].state != STATE_MISSING for cid in _Process.joined):
+            gevent.sleep(0.1)
     runner.quit()
 
 
 @events.init.add_listener  # type: ignore[untyped-decorator]
 def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -> None:
+    if isinstance(runner, WorkerRunner):
+        runner.register_message("sq_stop", lambda *_, **__: _stop_worker(runner),
+                                concurrent=True)
+        if relay.is_remote():
+            _init_remote_worker(runner)
+            return
     # Fail the process at start, not every user at its first request.
     plan = _plan()
     try:
@@ -117,7 +159,69 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
         sys.exit(EXIT_SCENARIO)
     if isinstance(runner, LocalRunner | MasterRunner):
         gevent.spawn(_quit_at_end, runner, plan)
+    if isinstance(runner, MasterRunner):
+        _init_master(runner, plan)
     start_saturation_guard(runner)     # CPU, hub lag, kernel-to-seen: saturation-<pid>.jsonl
+
+
+def _stop_worker(runner: WorkerRunner) -> None:
+    """The master's word that the run is over (see _quit_at_end)."""
+    runner.stop()                 # users stop; streams in flight finish (within stop timeout)
+    if _Process.relay is not None:
+        _Process.relay.flush()    # the last records, before the word that follows them
+    runner.send_message("sq_stopped", None)
+    gevent.sleep(0.2)
+    runner.quit()
+
+
+def _init_master(runner: MasterRunner, plan: LoadPlan) -> None:
+    """Serve the plan to workers that ask (remote ones), file their records, log membership."""
+    run_dir = Path(os.environ[PLAN_ENV]).parent
+    inbox = relay.Inbox(runner, Path(plan.samples_path), run_dir)
+    plan_json = plan.model_dump_json()
+
+    def on_plan_request(environment: Environment, msg: Any, **_: Any) -> None:
+        data = msg.data if isinstance(msg.data, dict) else {}
+        sent_at = data.get("time")
+        skew = time.time() - sent_at if isinstance(sent_at, int | float) else None
+        relay.note_worker(run_dir, runner, msg.node_id, skew)
+        runner.send_message("sq_plan", {"plan": plan_json}, client_id=msg.node_id)
+
+    runner.register_message("sq_plan_request", on_plan_request)
+    runner.register_message("sq_stopped",
+                            lambda environment, msg, **_: _Process.stopped.add(msg.node_id))
+    environment = runner.environment
+    environment.events.worker_connect.add_listener(  # type: ignore[no-untyped-call]
+        lambda client_id, **_: _Process.joined.add(client_id))
+    runner.register_message("sq_records", inbox.on_records)
+    events.quitting.add_listener(lambda **_: inbox.close())  # type: ignore[no-untyped-call]
+    gevent.spawn(relay.watch_workers, runner, run_dir, plan.end_at)
+
+
+def _init_remote_worker(runner: WorkerRunner) -> None:
+    """Ask the master for the plan; send every record back to it (loadgen/relay.py)."""
+    outbox = _Process.relay = relay.Relay(runner)
+    log = logging.getLogger(__name__)
+
+    def on_plan(environment: Environment, msg: Any, **_: Any) -> None:
+        plan = LoadPlan.model_validate_json(msg.data["plan"])
+        try:
+            check_templates(plan, os.environ)
+        except ScenarioError as exc:
+            log.error("%s", exc)
+            outbox.close()
+            os._exit(EXIT_SCENARIO)
+        _Process.plan = plan
+        _Process.plan_ready.set()
+        log.info("load plan received from the master: %d users in all, until %s", plan.users,
+                 time.strftime("%H:%M:%S", time.localtime(plan.end_at)))
+
+    runner.register_message("sq_plan", on_plan)
+    # Users stopped: the last records go now, before Locust tells the master "client_stopped".
+    events.test_stop.add_listener(lambda **_: outbox.flush())  # type: ignore[no-untyped-call]
+    events.quitting.add_listener(lambda **_: outbox.close())  # type: ignore[no-untyped-call]
+    runner.send_message("sq_plan_request", {"time": time.time()})
+    start_saturation_guard(runner, sink=relay.RelaySink(outbox, "saturation"))  # type: ignore[arg-type]
 
 
 @events.quitting.add_listener  # type: ignore[untyped-decorator]

@@ -141,7 +141,8 @@ def active() -> Guard | None:
     return _guard
 
 
-def start(runner: object, directory: Path | None = None) -> Guard | None:
+def start(runner: object, directory: Path | None = None,
+          sink: IO[str] | None = None) -> Guard | None:
     """Start the guard in a load process that runs users (not a Locust master): one greenlet,
     one file. ``directory`` defaults to the load plan's directory (``$STREAMQUAKE_LOAD_PLAN``)."""
     global _guard, _greenlet
@@ -154,12 +155,13 @@ def start(runner: object, directory: Path | None = None) -> Guard | None:
 
         if isinstance(runner, MasterRunner):
             return None     # the master runs no users: nothing of its timing is measured
-    if directory is None:
-        from streamquake.loadgen.launcher import PLAN_ENV
+    if sink is None:    # a remote worker passes its relay (loadgen/relay.py) instead
+        if directory is None:
+            from streamquake.loadgen.launcher import PLAN_ENV
 
-        directory = Path(os.environ[PLAN_ENV]).parent
-    sink = open(directory / f"{FILE_PREFIX}{os.getpid()}.jsonl", "a",  # noqa: SIM115
-                encoding="utf-8")
+            directory = Path(os.environ[PLAN_ENV]).parent
+        sink = open(directory / f"{FILE_PREFIX}{os.getpid()}.jsonl", "a",  # noqa: SIM115
+                    encoding="utf-8")
     _guard = Guard(sink)
     _greenlet = gevent.spawn(_guard.run)
     return _guard

@@ -19,6 +19,7 @@ from streamquake.protocols.base import (
     ProtocolError,
     StreamEncoder,
     WireProtocol,
+    stamp,
 )
 
 __all__ = [
@@ -33,6 +34,7 @@ __all__ = [
     "WireProtocol",
     "get",
     "names",
+    "stamp",
 ]
 
 _REGISTRY: dict[str, WireProtocol] = {

@@ -9,6 +9,7 @@ and nothing else). Nothing in this module knows a particular format.
 
 from __future__ import annotations
 
+import time
 import typing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
@@ -72,8 +73,23 @@ class Completion:
     truncated: bool
 
 
+# Where a stamped event's send time goes until ``stamp`` fills it in, right before the write.
+# No encoded event holds a NUL byte (JSON escapes it), so the slot cannot match content.
+STAMP_SLOT = b"\0sent\0"
+
+
+def stamp(frame: bytes) -> bytes:
+    """``frame`` (one write's events) with every ``STAMP_SLOT`` set to the epoch-ns time now."""
+    return frame.replace(STAMP_SLOT, b"%d" % time.time_ns())
+
+
 class StreamEncoder(ABC):
     """Frames one response's events; every event carries ``id: N`` (1-based) when ids are on.
+
+    With ``stamp_send_time`` set (before the first event), every event opens with an SSE
+    comment ``: t=STAMP_SLOT`` that ``stamp`` turns into ``: t=<epoch ns>`` at send time, for
+    benchmarks that measure how late a client sees each event. Comments are part of SSE, so
+    conformant clients (browsers, the OpenAI and Anthropic SDKs) skip them.
 
     Encoders build each event from byte templates prepared once per response, because the
     per-token path is what bounds how many events/s one core of the target can serve.
@@ -85,6 +101,7 @@ class StreamEncoder(ABC):
         self.request = request
         self._ids = ids
         self._seq = 0
+        self.stamp_send_time = False
 
     def _event(self, data: bytes, event: bytes | None = None) -> bytes:
         eol = self._eol
@@ -92,6 +109,8 @@ class StreamEncoder(ABC):
         if self._ids:
             self._seq += 1
             head = b"id: %d%s%s" % (self._seq, eol, head)
+        if self.stamp_send_time:
+            head = b": t=%s%s%s" % (STAMP_SLOT, eol, head)
         return b"%sdata: %s%s%s" % (head, data, eol, eol)
 
     def opening(self) -> bytes:

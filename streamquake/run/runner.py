@@ -36,6 +36,7 @@ from streamquake.run.signals import Interrupted, Signals
 from streamquake.run.timeline import STARTUP_LEAD_S, PhaseWindow, plan_windows, sleep_until
 from streamquake.run.verdicts import evaluate
 from streamquake.run.watch import Watch
+from streamquake.run.workers import summarise as summarise_workers
 from streamquake.scenario import Scenario
 from streamquake.scenario.advice import scenario_warnings
 
@@ -183,6 +184,7 @@ class Runner:
         scored = score(self.scenario, windows, samples, unsent)
         measured = {k: v for k, v in scored.stats.items() if k != "warmup"}
         checks = evaluate(self.scenario, measured, scored.class_stats)
+        load_processes, worker_warnings = summarise_workers(self.work_dir, windows)
         client_warnings, client_checks = self.guard.mark(
             scored.phases, samples, fail=self.scenario.load.saturation == "fail")
         checks += client_checks
@@ -201,9 +203,11 @@ class Runner:
             faults=self.ledger.records,
             target=target_info,
             telemetry=telemetry,
-            errors=[*self.ledger.errors, *scored.warnings, *client_warnings, *self.warnings,
+            errors=[*self.ledger.errors, *scored.warnings, *client_warnings, *worker_warnings,
+                    *self.warnings,
                     *([f"run aborted: {self.aborted}"] if self.aborted else [])],
             aborted=self.aborted,
+            load_processes=load_processes,
             timeline=per_second(samples, windows, stopped_at),
             cdfs=cdfs(measured),
             environment=environment(echo),

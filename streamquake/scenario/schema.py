@@ -281,6 +281,11 @@ class LoadSpec(_Model):
     classes: list[RequestClass] = Field(default_factory=lambda: [RequestClass()])
     stall_threshold_ms: float = Field(default=250.0, alias="stall_threshold", gt=0)
     workers: int = Field(default=0, ge=0, description="Locust worker processes; 0 = one process")
+    # Workers on other hosts (`streamquake worker --master HOST:PORT`): the master waits for this
+    # many to join, on master_bind, and sends each the plan (loadgen/relay.py).
+    remote_workers: int = Field(default=0, ge=0)
+    master_bind: str = Field(default="127.0.0.1:5557",
+                             pattern=r"^([^\s:\[\]]+|\[[0-9a-fA-F:.]+\]):[0-9]{1,5}$")
     seed: int = 0
     # none, or the seed manual's policy (loadgen/retry.py): 5xx and connect errors get up to 2
     # retries with exponential backoff, a 429 one retry after 100 ms or its Retry-After.

@@ -78,6 +78,14 @@ class TargetConfig(_Frozen):
         "(chunk_loss). Off by default: the real Gemini, OpenAI and Anthropic APIs send only "
         "data: lines, and the google-genai SDK rejects any other line",
     )
+    stamp_send_time: bool = Field(
+        default=False,
+        description="an SSE comment ': t=<epoch ns>' opening every event, the time taken right "
+        "before the event is written, for benchmarks of client timing "
+        "(benchmarks/streams_sweep.py). Off by default: the real services send no comments, "
+        "and the google-genai SDK, like for 'id:' lines, reads a comment as JSON and fails; "
+        "conformant clients (the OpenAI and Anthropic SDKs, browsers) skip it",
+    )
     tls_cert: str | None = None
     tls_key: str | None = None
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import socket
 import ssl
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from streamquake import protocols
 from streamquake.errors import TargetError
-from streamquake.protocols import BadRequest, Completion, StreamEncoder, WireProtocol
+from streamquake.protocols import BadRequest, Completion, StreamEncoder, WireProtocol, stamp
 from streamquake.target.config import TargetConfig
 from streamquake.target.formats import TOKEN_JSON
 from streamquake.target.timing import DelaySampler, ResponsePlan, plan_response
@@ -63,14 +64,20 @@ async def _read_json(request: web.Request) -> object:
         raise BadRequest(f"the request body is not valid JSON: {exc}") from None
 
 
+async def _write_stamped(resp: web.StreamResponse, frame: bytes) -> None:
+    # The send time is read here, as late as it can be: nothing runs between it and the write.
+    await resp.write(stamp(frame))
+
+
 async def _generate(
     resp: web.StreamResponse, enc: StreamEncoder, plan: ResponsePlan, delays: DelaySampler
 ) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
+    write = functools.partial(_write_stamped, resp) if enc.stamp_send_time else resp.write
     opening = enc.opening()
     if opening:
-        await resp.write(opening)
+        await write(opening)
     # Absolute deadlines: a late wake-up shortens the next gap instead of shifting the rest.
     deadline = start + delays.ttft_s()
     for i, tok in enumerate(plan.tokens):
@@ -79,8 +86,8 @@ async def _generate(
         wait = deadline - loop.time()
         if wait > 0:
             await asyncio.sleep(wait)
-        await resp.write(enc.token(TOKEN_JSON[tok]))
-    await resp.write(enc.closing(Completion(len(plan.tokens), plan.truncated)))
+        await write(enc.token(TOKEN_JSON[tok]))
+    await write(enc.closing(Completion(len(plan.tokens), plan.truncated)))
     await resp.write_eof()
 
 
@@ -101,7 +108,9 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
         # Queue wait counts toward TTFT: the clock for the first token starts at admission.
         async with state.slots:
             delays = DelaySampler(cfg.ttft, cfg.itl, rng, state.scale)
-            await _generate(resp, fmt.encoder(gen, cfg.sse_event_ids), plan, delays)
+            enc = fmt.encoder(gen, cfg.sse_event_ids)
+            enc.stamp_send_time = cfg.stamp_send_time
+            await _generate(resp, enc, plan, delays)
     except ConnectionResetError:
         pass  # the client left mid-stream; leaving the semaphore block freed its slot
     return resp

@@ -1,0 +1,192 @@
+"""Load from other hosts on Locust's own master/worker connection: `streamquake worker --master`
+gets the plan from the run's master and sends every record back (loadgen/relay.py). A worker
+in a namespace of its own joins over a veth pair, standing in for a second host; two workers
+on loopback lose nothing at the end of the run (Locust's own count agrees with ours), and their
+merged percentiles are those of the raw union; a worker SIGKILLed mid-run is reported."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from streamquake.faults.tc.netns import NamespaceTopology
+from streamquake.procs import read_listening_line, stop
+from tests.conftest import REPO, cli_cmd
+from tests.netns_fixtures import client_ns  # noqa: F401 - a fixture
+
+SCENARIO = """
+name: remote
+target: {target}
+load: {{users: 6, think_time: {{min: 50ms, max: 100ms}}}}
+phases: {{warmup: 1s, baseline: {baseline}s, fault: 0s, recovery: 0s}}
+"""
+EMBEDDED = "{protocol: openai, embedded: {ttft: 20ms, itl: 5ms, output_tokens: {min: 10, max: 10}}}"
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _worker(master: str, env: dict[str, str], netns: str | None = None,
+            log: Path | None = None) -> subprocess.Popen[bytes]:
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    cmd = [*prefix, *cli_cmd("worker", "--master", master)]
+    if log is None:
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    with open(log, "wb") as out:       # the child keeps its own copy of the descriptor
+        return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+
+
+def _run(args: list[str], env: dict[str, str], netns: str | None = None
+         ) -> subprocess.Popen[str]:
+    prefix = ["ip", "netns", "exec", netns] if netns else []
+    return subprocess.Popen([*prefix, *cli_cmd("run", *args)], cwd=REPO, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+
+
+def _samples(out: Path) -> dict[str, list[dict[str, object]]]:
+    return {p.name: [json.loads(line) for line in p.read_text().splitlines() if line]
+            for p in sorted((out / "run" / "samples").glob("samples-*.jsonl"))}
+
+
+def _locust_count(out: Path) -> int:
+    """Locust's own total of SSE requests, from the master's summary (one per sample)."""
+    for line in (out / "run" / "locust.log").read_text().splitlines():
+        parts = line.split()
+        if parts[:2] == ["SSE", "default"] and len(parts) > 2 and parts[2].isdigit():
+            return int(parts[2])
+    raise AssertionError("no SSE line in the master's Locust summary")
+
+
+def _nearest_rank(values: list[float], p: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(p / 100 * len(ordered)) - 1)]
+
+
+@pytest.fixture
+def env(state_dir: Path) -> Iterator[dict[str, str]]:
+    yield {**os.environ, "STREAMQUAKE_STATE_DIR": str(state_dir)}
+
+
+@pytest.mark.timeout(120)
+def test_two_remote_workers_lose_nothing_and_merge_exactly(tmp_path: Path,
+                                                          env: dict[str, str]) -> None:
+    port = _free_port()
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO.format(target=EMBEDDED, baseline=4))
+    out = tmp_path / "out"
+    run = _run([str(scenario), "--out", str(out), "--remote-workers", "2",
+                "--master-bind", f"127.0.0.1:{port}"], env)
+    workers = [_worker(f"127.0.0.1:{port}", env, log=tmp_path / f"w{i}.log") for i in (1, 2)]
+    output, _ = run.communicate(timeout=100)
+    for w in workers:
+        w.wait(timeout=30)
+    assert run.returncode == 0, output[-3000:]
+    assert [w.returncode for w in workers] == [0, 0], [
+        (tmp_path / f"w{i}.log").read_text()[-2000:] for i in (1, 2)]
+
+    files = _samples(out)
+    assert sorted(files) == ["samples-w0.jsonl", "samples-w1.jsonl"]
+    assert all(len(rows) > 10 for rows in files.values()), {k: len(v) for k, v in files.items()}
+    everything = [s for rows in files.values() for s in rows]
+    # Streams still in flight at the end were sent before the workers said they stopped.
+    assert _locust_count(out) == len(everything)
+
+    report = json.loads((out / "report.json").read_text())
+    procs = report["load_processes"]
+    assert [(p["index"], p["remote"], p["users"]) for p in procs] == [(0, True, 3), (1, True, 3)]
+    assert all(abs(p["clock_skew_s"]) < 0.1 for p in procs)
+    baseline = next(p for p in report["phases"] if p["name"] == "baseline")
+    window = (baseline["start"], baseline["end"])
+    ttft = [float(s["ttft_ms"]) for s in everything  # type: ignore[arg-type]
+            if window[0] <= float(s["sent"]) < window[1]  # type: ignore[arg-type]
+            and s["ttft_ms"] is not None
+            and float(s["sent"]) + float(s["ttft_ms"]) / 1000 <= window[1]]  # type: ignore[arg-type]
+    stats = baseline["stats"]
+    assert stats["ttft_ms"]["count"] == len(ttft)
+    for p in (50, 95, 99):
+        # The report's histogram keeps 4 significant digits: equal to the raw union's value
+        # within that precision.
+        merged = stats["ttft_ms"][f"p{p:g}"]
+        assert merged == pytest.approx(_nearest_rank(ttft, p), rel=1e-3, abs=0.01), p
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.netns
+def test_a_worker_in_another_namespace_joins_over_veth(
+        tmp_path: Path, env: dict[str, str], client_ns: str) -> None:  # noqa: F811
+    with NamespaceTopology(host_netns=client_ns) as topo:
+        # The master and the target on the "first host" (client_ns), at the veth's near end;
+        # the worker on the "second host" (topo.netns) reaches both only over the veth pair.
+        config = tmp_path / "target.yaml"
+        config.write_text("ttft: 20ms\nitl: 5ms\noutput_tokens: {min: 10, max: 10}\n")
+        target = subprocess.Popen(
+            ["ip", "netns", "exec", client_ns, *cli_cmd(
+                "target", "serve", "--protocol", "openai", "--host", topo.host_addr,
+                "--port", "0", "--config", str(config))],
+            cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+        try:
+            url = read_listening_line(target, 20, "target")
+            scenario = tmp_path / "s.yaml"
+            scenario.write_text(SCENARIO.format(
+                target=f"{{protocol: openai, url: '{url}'}}", baseline=4))
+            out = tmp_path / "out"
+            run = _run([str(scenario), "--out", str(out), "--remote-workers", "1",
+                        "--master-bind", f"{topo.host_addr}:5557"], env, netns=client_ns)
+            worker = _worker(f"{topo.host_addr}:5557", env, netns=topo.netns,
+                             log=tmp_path / "worker.log")
+            output, _ = run.communicate(timeout=120)
+            worker.wait(timeout=30)
+        finally:
+            assert target.stdout is not None
+            target.stdout.close()
+            stop(target)
+        assert run.returncode == 0, output[-3000:] + (tmp_path / "worker.log").read_text()
+        report = json.loads((out / "report.json").read_text())
+        (proc,) = report["load_processes"]
+        assert proc["remote"] and proc["users"] == 6
+        baseline = next(p for p in report["phases"] if p["name"] == "baseline")
+        assert baseline["stats"]["requests"] > 20 and baseline["stats"]["error_rate"] == 0
+        assert list(_samples(out)) == ["samples-w0.jsonl"]
+        assert "load plan received from the master" in (tmp_path / "worker.log").read_text()
+
+
+@pytest.mark.timeout(150)
+def test_a_worker_killed_mid_run_is_reported(tmp_path: Path, env: dict[str, str]) -> None:
+    port = _free_port()
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO.format(target=EMBEDDED, baseline=10))
+    out = tmp_path / "out"
+    run = _run([str(scenario), "--out", str(out), "--remote-workers", "2",
+                "--master-bind", f"127.0.0.1:{port}"], env)
+    workers = [_worker(f"127.0.0.1:{port}", env) for _ in (1, 2)]
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (out / "run" / "samples").is_dir():
+        time.sleep(0.1)
+    time.sleep(4)         # well into the baseline: both workers are sending
+    os.killpg(workers[0].pid, signal.SIGKILL)
+    killed_at = time.time()
+    workers[0].wait(timeout=10)
+    output, _ = run.communicate(timeout=120)
+    workers[1].wait(timeout=30)
+    assert run.returncode == 0, output[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    missing = [p for p in report["load_processes"] if p["missing_at"] is not None]
+    assert len(missing) == 1 and missing[0]["missing_at"] >= killed_at
+    (said,) = [e for e in report["errors"] if "went missing" in e]
+    assert "baseline phase" in said and "3 of 6 users" in said and "50% less load" in said
+    assert "went missing" in output
