@@ -190,3 +190,17 @@ def test_a_worker_killed_mid_run_is_reported(tmp_path: Path, env: dict[str, str]
     (said,) = [e for e in report["errors"] if "went missing" in e]
     assert "baseline phase" in said and "3 of 6 users" in said and "50% less load" in said
     assert "went missing" in output
+
+
+@pytest.mark.timeout(60)
+def test_workers_elsewhere_cannot_reach_this_hosts_loopback(tmp_path: Path,
+                                                            env: dict[str, str]) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SCENARIO.format(target=EMBEDDED, baseline=2))
+    run = _run([str(scenario), "--out", str(tmp_path / "out"), "--remote-workers", "1",
+                "--master-bind", f"0.0.0.0:{_free_port()}"], env)
+    output, _ = run.communicate(timeout=50)
+    assert run.returncode == 3, output[-2000:]
+    assert "workers on other hosts would send to http://127.0.0.1:" in output
+    assert "give target.url an address they can reach" in output
+    assert not (tmp_path / "out" / "run" / "locust.log").exists()    # nothing was started

@@ -110,8 +110,26 @@ def check_reachable(url: str, timeout_s: float) -> None:
         ) from exc
 
 
+def _is_loopback(host: str) -> bool:
+    return host in ("localhost", "::1") or host.startswith("127.")
+
+
+def _check_remote_reach(scenario: Scenario, load_url: str) -> None:
+    """Workers on other hosts send to the same URL as local ones: not to this host's loopback."""
+    load = scenario.load
+    bind_host = load.master_bind.rpartition(":")[0].strip("[]")
+    host = urlsplit(load_url).hostname or ""
+    if load.remote_workers and not _is_loopback(bind_host) and _is_loopback(host):
+        raise PreflightError(
+            f"load.remote_workers: workers on other hosts would send to {load_url}, which is "
+            "this host's loopback (the embedded target and the SSE proxy listen there); give "
+            "target.url an address they can reach, and hold faults on that path with an agent "
+            "(at: NAME) instead of sse_proxy")
+
+
 def start_loadgen(stack: contextlib.ExitStack, scenario: Scenario, parts: Parts,
                   end_at: float, events: Events) -> LocustRun:
+    _check_remote_reach(scenario, parts.wiring.load_url)
     events.message("starting the load generator (Locust)")
     run = start_load(scenario, base_url=parts.wiring.load_url, work_dir=parts.ctx.run_dir,
                      end_at=end_at, run_time_s=end_at - time.time())
