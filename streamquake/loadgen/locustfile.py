@@ -169,9 +169,10 @@ def _stop_worker(runner: WorkerRunner) -> None:
     runner.stop()                 # users stop; streams in flight finish (within stop timeout)
     if _Process.relay is not None:
         _Process.relay.flush()    # the last records, before the word that follows them
+    # Then wait for the master's quit (it sends it once every worker has said this): quitting
+    # from here, inside the runner's own greenlet group, could kill the loop that reads it and
+    # leave the process up until Locust's 60 s heartbeat timeout.
     runner.send_message("sq_stopped", None)
-    gevent.sleep(0.2)
-    runner.quit()
 
 
 def _init_master(runner: MasterRunner, plan: LoadPlan) -> None:
