@@ -22,7 +22,7 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from aiohttp import web
 from aiohttp.typedefs import Middleware
@@ -47,6 +47,7 @@ from streamquake.journal import Journal, pid_start_time
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HOLDER: web.AppKey[Holder] = web.AppKey("holder", Holder)
 INFO: web.AppKey[AgentInfo] = web.AppKey("info", AgentInfo)
+B = TypeVar("B", bound=BaseModel)
 
 
 @dataclass
@@ -196,12 +197,21 @@ async def _body(request: web.Request) -> object:
         raise AgentError(400, "the request body is not JSON") from None
 
 
-def _apply_request(raw: object) -> ApplyRequest:
+def _parsed(model: type[B], raw: object) -> B:
+    """A request body as ``model``, or 400 with one sentence per problem."""
     try:
-        return ApplyRequest.model_validate(raw)
+        return model.model_validate(raw)
     except ValidationError as exc:
         problems = validation_sentences(exc, "")
         raise AgentError(400, "; ".join(problems), problems) from None
+
+
+def _apply_request(raw: object) -> ApplyRequest:
+    return _parsed(ApplyRequest, raw)
+
+
+async def _renew_body(request: web.Request) -> Renew:
+    return _parsed(Renew, await _body(request) if request.can_read_body else {})
 
 
 async def _info(request: web.Request) -> web.Response:
@@ -230,12 +240,7 @@ async def _list(request: web.Request) -> web.Response:
 
 
 async def _renew(request: web.Request) -> web.Response:
-    raw = await _body(request) if request.can_read_body else {}
-    try:
-        renew = Renew.model_validate(raw)
-    except ValidationError as exc:
-        problems = validation_sentences(exc, "")
-        raise AgentError(400, "; ".join(problems), problems) from None
+    renew = await _renew_body(request)
     return _answer(request.app[HOLDER].renew(request.match_info["key"], renew.lease_s))
 
 
@@ -258,24 +263,14 @@ def _run_answer(call: Callable[[], BaseModel], status: int = 200) -> web.Respons
 
 
 async def _watch_run(request: web.Request) -> web.Response:
-    raw = await _body(request)
-    try:
-        req = WatchRun.model_validate(raw)
-    except ValidationError as exc:
-        problems = validation_sentences(exc, "")
-        raise AgentError(400, "; ".join(problems), problems) from None
+    req = _parsed(WatchRun, await _body(request))
     holder = request.app[HOLDER]
     holder.touch()
     return _run_answer(lambda: holder.runs.watch(req), 201)
 
 
 async def _renew_run(request: web.Request) -> web.Response:
-    raw = await _body(request) if request.can_read_body else {}
-    try:
-        renew = Renew.model_validate(raw)
-    except ValidationError as exc:
-        problems = validation_sentences(exc, "")
-        raise AgentError(400, "; ".join(problems), problems) from None
+    renew = await _renew_body(request)
     holder = request.app[HOLDER]
     return _run_answer(lambda: holder.runs.renew(request.match_info["key"], renew.lease_s))
 

@@ -9,6 +9,29 @@ from pathlib import Path
 from streamquake.loadgen.samples import RequestSample
 
 
+def new_lines(directory: Path, pattern: str, offsets: dict[Path, int]) -> list[bytes]:
+    """Complete lines appended since the last call to the files ``pattern`` matches in
+    ``directory``, each once; ``offsets`` (one per reader) remembers how far each file was
+    read. A line still being written waits for the next call."""
+    if not directory.is_dir():
+        return []
+    lines: list[bytes] = []
+    for path in sorted(directory.glob(pattern)):
+        offset = offsets.get(path, 0)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                chunk = f.read()
+        except OSError:
+            continue
+        end = chunk.rfind(b"\n")
+        if end < 0:
+            continue
+        offsets[path] = offset + end + 1
+        lines += chunk[: end + 1].splitlines()
+    return lines
+
+
 class SampleTail:
     def __init__(self, samples_dir: Path) -> None:
         self.samples_dir = samples_dir
@@ -16,24 +39,10 @@ class SampleTail:
 
     def poll(self) -> list[RequestSample]:
         """Every sample written since the last call, from every load process."""
-        if not self.samples_dir.is_dir():
-            return []
         new: list[RequestSample] = []
-        for path in sorted(self.samples_dir.glob("samples-*.jsonl")):
-            offset = self._offsets.get(path, 0)
+        for line in new_lines(self.samples_dir, "samples-*.jsonl", self._offsets):
             try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-            except OSError:
+                new.append(RequestSample.from_dict(json.loads(line)))
+            except (ValueError, TypeError):
                 continue
-            end = chunk.rfind(b"\n")
-            if end < 0:
-                continue
-            self._offsets[path] = offset + end + 1
-            for line in chunk[: end + 1].splitlines():
-                try:
-                    new.append(RequestSample.from_dict(json.loads(line)))
-                except (ValueError, TypeError):
-                    continue
         return new

@@ -35,6 +35,7 @@ from streamquake.events import Events
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.saturation import FILE_PREFIX, bucket_ms
+from streamquake.loadgen.tail import new_lines
 from streamquake.result import Check, PhaseResult
 from streamquake.run.scoring import assign_phases
 from streamquake.run.timeline import PhaseWindow
@@ -124,28 +125,14 @@ class SaturationTail:
         self._offsets: dict[Path, int] = {}
 
     def poll(self) -> list[LoadSecond]:
-        if not self.run_dir.is_dir():
-            return []
         new: list[LoadSecond] = []
-        for path in sorted(self.run_dir.glob(f"{FILE_PREFIX}*.jsonl")):
-            offset = self._offsets.get(path, 0)
+        for line in new_lines(self.run_dir, f"{FILE_PREFIX}*.jsonl", self._offsets):
             try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    chunk = f.read()
-            except OSError:
+                data = json.loads(line)
+                if isinstance(data, dict):
+                    new.append(LoadSecond.from_dict(data))
+            except (ValueError, TypeError, KeyError):
                 continue
-            end = chunk.rfind(b"\n")
-            if end < 0:
-                continue
-            self._offsets[path] = offset + end + 1
-            for line in chunk[: end + 1].splitlines():
-                try:
-                    data = json.loads(line)
-                    if isinstance(data, dict):
-                        new.append(LoadSecond.from_dict(data))
-                except (ValueError, TypeError, KeyError):
-                    continue
         return new
 
 
