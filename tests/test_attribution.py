@@ -10,7 +10,8 @@ import pytest
 
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
-from streamquake.run.scoring import assign_phases, score
+from streamquake.run.scoring import assign_phases
+from streamquake.run.scoring import score_samples as score
 from streamquake.run.timeline import PhaseWindow
 from streamquake.run.verdicts import evaluate
 from streamquake.scenario import parse_scenario

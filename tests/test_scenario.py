@@ -19,8 +19,8 @@ BAD = Path("tests/scenarios/bad")
 EXPECTED = {
     "unknown_field.yaml": [
         "6:3: load.userz: unknown field (hint: did you mean 'users'? allowed here: arrival, "
-        "classes, limits, master_bind, remote_workers, retries, saturation, seed, spawn_rate, "
-        "stall_threshold, think_time, trace, users, workers)"
+        "classes, limits, master_bind, remote_workers, retries, samples, saturation, seed, "
+        "spawn_rate, stall_threshold, think_time, trace, users, workers)"
     ],
     "missing_phases.yaml": ["1:1: phases: required field is missing (hint: add 'phases:' here)"],
     "bad_duration.yaml": [

@@ -14,6 +14,7 @@ import math
 import socket
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO, TYPE_CHECKING
 
@@ -22,6 +23,7 @@ from streamquake.errors import StreamquakeError
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.plan import LoadPlan
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
+from streamquake.loadgen.scorecard import Scorecard, WindowLike, read_scorecards
 
 if TYPE_CHECKING:
     from streamquake.scenario import Scenario
@@ -79,6 +81,10 @@ class LocustRun:
     def samples(self) -> list[RequestSample]:
         """Every sample written so far, from all processes; a torn last line is skipped."""
         return [RequestSample.from_dict(d) for d in _records(self.samples_dir, "samples")]
+
+    def scorecard(self, windows: Sequence[WindowLike]) -> tuple[Scorecard, list[str]]:
+        """Every load process's scorecard for these windows, merged (loadgen/scorecard.py)."""
+        return read_scorecards(self.samples_dir, windows)
 
     def unsent(self) -> list[UnsentArrival]:
         """Every open-loop arrival that was due but never sent, from all processes."""
@@ -169,12 +175,13 @@ def start_locust(
 
 
 def start_load(
-    scenario: Scenario, *, base_url: str, work_dir: Path, end_at: float, run_time_s: float
+    scenario: Scenario, *, base_url: str, work_dir: Path, windows: Sequence[WindowLike],
+    run_time_s: float,
 ) -> LocustRun:
-    """The runner's entry: a scenario's load against ``base_url`` until ``end_at``."""
+    """The runner's entry: a scenario's load against ``base_url`` over the phase ``windows``."""
     from streamquake.run.loadplan import load_plan_for
 
-    plan = load_plan_for(scenario, base_url, work_dir / "samples", end_at)
+    plan = load_plan_for(scenario, base_url, work_dir / "samples", windows[-1].end, windows)
     return start_locust(plan, work_dir, run_time_s, workers=scenario.load.workers,
                         remote_workers=scenario.load.remote_workers,
                         master_bind=scenario.load.master_bind)

@@ -44,6 +44,7 @@ from streamquake.loadgen.plan import LoadPlan, OpenLoop, RequestClassPlan, Trace
 from streamquake.loadgen.retry import retry_delay
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.loadgen.saturation import start as start_saturation_guard
+from streamquake.loadgen.scorecard import CHECKPOINT_S, Scorecard, Window
 from streamquake.loadgen.sse import SSELimits
 from streamquake.loadgen.trace import PromptSynth
 
@@ -64,6 +65,8 @@ class _Process:
     joined: set[str] = set()                # on a master: every worker that ever connected
     stopped: set[str] = set()               # ... and those that said sq_stopped
     plan_ready = Event()
+    card: Scorecard | None = None           # this process's requests, scored (scorecard.py)
+    card_saved = (0, 0)                     # (records, unsent) in the last one saved or sent
 
 
 def _plan() -> LoadPlan:
@@ -84,7 +87,22 @@ def _plan() -> LoadPlan:
 
 
 def _write(record: RequestSample | UnsentArrival) -> None:
-    # Requests to samples-<pid>.jsonl, arrivals never sent to unsent-<pid>.jsonl (launcher.py).
+    """Score the record into this process's scorecard; then, as lines, requests to
+    samples-<pid>.jsonl (unless load.samples is none) and arrivals never sent to
+    unsent-<pid>.jsonl (launcher.py)."""
+    plan = _plan()
+    if plan.windows:
+        card = _Process.card
+        if card is None:
+            card = _Process.card = Scorecard([Window(*w) for w in plan.windows],
+                                             seal_after_s=plan.timeout_s + 15.0)
+            gevent.spawn(_checkpoints)
+        if isinstance(record, RequestSample):
+            card.add(record)
+        else:
+            card.add_unsent(record)
+    if isinstance(record, RequestSample) and not plan.raw_samples:
+        return
     prefix = "samples" if isinstance(record, RequestSample) else "unsent"
     sink = _Process.sinks.get(prefix)
     if sink is None and _Process.relay is not None:
@@ -97,6 +115,33 @@ def _write(record: RequestSample | UnsentArrival) -> None:
     # One line per record, flushed at once: a killed process loses at most the line in flight.
     sink.write(record.to_json() + "\n")
     sink.flush()
+
+
+def _save_card() -> None:
+    """This process's scorecard to the runner: replaced atomically in scorecard-<pid>.json,
+    or sent to the master (a remote worker), when anything was scored since the last time."""
+    card = _Process.card
+    if card is None:
+        return
+    card.seal(time.time())
+    mark = (card.records, card.unsent)
+    if mark == _Process.card_saved:
+        return
+    if _Process.relay is not None:
+        _Process.relay.send_scorecard(card.dumps())
+    else:
+        card.write(Path(_plan().samples_path) / f"scorecard-{os.getpid()}.json")
+    _Process.card_saved = mark
+
+
+def _checkpoints() -> None:
+    # A process killed mid-run loses at most the last CHECKPOINT_S of its scoring.
+    while True:
+        gevent.sleep(CHECKPOINT_S)
+        try:
+            _save_card()
+        except OSError as exc:
+            logging.getLogger(__name__).error("cannot save the scorecard: %s", exc)
 
 
 def _fire(environment: Environment, sample: RequestSample) -> None:
@@ -167,6 +212,7 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
 def _stop_worker(runner: WorkerRunner) -> None:
     """The master's word that the run is over (see _quit_at_end)."""
     runner.stop()                 # users stop; streams in flight finish (within stop timeout)
+    _save_card()                  # the final scorecard, before the word that follows it
     if _Process.relay is not None:
         _Process.relay.flush()    # the last records, before the word that follows them
     # Then wait for the master's quit (it sends it once every worker has said this): quitting
@@ -195,6 +241,7 @@ def _init_master(runner: MasterRunner, plan: LoadPlan) -> None:
     environment.events.worker_connect.add_listener(  # type: ignore[no-untyped-call]
         lambda client_id, **_: _Process.joined.add(client_id))
     runner.register_message("sq_records", inbox.on_records)
+    runner.register_message("sq_scorecard", inbox.on_scorecard)
     events.quitting.add_listener(lambda **_: inbox.close())  # type: ignore[no-untyped-call]
     gevent.spawn(relay.watch_workers, runner, run_dir, plan.end_at)
 
@@ -219,7 +266,11 @@ def _init_remote_worker(runner: WorkerRunner) -> None:
 
     runner.register_message("sq_plan", on_plan)
     # Users stopped: the last records go now, before Locust tells the master "client_stopped".
-    events.test_stop.add_listener(lambda **_: outbox.flush())  # type: ignore[no-untyped-call]
+    def on_test_stop(**_: Any) -> None:
+        _save_card()
+        outbox.flush()
+
+    events.test_stop.add_listener(on_test_stop)  # type: ignore[no-untyped-call]
     events.quitting.add_listener(lambda **_: outbox.close())  # type: ignore[no-untyped-call]
     runner.send_message("sq_plan_request", {"time": time.time()})
     start_saturation_guard(runner, sink=relay.RelaySink(outbox, "saturation"))  # type: ignore[arg-type]
@@ -227,6 +278,7 @@ def _init_remote_worker(runner: WorkerRunner) -> None:
 
 @events.quitting.add_listener  # type: ignore[untyped-decorator]
 def _on_quitting(**_: Any) -> None:
+    _save_card()
     for sink in _Process.sinks.values():
         sink.close()
     _Process.sinks.clear()

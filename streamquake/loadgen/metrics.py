@@ -22,14 +22,12 @@ the ones no phase can own in ``unattributed``.
 
 from __future__ import annotations
 
-import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from hdrh.histogram import HdrHistogram
-
+from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.quantile_ci import normal_quantile, rank_bounds
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
 
@@ -49,28 +47,9 @@ _SPANNED_AS = {"ttfb_ms": "ttfb_ms", "ttft_ms": "ttft_ms", "ttft_scheduled_ms": 
 SUMMARY_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
 
 _SIG_FIGS = 4
-_HIGHEST = 3_600_000_000          # one hour in microseconds; 1e6 tokens/s in milli-tokens/s
 _SCALE = 1000.0                   # ms -> us, and tokens/s -> milli-tokens/s
 _REASONS_PER_KIND = 8
 _OTHER_REASONS = "(other reasons)"
-
-
-def _histogram() -> HdrHistogram:
-    return HdrHistogram(1, _HIGHEST, _SIG_FIGS, word_size=4)
-
-
-def _record(hist: HdrHistogram, value: float) -> None:
-    hist.record_value(min(_HIGHEST, max(0, round(value * _SCALE))))
-
-
-def _nonzero(hist: HdrHistogram) -> list[tuple[int, int]]:
-    """(counts index, count) of every recorded bucket, in value order.
-
-    hdrh's own percentile and mean walk all ~300k buckets in Python on every call; one C-speed
-    pass, cached until the next sample, keeps a full summary in milliseconds.
-    """
-    counts = hist.counts[: hist.counts_len]
-    return [(i, counts[i]) for i in itertools.compress(range(len(counts)), counts)]
 
 
 @dataclass
@@ -91,11 +70,10 @@ class Stats:
     retried_attempts: dict[str, int] = field(default_factory=dict)   # by error kind
     missing_events: int = 0
     expected_events: int = 0
-    # Created on first use: a histogram is ~1.2 MB, and closed loop never fills three of them.
-    histograms: dict[str, HdrHistogram] = field(default_factory=dict)
-    _scans: dict[str, list[tuple[int, int]]] = field(
-        default_factory=dict, init=False, repr=False, compare=False
-    )
+    stalls: int = 0                   # server stalls in the requests counted here
+    client_stalls: int = 0            # gaps that were the load process's own lateness
+    # Created on first use (closed loop never fills three of them); sparse, sized by use.
+    histograms: dict[str, SparseHistogram] = field(default_factory=dict)
 
     @classmethod
     def from_samples(cls, samples: Iterable[RequestSample]) -> Stats:
@@ -155,6 +133,8 @@ class Stats:
         self.requests += 1
         self.missing_events += s.missing_events
         self.expected_events += s.expected_events
+        self.stalls += s.stalls
+        self.client_stalls += s.client_stalls
         if s.error is not None:
             self.errors[s.error] = self.errors.get(s.error, 0) + 1
             reasons = self.error_reasons.setdefault(s.error, {})
@@ -174,50 +154,36 @@ class Stats:
                              s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3))
 
     def _put(self, metric: str, value: float) -> None:
-        self._scans.pop(metric, None)
         hist = self.histograms.get(metric)
         if hist is None:
-            hist = self.histograms[metric] = _histogram()
-        _record(hist, value)
+            hist = self.histograms[metric] = SparseHistogram(_SIG_FIGS)
+        hist.record(round(value * _SCALE))
 
     @property
     def error_count(self) -> int:
         return sum(self.errors.values())
 
     def percentile(self, metric: str, p: float) -> float | None:
-        """The ``p``-th percentile of ``metric`` (0 < p <= 100), or None if nothing was recorded."""
-        hist, buckets = self._scan(metric)
-        if hist is None or not buckets:
-            return None
-        # Nearest rank, ceil(p/100 * n): the smallest value with at least p% of the values at or
-        # below it, which is what "p99 <= 300 ms" promises. hdrh's own target rounds the rank
-        # to the nearest instead (p99 of 169 values would be the 167th, 98.8% of them).
-        target = max(1, math.ceil(p * hist.get_total_count() / 100.0 - 1e-9))
-        seen = 0
-        for index, count in buckets:
-            seen += count
-            if seen >= target:
-                return float(hist.get_highest_equivalent_value(hist.get_value_from_index(index))
-                             ) / _SCALE
-        raise AssertionError("bucket counts add up to less than the histogram's total")
+        """The ``p``-th percentile of ``metric`` (0 < p <= 100) by nearest rank, ceil(p/100 *
+        n): the smallest value with at least p% of the values at or below it, which is what
+        "p99 <= 300 ms" promises. None if nothing was recorded."""
+        hist = self._hist(metric)
+        value = None if hist is None else hist.percentile(p)
+        return None if value is None else value / _SCALE
 
     def count(self, metric: str) -> int:
-        hist = self._scan(metric)[0]
-        return 0 if hist is None else int(hist.get_total_count())
+        hist = self._hist(metric)
+        return 0 if hist is None else hist.total
 
     def mean(self, metric: str) -> float | None:
-        hist, buckets = self._scan(metric)
-        if hist is None or not buckets:
-            return None
-        total = 0
-        for index, count in buckets:
-            low = hist.get_value_from_index(index)
-            total += count * (low + hist.get_highest_equivalent_value(low) + 1) // 2
-        return total / float(hist.get_total_count()) / _SCALE
+        hist = self._hist(metric)
+        value = None if hist is None else hist.mean()
+        return None if value is None else value / _SCALE
 
     def max(self, metric: str) -> float | None:
-        hist, buckets = self._scan(metric)
-        return float(hist.get_max_value()) / _SCALE if hist is not None and buckets else None
+        hist = self._hist(metric)
+        value = None if hist is None else hist.max()
+        return None if value is None else value / _SCALE
 
     def value(self, metric: str) -> float | None:
         """A rate metric (``error_rate``, ``stall_rate``, ``chunk_loss``); None if undefined."""
@@ -307,13 +273,56 @@ class Stats:
         out.update({m: self.summary(m) for m in HISTOGRAM_METRICS})
         return out
 
-    def _scan(self, metric: str) -> tuple[HdrHistogram | None, list[tuple[int, int]]]:
-        """The metric's histogram (None: nothing recorded) and its nonzero buckets."""
+    def _hist(self, metric: str) -> SparseHistogram | None:
         if metric not in HISTOGRAM_METRICS:
             raise KeyError(f"unknown metric {metric!r}; known: {', '.join(HISTOGRAM_METRICS)}")
-        hist = self.histograms.get(metric)
-        if hist is None:
-            return None, []
-        if metric not in self._scans:
-            self._scans[metric] = _nonzero(hist)
-        return hist, self._scans[metric]
+        return self.histograms.get(metric)
+
+    # -- across processes: merge, and the wire form (loadgen/scorecard.py) ---------------------
+
+    def merge(self, other: Stats) -> None:
+        """Add ``other``'s counts and histograms to these: the union's statistics, exactly."""
+        for name in _COUNTERS:
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        for table in _TABLES:
+            mine, theirs = getattr(self, table), getattr(other, table)
+            for k, n in theirs.items():
+                mine[k] = mine.get(k, 0) + n
+        for kind, reasons in other.error_reasons.items():
+            mine = self.error_reasons.setdefault(kind, {})
+            for reason, n in reasons.items():
+                if reason not in mine and len(mine) >= _REASONS_PER_KIND:
+                    reason = _OTHER_REASONS
+                mine[reason] = mine.get(reason, 0) + n
+        for metric, hist in other.histograms.items():
+            if metric not in self.histograms:
+                self.histograms[metric] = SparseHistogram(_SIG_FIGS)
+            self.histograms[metric].merge(hist)
+
+    def to_wire(self) -> dict[str, Any]:
+        """Counts as numbers, histograms as standard HdrHistogram V2 histoblobs."""
+        out: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS}
+        out.update({table: dict(getattr(self, table)) for table in _TABLES})
+        out["error_reasons"] = {k: dict(v) for k, v in self.error_reasons.items()}
+        out["histograms"] = {m: h.encode() for m, h in self.histograms.items() if h.total}
+        return out
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Stats:
+        stats = cls()
+        for name in _COUNTERS:
+            setattr(stats, name, int(data.get(name, 0)))
+        for table in _TABLES:
+            getattr(stats, table).update({str(k): int(v) for k, v in data.get(table, {}).items()})
+        stats.error_reasons = {str(k): {str(r): int(n) for r, n in v.items()}
+                               for k, v in data.get("error_reasons", {}).items()}
+        for metric, blob in data.get("histograms", {}).items():
+            if metric not in HISTOGRAM_METRICS:
+                raise ValueError(f"unknown metric {metric!r} in a scorecard")
+            stats.histograms[metric] = SparseHistogram.decode(blob, _SIG_FIGS)
+        return stats
+
+
+_COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries",
+             "missing_events", "expected_events", "stalls", "client_stalls")
+_TABLES = ("unattributed", "errors", "retried_attempts")

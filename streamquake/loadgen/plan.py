@@ -68,7 +68,11 @@ class LoadPlan(_Frozen):
     arrival: ClosedLoop | OpenLoop | TraceReplay = Field(default_factory=ClosedLoop,
                                                           discriminator="mode")
     classes: list[RequestClassPlan] = Field(default_factory=lambda: [RequestClassPlan()])
-    samples_path: str                      # JSONL of RequestSample, appended by every user
+    samples_path: str                      # folder of scorecards and per-process records
+    # The run's phases (name, start, end epoch s): each process scores its requests into them
+    # (loadgen/scorecard.py). Empty: no scorecard (a bare Locust run; tests of the client).
+    windows: list[tuple[str, float, float]] = Field(default_factory=list)
+    raw_samples: bool = True               # also one JSON line per request (load.samples)
     seed: int = 0
     end_at: float                          # epoch s: no request is sent after this
     retries: Literal["none", "standard"] = "none"   # loadgen/retry.py

@@ -6,10 +6,14 @@ On a worker started by ``streamquake worker --master HOST:PORT`` (``$STREAMQUAKE
 
 * at init it asks the master for the load plan (``sq_plan_request``), and the master answers
   with the plan it wrote (``sq_plan``); users wait for it (at most :data:`PLAN_WAIT_S`);
-* every record a local process would append to a file (request samples, arrivals never sent,
-  the saturation guard's seconds) is buffered here and sent as whole lines (``sq_records``)
-  every :data:`FLUSH_S`, and once more when its users have stopped, *before* Locust tells the
-  master so (messages from one worker arrive in order), so nothing measured is left behind.
+* its scorecard (loadgen/scorecard.py: per phase and class, exact mergeable HDR histograms) is
+  sent whole (``sq_scorecard``) every checkpoint and once more when its users have stopped,
+  *before* it says so (messages from one worker arrive in order); the master keeps the latest
+  as ``scorecard-w<index>.json``, which the runner merges with the local processes';
+* every record a local process would append to a file (request samples unless
+  ``load.samples`` is none, arrivals never sent, the saturation guard's seconds) is buffered
+  here and sent as whole lines (``sq_records``) every :data:`FLUSH_S`, and once more at the
+  end, so nothing measured is left behind.
 
 The master appends each worker's lines to ``<kind>-w<index>.jsonl`` in the same folders its
 local processes use, so the runner reads remote and local records alike. It also writes, every
@@ -67,6 +71,12 @@ class Relay:
             self.runner.send_message("sq_records", {"kind": kind, "text": text})
             self.sent_lines += text.count("\n")
 
+    def send_scorecard(self, text: str) -> None:
+        """The whole scorecard (it replaces the last one the master holds from us); records
+        before it go first, so the master never has a card newer than its lines."""
+        self.flush()
+        self.runner.send_message("sq_scorecard", {"text": text})
+
     def _loop(self) -> None:
         import gevent
 
@@ -122,6 +132,19 @@ class Inbox:
                 self.dirs[kind] / f"{kind}-w{index}.jsonl", "a", encoding="utf-8")
         fh.write(text)
         fh.flush()
+
+    def on_scorecard(self, environment: Any, msg: Any, **_: Any) -> None:
+        data = msg.data if isinstance(msg.data, dict) else {}
+        text = data.get("text")
+        if not isinstance(text, str):
+            return
+        index = self.runner.get_worker_index(msg.node_id)
+        directory = self.dirs["samples"]
+        directory.mkdir(parents=True, exist_ok=True)
+        path = directory / f"scorecard-w{index}.json"
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
 
     def close(self) -> None:
         for fh in self._files.values():

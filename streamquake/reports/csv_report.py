@@ -8,9 +8,10 @@ import json
 from pathlib import Path
 
 from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.scorecard import SERIES_METRICS
 from streamquake.result import RunResult
 from streamquake.run.scoring import assign_phases
-from streamquake.run.series import SERIES_METRICS, nearest_rank
+from streamquake.run.series import nearest_rank
 from streamquake.run.timeline import PhaseWindow
 
 

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from streamquake.loadgen.plan import ClosedLoop, LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
+from streamquake.loadgen.scorecard import WindowLike
 from streamquake.scenario import Scenario
 from streamquake.scenario.schema import RequestClass, TraceSpec
 
 
-def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: float) -> LoadPlan:
+def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: float,
+                  windows: Sequence[WindowLike] = ()) -> LoadPlan:
     load, target = scenario.load, scenario.target
     arrival: ClosedLoop | OpenLoop | TraceReplay
     users = load.users
@@ -43,6 +46,8 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         arrival=arrival,
         classes=[_class(c) for c in load.classes],
         samples_path=str(samples_dir),
+        windows=[(w.name, w.start, w.end) for w in windows],
+        raw_samples=load.samples == "all",
         seed=load.seed,
         end_at=end_at,
         retries=load.retries,

@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -17,6 +18,7 @@ from streamquake.faults.contract import Resource, RunContext, Wiring
 from streamquake.journal import Journal
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.launcher import LocustRun, start_load
+from streamquake.run.timeline import PhaseWindow
 from streamquake.scenario import Scenario
 
 
@@ -128,10 +130,10 @@ def _check_remote_reach(scenario: Scenario, load_url: str) -> None:
 
 
 def start_loadgen(stack: contextlib.ExitStack, scenario: Scenario, parts: Parts,
-                  end_at: float, events: Events) -> LocustRun:
+                  windows: Sequence[PhaseWindow], events: Events) -> LocustRun:
     _check_remote_reach(scenario, parts.wiring.load_url)
     events.message("starting the load generator (Locust)")
     run = start_load(scenario, base_url=parts.wiring.load_url, work_dir=parts.ctx.run_dir,
-                     end_at=end_at, run_time_s=end_at - time.time())
+                     windows=windows, run_time_s=windows[-1].end - time.time())
     stack.callback(run.stop)
     return run

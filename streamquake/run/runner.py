@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Sequence
 from pathlib import Path
 
 from streamquake import __version__
@@ -22,7 +21,7 @@ from streamquake.faults.contract import FaultSpec
 from streamquake.journal import Journal
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.launcher import LocustRun
-from streamquake.loadgen.samples import RequestSample, UnsentArrival
+from streamquake.loadgen.scorecard import Scorecard
 from streamquake.result import Check, PhaseResult, RunResult
 from streamquake.run import preflight
 from streamquake.run.lease import RunLease
@@ -94,8 +93,7 @@ class Runner:
                     self.events.emit(RunStarted(self.scenario, self.out_dir))
                     t0 = time.time() + STARTUP_LEAD_S
                     windows = plan_windows(self.scenario, t0)
-                    load = start_loadgen(stack, self.scenario, parts, windows[-1].end,
-                                         self.events)
+                    load = start_loadgen(stack, self.scenario, parts, windows, self.events)
                     self.watch = Watch(self.work_dir / "samples", self.scenario.abort_when)
                     self.guard = SaturationGuard(self.work_dir, windows, self.events)
                     self._walk(windows, planned, load, whole_run)
@@ -114,10 +112,11 @@ class Runner:
             finally:
                 if parts is not None:
                     telemetry = parts.reports()
-        samples = load.samples() if load is not None else []
-        unsent = load.unsent() if load is not None else []
-        result = self._result(started, windows, samples, interrupted, target_info, telemetry,
-                              stopped_at, unsent)
+        card, unread = load.scorecard(windows) if load is not None else (Scorecard(windows), [])
+        self.warnings += [f"a load process's scorecard could not be read, so its requests are "
+                          f"missing from every figure: {problem}" for problem in unread]
+        result = self._result(started, windows, card, interrupted, target_info, telemetry,
+                              stopped_at)
         if failure is not None:
             result.failure = str(failure)
             if result.exit_code in (EXIT_OK, EXIT_SLO_BROKEN):
@@ -177,16 +176,15 @@ class Runner:
             return True
         return False
 
-    def _result(self, started: float, windows: list[PhaseWindow], samples: list[RequestSample],
+    def _result(self, started: float, windows: list[PhaseWindow], card: Scorecard,
                 interrupted: str | None, target_info: JsonDict,
-                telemetry: JsonDict, stopped_at: float | None = None,
-                unsent: Sequence[UnsentArrival] = ()) -> RunResult:
-        scored = score(self.scenario, windows, samples, unsent)
+                telemetry: JsonDict, stopped_at: float | None = None) -> RunResult:
+        scored = score(self.scenario, windows, card)
         measured = {k: v for k, v in scored.stats.items() if k != "warmup"}
         checks = evaluate(self.scenario, measured, scored.class_stats)
         load_processes, worker_warnings = summarise_workers(self.work_dir, windows)
         client_warnings, client_checks = self.guard.mark(
-            scored.phases, samples, fail=self.scenario.load.saturation == "fail")
+            scored.phases, scored.stats, fail=self.scenario.load.saturation == "fail")
         checks += client_checks
         _mark_stopped(scored.phases, checks, stopped_at)
         echo = redacted_echo(self.scenario)
@@ -208,7 +206,7 @@ class Runner:
                     *([f"run aborted: {self.aborted}"] if self.aborted else [])],
             aborted=self.aborted,
             load_processes=load_processes,
-            timeline=per_second(samples, windows, stopped_at),
+            timeline=per_second(card, windows, stopped_at),
             cdfs=cdfs(measured),
             environment=environment(echo),
         )

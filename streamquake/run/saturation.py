@@ -28,16 +28,16 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamquake.events import Events
 from streamquake.jsontypes import JsonDict
-from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.saturation import FILE_PREFIX, bucket_ms
 from streamquake.loadgen.tail import new_lines
 from streamquake.result import Check, PhaseResult
-from streamquake.run.scoring import assign_phases
 from streamquake.run.timeline import PhaseWindow
 
 CPU_PCT = 90.0
@@ -178,13 +178,11 @@ class SaturationGuard:
                     f"{', '.join(reasons)}): its timings are distorted; give it more cores "
                     "(load.workers) or fewer streams")
 
-    def mark(self, phases: list[PhaseResult], samples: list[RequestSample],
+    def mark(self, phases: list[PhaseResult], stats: Mapping[str, Stats],
              fail: bool) -> tuple[list[str], list[Check]]:
         """Add each phase's figures to its stats (``client_saturated``, ``client``); return
         the warnings for saturated measured phases, and with ``fail`` a gating check each."""
         self.poll()
-        windows = [p.window for p in self._phases]
-        scored, _ = assign_phases(samples, windows)
         by_name = {p.window.name: p for p in self._phases}
         warnings: list[str] = []
         checks: list[Check] = []
@@ -192,7 +190,7 @@ class SaturationGuard:
             phase = by_name.get(result.name)
             if phase is None:
                 continue
-            figures = _figures(phase, scored.get(result.name, []))
+            figures = _figures(phase, stats.get(result.name))
             result.stats["client_saturated"] = bool(figures["saturated"])
             result.stats["client_stalls"] = figures["client_stalls"]
             result.stats["client"] = figures
@@ -210,7 +208,7 @@ class SaturationGuard:
         return warnings, checks
 
 
-def _figures(phase: _Phase, samples: list[RequestSample]) -> JsonDict:
+def _figures(phase: _Phase, stats: Stats | None) -> JsonDict:
     seconds = phase.seconds
     lags = sorted(v for s in seconds for v in s.lag_ms)
     hist: dict[int, int] = {}
@@ -242,8 +240,8 @@ def _figures(phase: _Phase, samples: list[RequestSample]) -> JsonDict:
         "seen_gap_p99_ms": r(_hist_rank(hist, 99)),
         "seen_gap_max_ms": r(max((s.seen_max_ms for s in seconds), default=None)),
         "kernel_timed_reads": round(kernel / reads, 4) if reads else None,
-        "client_stalls": sum(s.client_stalls for s in samples),
-        "server_stalls": sum(s.stalls for s in samples),
+        "client_stalls": 0 if stats is None else stats.client_stalls,
+        "server_stalls": 0 if stats is None else stats.stalls,
     }
 
 

@@ -3,7 +3,6 @@ latency CDF, and the environment the run ran in. Reports render these; they comp
 
 from __future__ import annotations
 
-import bisect
 import hashlib
 import json
 import math
@@ -16,10 +15,10 @@ from streamquake import __version__
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.scorecard import SERIES_METRICS, Scorecard, tokens_per_s
 from streamquake.result import Cdf, SecondStats
 from streamquake.run.timeline import PhaseWindow
 
-SERIES_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s")
 CDF_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")
 # 1..99 in steps of 1, then the tail: enough to draw a CDF, small enough for the report.
 CDF_PERCENTILES: tuple[float, ...] = (*(float(p) for p in range(1, 100)), 99.5, 99.9, 100.0)
@@ -30,15 +29,6 @@ def nearest_rank(values: Sequence[float], p: float) -> float | None:
     if not values:
         return None
     return values[max(0, math.ceil(p / 100.0 * len(values)) - 1)]
-
-
-def tokens_per_s(s: RequestSample) -> float | None:
-    # The same definition as the HDR stats: successful streams, tokens after the first one.
-    if s.error is not None or s.e2e_ms is None or s.ttft_ms is None or s.output_tokens <= 0:
-        return None
-    if s.e2e_ms <= s.ttft_ms:
-        return None
-    return s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3)
 
 
 def values_of(s: RequestSample, metric: str) -> list[float]:
@@ -56,43 +46,38 @@ def values_of(s: RequestSample, metric: str) -> list[float]:
     return [] if value is None else [value]
 
 
-def per_second(samples: Sequence[RequestSample], windows: Sequence[PhaseWindow],
+def per_second(card: Scorecard, windows: Sequence[PhaseWindow],
                until: float | None = None) -> list[SecondStats]:
     """One ``SecondStats`` per second from the first phase's start to the last phase's end (or
-    ``until``, when the run stopped early)."""
+    ``until``, when the run stopped early), from the scorecard's seconds: requests by the
+    second they were due, their p50/p95 from histograms at 2 significant digits (buckets under
+    1% wide), and the streams in flight at each second's middle."""
     if not windows:
         return []
     t0 = windows[0].start
     end = min(windows[-1].end, until) if until is not None else windows[-1].end
     seconds = max(0, math.ceil(end - t0))
-    buckets: list[list[RequestSample]] = [[] for _ in range(seconds)]
-    starts: list[float] = []
-    ends: list[float] = []
-    for s in samples:
-        if s.retried:
-            continue      # a retried attempt is counted apart (Stats), never as a request
-        due = s.scheduled if s.scheduled is not None else s.sent
-        i = math.floor(due - t0)
-        if 0 <= i < seconds:
-            buckets[i].append(s)
-        starts.append(s.sent)
-        ends.append(s.sent + (s.e2e_ms or 0.0) / 1000.0)
-    starts.sort()
-    ends.sort()
     out = []
-    for i, bucket in enumerate(buckets):
+    started = ended = 0
+    for i in range(seconds):
         mid = t0 + i + 0.5
+        # Slot k counts what started (ended) in [t0 + k - 0.5, t0 + k + 0.5): so by the middle
+        # of second i, slots 0..i (slot 0 holds everything before too).
+        started += card.starts.get(i, 0)
+        ended += card.ends.get(i, 0)
         phase = next((w.name for w in windows if w.start <= mid < w.end), "")
-        point = SecondStats(
-            t=float(i), phase=phase, sent=len(bucket),
-            errors=sum(1 for s in bucket if s.error is not None),
-            in_flight=bisect.bisect_right(starts, mid) - bisect.bisect_right(ends, mid),
-        )
+        second = card.seconds.get(i)
+        point = SecondStats(t=float(i), phase=phase,
+                            sent=0 if second is None else second.sent,
+                            errors=0 if second is None else second.errors,
+                            in_flight=started - ended)
         for metric in SERIES_METRICS:
-            values = sorted(v for s in bucket for v in values_of(s, metric))
-            point.n[metric] = len(values)
-            point.p50[metric] = nearest_rank(values, 50)
-            point.p95[metric] = nearest_rank(values, 95)
+            hist = None if second is None else second.histogram(metric)
+            point.n[metric] = 0 if hist is None else hist.total
+            p50 = None if hist is None else hist.percentile(50)
+            p95 = None if hist is None else hist.percentile(95)
+            point.p50[metric] = None if p50 is None else p50 / 1000.0
+            point.p95[metric] = None if p95 is None else p95 / 1000.0
         out.append(point)
     return out
 

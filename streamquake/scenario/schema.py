@@ -294,6 +294,10 @@ class LoadSpec(_Model):
     # A load generator too busy to keep up (run/saturation.py has the thresholds): warn in
     # every report, or also fail the gate in each measured phase where it was.
     saturation: Literal["warn", "fail"] = "warn"
+    # The verdicts come from each load process's scorecard (merged HDR histograms); raw
+    # per-request lines are extra: samples.csv, compare's confidence intervals, the live view's
+    # rolling figures and abort conditions read them. "none" writes (and relays) none.
+    samples: Literal["all", "none"] = "all"
 
     _st = field_validator("stall_threshold_ms", mode="before")(lambda v: parse_duration_ms(v))
 
@@ -390,6 +394,9 @@ class Scenario(_Model):
         dupes = sorted({n for n in labels if labels.count(n) > 1})
         if dupes:
             raise ValueError(f"give each fault a unique 'name'; repeated: {', '.join(dupes)}")
+        if self.abort_when and self.load.samples == "none":
+            raise ValueError("abort_when reads the live per-request samples, and load.samples "
+                             "is 'none': set load.samples to 'all' or remove abort_when")
         for f in self.faults:
             if self.phases.duration_s(f.phase) <= 0:
                 raise ValueError(f"fault '{f.label}' lives in phase '{f.phase}', which lasts 0 s")

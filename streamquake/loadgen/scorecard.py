@@ -1,0 +1,388 @@
+"""Each load process scores its own requests as they end, into a scorecard that merges exactly.
+
+A scorecard holds, per (phase, request class), the counts and sparse HDR histograms of
+``Stats`` (loadgen/metrics.py), and per second of the run the timeline's counts and coarse
+histograms. The phase windows travel in the load plan, so a process knows where each
+measurement belongs; the rule is below and in the README ("Which phase a measurement counts
+in"). Scorecards cross processes and hosts as JSON with standard HdrHistogram V2 histoblobs:
+a local process writes ``scorecard-<pid>.json`` every :data:`CHECKPOINT_S`, a remote worker
+sends it to the master as a Locust custom message (loadgen/relay.py). The runner merges them
+(adding counts bucket by bucket: the union's percentiles, exactly) and scores from that, so
+its time and memory do not grow with the number of requests.
+
+The rule: a request belongs to the phase in which it was due (open loop) or sent (closed
+loop); each of its measurements counts there only if it ended within that phase, since a
+measurement that spans a phase edge saw two worlds. Inter-token gaps count in the phase they
+happened in. Whatever no phase can own is counted in ``unattributed``, never dropped unseen.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from streamquake.loadgen.histogram import SparseHistogram
+from streamquake.loadgen.metrics import Stats
+from streamquake.loadgen.samples import RequestSample, UnsentArrival
+
+FORMAT = 1
+CHECKPOINT_S = 2.0
+# The timeline's histograms per second: 2 significant digits (buckets under 1% wide) are
+# plenty to draw a p50/p95 line, and keep each second to a few hundred buckets.
+SECOND_SIG_FIGS = 2
+SERIES_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms",
+                                   "output_tokens_per_s")
+
+
+class WindowLike(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def start(self) -> float: ...
+
+    @property
+    def end(self) -> float: ...
+
+
+@dataclass(frozen=True)
+class Window:
+    name: str
+    start: float
+    end: float
+
+
+def due_at(s: RequestSample) -> float:
+    return s.scheduled if s.scheduled is not None else s.sent
+
+
+def ended_at(s: RequestSample) -> float:
+    return s.sent + (s.e2e_ms or 0.0) / 1000.0
+
+
+def window_at(t: float, windows: Sequence[WindowLike]) -> WindowLike | None:
+    for w in windows:
+        if w.start <= t < w.end:
+            return w
+    return None
+
+
+def tokens_per_s(s: RequestSample) -> float | None:
+    """Output tokens per second after the first: successful streams with tokens only."""
+    if s.error is not None or s.e2e_ms is None or s.ttft_ms is None or s.output_tokens <= 0:
+        return None
+    if s.e2e_ms <= s.ttft_ms:
+        return None
+    return s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3)
+
+
+def attribute(s: RequestSample, windows: Sequence[WindowLike],
+              into: Callable[[str], Stats]) -> bool:
+    """Add each measurement of ``s`` to the phase it belongs to (the module's rule); ``into``
+    gives the stats of a phase for this request's class. False if no phase owns the request."""
+    home = window_at(due_at(s), windows)
+    if home is None:
+        return False
+    here = into(home.name)
+    if s.retried:
+        here.add_retried(s)
+        return True
+    here.add_sent(s)
+    if s.scheduled is not None:
+        if s.sent <= home.end:
+            here.add_queue_delay(s)
+        else:
+            here.add_unattributed("queue_delay_ms")
+    if s.ttfb_ms is not None:
+        if s.sent + s.ttfb_ms / 1000.0 <= home.end:
+            here.add_first_byte(s)
+        else:
+            here.add_unattributed("ttfb_ms")
+    first_token = None if s.ttft_ms is None else s.sent + s.ttft_ms / 1000.0
+    if first_token is not None:
+        if first_token <= home.end:
+            here.add_first_token(s)
+        else:
+            here.add_unattributed("ttft_ms")
+    if s.itl_ms:
+        _gaps(s, first_token, windows, into, here)
+    if ended_at(s) <= home.end:
+        here.add_outcome(s)
+    else:
+        here.add_unattributed("e2e_ms")
+    return True
+
+
+def _gaps(s: RequestSample, first_token: float | None, windows: Sequence[WindowLike],
+          into: Callable[[str], Stats], home: Stats) -> None:
+    """Each gap placed in time, the first token then one after another, counted in the phase
+    it started and ended in."""
+    if first_token is None:
+        home.add_unattributed("itl_ms", len(s.itl_ms))
+        return
+    t = first_token
+    w: WindowLike | None = None
+    stats: Stats | None = None
+    for gap in s.itl_ms:
+        end = t + gap / 1000.0
+        if w is None or not w.start <= t < w.end:
+            w = window_at(t, windows)
+            stats = None if w is None else into(w.name)
+        if stats is not None and w is not None and end <= w.end:
+            stats.add_gap(gap)
+        else:
+            home.add_unattributed("itl_ms")
+        t = end
+
+
+class Second:
+    """One second of the timeline, by when requests were due: what was sent, failed, and the
+    coarse histograms of their measurements. Once nothing is likely to land in it any more
+    its histograms are sealed into histoblobs; a late request starts a new part, and merging
+    only collects parts, so nothing is decoded until the timeline is drawn."""
+
+    __slots__ = ("sent", "errors", "hists", "parts")
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self.errors = 0
+        self.hists: dict[str, SparseHistogram] = {}
+        self.parts: list[dict[str, str]] = []
+
+    def hist(self, metric: str) -> SparseHistogram:
+        h = self.hists.get(metric)
+        if h is None:
+            h = self.hists[metric] = SparseHistogram(SECOND_SIG_FIGS)
+        return h
+
+    def seal(self) -> None:
+        if self.hists:
+            self.parts.append(_encode(self.hists))
+            self.hists = {}
+
+    def merge(self, other: Second) -> None:
+        self.sent += other.sent
+        self.errors += other.errors
+        self.parts += other.parts
+        for metric, h in other.hists.items():
+            self.hist(metric).merge(h)
+
+    def histogram(self, metric: str) -> SparseHistogram:
+        """The second's ``metric`` over every part (decoded now, kept nowhere)."""
+        out = SparseHistogram(SECOND_SIG_FIGS)
+        if (live := self.hists.get(metric)) is not None:
+            out.merge(live)
+        for part in self.parts:
+            if (blob := part.get(metric)) is not None:
+                out.merge(SparseHistogram.decode(blob, SECOND_SIG_FIGS))
+        return out
+
+    def to_wire(self) -> dict[str, Any]:
+        parts = self.parts + ([_encode(self.hists)] if self.hists else [])
+        return {"sent": self.sent, "errors": self.errors, "parts": parts}
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Second:
+        out = cls()
+        out.sent, out.errors = int(data.get("sent", 0)), int(data.get("errors", 0))
+        out.parts = [{str(m): str(b) for m, b in part.items()}
+                     for part in data.get("parts", [])]
+        return out
+
+
+def _encode(hists: dict[str, SparseHistogram]) -> dict[str, str]:
+    return {m: h.encode() for m, h in hists.items() if h.total}
+
+
+class Scorecard:
+    """Everything the verdicts, CDFs and timeline need, from one or many load processes."""
+
+    def __init__(self, windows: Sequence[WindowLike], seal_after_s: float = 75.0) -> None:
+        self.windows = [Window(w.name, w.start, w.end) for w in windows]
+        self.t0 = self.windows[0].start if self.windows else 0.0
+        self.seal_after_s = seal_after_s
+        self.cells: dict[tuple[str, str], Stats] = {}
+        self.seconds: dict[int, Second] = {}
+        self.starts: dict[int, int] = {}   # requests sent, by half-second-centred slot
+        self.ends: dict[int, int] = {}     # requests ended, likewise (for in-flight counts)
+        self.first_sent: float | None = None
+        self.records = 0                   # request records scored (attempts included)
+        self.unsent = 0                    # arrivals never sent, scored
+        self.outside = 0                   # records due outside every phase (before, after)
+        self.processes = 1
+        self._dirty: set[tuple[str, str]] = set()
+        self._wire: dict[tuple[str, str], dict[str, Any]] = {}
+        self._sealed_below = 0
+
+    # -- scoring --------------------------------------------------------------------------
+
+    def cell(self, phase: str, cls: str) -> Stats:
+        key = (phase, cls)
+        self._dirty.add(key)
+        stats = self.cells.get(key)
+        if stats is None:
+            stats = self.cells[key] = Stats()
+        return stats
+
+    def add(self, s: RequestSample) -> None:
+        self.records += 1
+        if self.first_sent is None or s.sent < self.first_sent:
+            self.first_sent = s.sent
+        if not attribute(s, self.windows, lambda phase: self.cell(phase, s.cls)):
+            self.outside += 1
+        if not s.retried:
+            self._timeline(s)
+
+    def add_unsent(self, u: UnsentArrival) -> None:
+        self.unsent += 1
+        home = window_at(u.scheduled, self.windows)
+        if home is None:
+            self.outside += 1
+            return
+        self.cell(home.name, u.cls).add_not_sent()
+
+    def _timeline(self, s: RequestSample) -> None:
+        slot = max(0, math.floor(s.sent - self.t0 + 0.5))
+        self.starts[slot] = self.starts.get(slot, 0) + 1
+        end = max(0, math.floor(ended_at(s) - self.t0 + 0.5))
+        self.ends[end] = self.ends.get(end, 0) + 1
+        i = math.floor(due_at(s) - self.t0)
+        if i < 0:
+            return
+        second = self.seconds.get(i)
+        if second is None:
+            second = self.seconds[i] = Second()
+        second.sent += 1
+        second.errors += s.error is not None
+        for metric, values in _series_values(s):
+            h = second.hist(metric)
+            for v in values:
+                h.record(round(v * 1000.0))
+
+    def seal(self, now: float) -> None:
+        """Seal seconds no request is likely still running for (a late one opens a new part)."""
+        below = math.floor(now - self.t0 - self.seal_after_s)
+        if below <= self._sealed_below:
+            return
+        for i, second in self.seconds.items():
+            if i < below and second.hists:
+                second.seal()
+        self._sealed_below = below
+
+    # -- across processes ------------------------------------------------------------------
+
+    def merge(self, other: Scorecard) -> None:
+        for key, stats in other.cells.items():
+            self.cell(*key).merge(stats)
+        for i, second in other.seconds.items():
+            mine = self.seconds.get(i)
+            if mine is None:
+                self.seconds[i] = second
+            else:
+                mine.merge(second)
+        for slots, more in ((self.starts, other.starts), (self.ends, other.ends)):
+            for slot, n in more.items():
+                slots[slot] = slots.get(slot, 0) + n
+        if other.first_sent is not None and (self.first_sent is None
+                                             or other.first_sent < self.first_sent):
+            self.first_sent = other.first_sent
+        self.records += other.records
+        self.unsent += other.unsent
+        self.outside += other.outside
+        self.processes += other.processes
+
+    def to_wire(self) -> dict[str, Any]:
+        for key in self._dirty:
+            self._wire[key] = self.cells[key].to_wire()
+        self._dirty.clear()
+        return {
+            "format": FORMAT,
+            "pid": os.getpid(),
+            "windows": [[w.name, w.start, w.end] for w in self.windows],
+            "first_sent": self.first_sent,
+            "records": self.records,
+            "unsent": self.unsent,
+            "outside": self.outside,
+            "cells": [{"phase": p, "class": c, "stats": self._wire[(p, c)]}
+                      for (p, c) in sorted(self.cells)],
+            "seconds": {str(i): s.to_wire() for i, s in sorted(self.seconds.items())},
+            "starts": {str(k): v for k, v in sorted(self.starts.items())},
+            "ends": {str(k): v for k, v in sorted(self.ends.items())},
+        }
+
+    @classmethod
+    def from_wire(cls, data: dict[str, Any]) -> Scorecard:
+        if data.get("format") != FORMAT:
+            raise ValueError(f"scorecard format {data.get('format')!r}, expected {FORMAT}")
+        card = cls([Window(str(n), float(a), float(b)) for n, a, b in data["windows"]])
+        for cell in data.get("cells", []):
+            card.cells[(str(cell["phase"]), str(cell["class"]))] = Stats.from_wire(cell["stats"])
+        card.seconds = {int(i): Second.from_wire(s) for i, s in data.get("seconds", {}).items()}
+        card.starts = {int(k): int(v) for k, v in data.get("starts", {}).items()}
+        card.ends = {int(k): int(v) for k, v in data.get("ends", {}).items()}
+        first = data.get("first_sent")
+        card.first_sent = None if first is None else float(first)
+        card.records = int(data.get("records", 0))
+        card.unsent = int(data.get("unsent", 0))
+        card.outside = int(data.get("outside", 0))
+        return card
+
+    def dumps(self) -> str:
+        return json.dumps(self.to_wire(), separators=(",", ":"))
+
+    def write(self, path: Path) -> None:
+        """Replace ``path`` atomically: a reader (or a kill) never sees half a scorecard."""
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(self.dumps(), encoding="utf-8")
+        os.replace(tmp, path)
+
+    @classmethod
+    def of(cls, windows: Sequence[WindowLike], samples: Iterable[RequestSample],
+           unsent: Iterable[UnsentArrival] = ()) -> Scorecard:
+        card = cls(windows)
+        for s in samples:
+            card.add(s)
+        for u in unsent:
+            card.add_unsent(u)
+        return card
+
+
+def _series_values(s: RequestSample) -> list[tuple[str, Sequence[float]]]:
+    """What ``s`` adds to each timeline metric: the same definitions as ``Stats``."""
+    out: list[tuple[str, Sequence[float]]] = []
+    if s.ttfb_ms is not None:
+        out.append(("ttfb_ms", (s.ttfb_ms,)))
+    if s.ttft_ms is not None:
+        out.append(("ttft_ms", (s.ttft_ms,)))
+    if s.itl_ms:
+        out.append(("itl_ms", s.itl_ms))
+    if s.error is None and s.e2e_ms is not None:
+        out.append(("e2e_ms", (s.e2e_ms,)))
+    if (tps := tokens_per_s(s)) is not None:
+        out.append(("output_tokens_per_s", (tps,)))
+    return out
+
+
+def read_scorecards(directory: Path, windows: Sequence[WindowLike]
+                    ) -> tuple[Scorecard, list[str]]:
+    """Merge every ``scorecard-*.json`` in ``directory`` written for these phase windows (a
+    reused folder may hold an earlier run's). Returns (the merged card, problems) where a
+    problem is a file that could not be read: its load is missing and the report says so."""
+    merged = Scorecard(windows)
+    merged.processes = 0
+    want = [[w.name, w.start, w.end] for w in windows]
+    problems: list[str] = []
+    for path in sorted(directory.glob("scorecard-*.json")) if directory.is_dir() else []:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+            if data.get("windows") != want:
+                continue
+            merged.merge(Scorecard.from_wire(data))
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{path.name}: {exc}")
+    return merged, problems
