@@ -18,7 +18,11 @@ from pathlib import Path
 import pytest
 
 from streamquake.faults.tc.netns import NamespaceTopology
+from streamquake.loadgen.samples import RequestSample
 from streamquake.procs import read_listening_line, stop
+from streamquake.run.scoring import score_samples
+from streamquake.run.timeline import PhaseWindow
+from streamquake.scenario.loader import load_scenario
 from tests.conftest import REPO, cli_cmd
 from tests.netns_fixtures import client_ns  # noqa: F401 - a fixture
 
@@ -118,6 +122,15 @@ def test_two_remote_workers_lose_nothing_and_merge_exactly(tmp_path: Path,
             and float(s["sent"]) + float(s["ttft_ms"]) / 1000 <= window[1]]  # type: ignore[arg-type]
     stats = baseline["stats"]
     assert stats["ttft_ms"]["count"] == len(ttft)
+    # The report comes from the workers' scorecards (sent as custom messages), not the lines:
+    # every figure of every phase equals the one scored from the raw union.
+    cards = sorted(p.name for p in (out / "run" / "samples").glob("scorecard-*.json"))
+    assert cards == ["scorecard-w0.json", "scorecard-w1.json"]
+    windows = [PhaseWindow(p["name"], p["start"], p["end"]) for p in report["phases"]]
+    union = score_samples(load_scenario(scenario), windows,
+                          [RequestSample.from_dict(s) for s in everything])
+    for phase, raw in zip(report["phases"], union.phases, strict=True):
+        assert {k: phase["stats"][k] for k in raw.stats} == raw.stats, phase["name"]
     for p in (50, 95, 99):
         # The report's histogram keeps 4 significant digits: equal to the raw union's value
         # within that precision.

@@ -15,14 +15,13 @@ from dataclasses import dataclass, field
 
 from streamquake.loadgen.metrics import UNATTRIBUTED, Stats
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
-from streamquake.loadgen.scorecard import Scorecard, due_at, ended_at, window_at
+from streamquake.loadgen.scorecard import Scorecard, WindowLike, due_at, ended_at, window_at
 from streamquake.result import PhaseResult
-from streamquake.run.timeline import PhaseWindow
 from streamquake.scenario import Scenario
 
 
 def assign_phases(
-    samples: list[RequestSample], windows: Sequence[PhaseWindow]
+    samples: list[RequestSample], windows: Sequence[WindowLike]
 ) -> tuple[dict[str, list[RequestSample]], dict[str, int]]:
     """Whole requests per phase, by the rule for a request's end (its outcome and E2E): due
     (open loop) or sent (closed loop) in the phase, and ended within it. Returns (those
@@ -50,7 +49,7 @@ class Scored:
     warnings: list[str] = field(default_factory=list)
 
 
-def score(scenario: Scenario, windows: Sequence[PhaseWindow], card: Scorecard) -> Scored:
+def score(scenario: Scenario, windows: Sequence[WindowLike], card: Scorecard) -> Scored:
     """Each phase's totals (every class's cell merged), its classes, and the warnings."""
     out = Scored()
     for w in windows:
@@ -75,7 +74,7 @@ def score(scenario: Scenario, windows: Sequence[PhaseWindow], card: Scorecard) -
     return out
 
 
-def score_samples(scenario: Scenario, windows: Sequence[PhaseWindow],
+def score_samples(scenario: Scenario, windows: Sequence[WindowLike],
                   samples: Sequence[RequestSample],
                   unsent: Sequence[UnsentArrival] = ()) -> Scored:
     """:func:`score` of one scorecard made from these records (what a load process does)."""
@@ -111,7 +110,7 @@ def _unattributed_warning(phase: str, stats: Stats) -> list[str]:
             "few request durations"]
 
 
-def _late_start(windows: Sequence[PhaseWindow], first_sent: float | None) -> list[str]:
+def _late_start(windows: Sequence[WindowLike], first_sent: float | None) -> list[str]:
     """The warm-up exists to absorb cold starts (new connections, first requests); if the load
     generator sent nothing before it ended, they were scored in the first measured phase."""
     if first_sent is None or not windows or windows[0].name != "warmup":

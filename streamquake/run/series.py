@@ -15,9 +15,8 @@ from streamquake import __version__
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import SERIES_METRICS, Scorecard, tokens_per_s
+from streamquake.loadgen.scorecard import SERIES_METRICS, Scorecard, WindowLike, tokens_per_s
 from streamquake.result import Cdf, SecondStats
-from streamquake.run.timeline import PhaseWindow
 
 CDF_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")
 # 1..99 in steps of 1, then the tail: enough to draw a CDF, small enough for the report.
@@ -46,7 +45,7 @@ def values_of(s: RequestSample, metric: str) -> list[float]:
     return [] if value is None else [value]
 
 
-def per_second(card: Scorecard, windows: Sequence[PhaseWindow],
+def per_second(card: Scorecard, windows: Sequence[WindowLike],
                until: float | None = None) -> list[SecondStats]:
     """One ``SecondStats`` per second from the first phase's start to the last phase's end (or
     ``until``, when the run stopped early), from the scorecard's seconds: requests by the

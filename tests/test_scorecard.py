@@ -1,0 +1,202 @@
+"""Scorecards: what each load process scores, sent as standard histoblobs, merged by the runner.
+
+The claim is exactness: merging any split of the requests gives the statistics of the union,
+bucket for bucket, and each percentile is the raw union's nearest-rank value to the
+histogram's 4 significant digits. A real run with ``load.samples: none`` scores every request
+with no per-request lines written."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hdrh.histogram import HdrHistogram
+
+from streamquake.loadgen.histogram import SparseHistogram
+from streamquake.loadgen.metrics import HISTOGRAM_METRICS
+from streamquake.loadgen.samples import RequestSample, UnsentArrival
+from streamquake.loadgen.scorecard import Scorecard, Window, read_scorecards
+from streamquake.run.scoring import score
+from streamquake.run.series import nearest_rank, per_second
+from streamquake.scenario.loader import parse_scenario
+
+T0 = 1_700_000_000.0
+WINDOWS = [Window("warmup", T0, T0 + 2), Window("baseline", T0 + 2, T0 + 12),
+           Window("fault", T0 + 12, T0 + 22), Window("recovery", T0 + 22, T0 + 32)]
+SCENARIO = parse_scenario("""
+name: split
+target: {protocol: openai, embedded: {}}
+load:
+  users: 4
+  classes: [{name: short, weight: 1}, {name: long, weight: 1}]
+phases: {warmup: 2s, baseline: 10s, fault: 10s, recovery: 10s}
+""")
+
+
+def _requests(n: int, seed: int = 7) -> tuple[list[RequestSample], list[UnsentArrival]]:
+    """Open-loop requests over the whole run and a little past it: some queued, some failed,
+    some retried, some spanning phase edges, heavy-tailed latencies."""
+    rng = random.Random(seed)
+    samples, unsent = [], []
+    for _ in range(n):
+        cls = rng.choice(["short", "long", "unknown-class"])
+        due = T0 + rng.uniform(-1.0, 33.0)
+        if rng.random() < 0.03:
+            unsent.append(UnsentArrival(cls=cls, scheduled=due, given_up=due + 1))
+            continue
+        sent = due + rng.expovariate(1 / 0.05)
+        ttft = rng.lognormvariate(math.log(120), 0.6)
+        gaps = [rng.lognormvariate(math.log(20), 0.8) for _ in range(rng.randint(0, 40))]
+        error = rng.choice([None] * 12 + ["truncated", "http_status", "timeout"])
+        s = RequestSample(cls=cls, sent=sent, scheduled=due, ttfb_ms=ttft * 0.8, ttft_ms=ttft,
+                          itl_ms=gaps, e2e_ms=ttft + sum(gaps) + rng.uniform(0, 5),
+                          output_tokens=len(gaps) + 1, content_events=len(gaps) + 1,
+                          stalls=sum(g > 250 for g in gaps), client_stalls=rng.randint(0, 1),
+                          missing_events=rng.randint(0, 1), expected_events=len(gaps) + 2,
+                          error=error, error_detail=None if error is None else f"why {error}",
+                          attempt=rng.choice([1, 1, 1, 2]))
+        s.retried = error is not None and rng.random() < 0.2
+        samples.append(s)
+    return samples, unsent
+
+
+def _split(samples: list[RequestSample], unsent: list[UnsentArrival], parts: int,
+           tmp_path: Path) -> None:
+    """Deal the records to ``parts`` scorecards, sealing as a process would, and write them."""
+    rng = random.Random(3)
+    cards = [Scorecard(WINDOWS, seal_after_s=5.0) for _ in range(parts)]
+    for s in sorted(samples, key=lambda s: s.sent):
+        card = rng.choice(cards)
+        card.add(s)
+        card.seal(s.sent)       # seconds sealed as time goes by; late requests reopen them
+    for u in unsent:
+        rng.choice(cards).add_unsent(u)
+    for i, card in enumerate(cards):
+        card.write(tmp_path / f"scorecard-{i}.json")
+
+
+def test_merged_scorecards_equal_one_scorecard_of_the_union(tmp_path: Path) -> None:
+    samples, unsent = _requests(3000)
+    _split(samples, unsent, 3, tmp_path)
+    merged, problems = read_scorecards(tmp_path, WINDOWS)
+    assert problems == []
+    assert merged.processes == 3
+    assert merged.records == len(samples) and merged.unsent == len(unsent)
+    whole = Scorecard.of(WINDOWS, samples, unsent)
+    a, b = score(SCENARIO, WINDOWS, merged), score(SCENARIO, WINDOWS, whole)
+    for pa, pb in zip(a.phases, b.phases, strict=True):
+        assert pa.stats == pb.stats, pa.name
+        assert pa.classes == pb.classes, pa.name
+    assert a.warnings == b.warnings
+    assert per_second(merged, WINDOWS) == per_second(whole, WINDOWS)
+
+
+def test_merged_percentiles_are_the_raw_unions_nearest_rank(tmp_path: Path) -> None:
+    samples, unsent = _requests(3000)
+    _split(samples, unsent, 4, tmp_path)
+    merged, _ = read_scorecards(tmp_path, WINDOWS)
+    stats = score(SCENARIO, WINDOWS, merged).stats["fault"]
+    fault = WINDOWS[2]
+    # ITL by the rule: each gap in the phase where it started and ended.
+    gaps = []
+    for s in samples:
+        if s.retried or not (WINDOWS[0].start <= s.scheduled < WINDOWS[-1].end):  # type: ignore[operator]
+            continue
+        t = s.sent + s.ttft_ms / 1000.0  # type: ignore[operator]
+        for g in s.itl_ms:
+            if fault.start <= t and t + g / 1000.0 <= fault.end:
+                gaps.append(g)
+            t += g / 1000.0
+    gaps.sort()
+    assert stats.count("itl_ms") == len(gaps) > 1000
+    for p in (1, 50, 90, 95, 99, 99.9, 100):
+        raw = nearest_rank(gaps, p)
+        assert raw is not None
+        got = stats.percentile("itl_ms", p)
+        # The bucket's top: at or above the raw value, within 4 significant digits of it.
+        assert got is not None and raw - 0.001 <= got <= raw * (1 + 2 ** -14) + 0.001, p
+
+
+def test_histoblobs_are_standard_hdr_histograms() -> None:
+    rng = random.Random(1)
+    sparse = SparseHistogram(4)
+    dense = HdrHistogram(1, 3_600_000_000, 4)
+    for _ in range(20000):
+        v = int(rng.lognormvariate(math.log(30000), 1.0))
+        sparse.record(v)
+        dense.record_value(v)
+    # Any HdrHistogram reads ours, and we read its.
+    theirs = HdrHistogram.decode(sparse.encode().encode("ascii"))
+    assert theirs.get_total_count() == 20000
+    assert theirs.get_value_at_percentile(50) == dense.get_value_at_percentile(50)
+    ours = SparseHistogram.decode(dense.encode().decode("ascii"), 4)
+    assert ours.counts == sparse.counts
+    with pytest.raises(ValueError, match="layout"):
+        SparseHistogram.decode(sparse.encode(), 2)
+
+
+def test_a_scorecard_for_other_windows_is_not_merged(tmp_path: Path) -> None:
+    samples, unsent = _requests(200)
+    _split(samples, unsent, 1, tmp_path)
+    older = Scorecard([Window(w.name, w.start - 100, w.end - 100) for w in WINDOWS])
+    older.add(samples[0])
+    older.write(tmp_path / "scorecard-old.json")
+    (tmp_path / "scorecard-torn.json").write_text('{"format": 1, "windows": [')
+    merged, problems = read_scorecards(tmp_path, WINDOWS)
+    assert merged.processes == 1 and merged.records == len(samples)
+    assert len(problems) == 1 and "scorecard-torn.json" in problems[0]
+
+
+def test_every_metric_crosses_the_wire() -> None:
+    samples, unsent = _requests(500)
+    card = Scorecard.of(WINDOWS, samples, unsent)
+    back = Scorecard.from_wire(json.loads(card.dumps()))
+    for key, stats in card.cells.items():
+        assert back.cells[key].to_dict() == stats.to_dict()
+    seen = {m for st in card.cells.values() for m in st.histograms}
+    assert seen == set(HISTOGRAM_METRICS)
+
+
+SAMPLES_NONE = """
+name: no-samples
+target:
+  protocol: openai
+  embedded: {{ttft: {{dist: normal, mean: 40ms, stddev: 5ms}}, output_tokens: {{min: 8, max: 8}}}}
+load:
+  users: 3
+  samples: none
+phases: {{warmup: 1s, baseline: 3s, fault: 0s, recovery: 0s}}
+slos:
+  - {{metric: ttft_ms, percentile: 95, max: 5000}}
+"""
+
+
+@pytest.mark.timeout(120)
+def test_load_samples_none_scores_every_request_without_lines(tmp_path: Path) -> None:
+    scenario = tmp_path / "s.yaml"
+    scenario.write_text(SAMPLES_NONE.format())
+    out = tmp_path / "out"
+    proc = subprocess.run([sys.executable, "-m", "streamquake", "run", str(scenario),
+                           "--out", str(out), "--no-watchdog"],
+                          capture_output=True, text=True, timeout=110)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    samples_dir = out / "run" / "samples"
+    assert list(samples_dir.glob("samples-*.jsonl")) == []
+    assert not (out / "samples.csv").exists()
+    (card_file,) = samples_dir.glob("scorecard-*.json")
+    report = json.loads((out / "report.json").read_text())
+    baseline = next(p for p in report["phases"] if p["name"] == "baseline")["stats"]
+    card = json.loads(card_file.read_text())
+    assert baseline["requests"] > 10
+    assert baseline["ttft_ms"]["count"] >= baseline["requests"]
+    assert card["records"] >= sum(p["stats"]["sent"] for p in report["phases"])
+    # Locust's own count of what the load process sent, against what was scored.
+    log = (out / "run" / "locust.log").read_text()
+    counts = [int(parts[2]) for line in log.splitlines()
+              if (parts := line.split())[:2] == ["SSE", "default"] and parts[2].isdigit()]
+    assert counts and counts[0] == card["records"]
