@@ -1,36 +1,38 @@
 """What it costs to turn N finished requests into verdicts and reports.
 
     .venv/bin/python benchmarks/report_cost.py [--quick] [--n 10000,100000,1000000]
-        [--loop closed|open] [--phases 30,300,300,300] [--data-dir DIR]
+        [--loop closed|open] [--samples none|all] [--phases 30,300,300,300] [--data-dir DIR]
 
-For each N this writes N synthetic request samples the way the load process writes them
-(``RequestSample.to_json()`` lines in ``<out>/run/samples/samples-<pid>.jsonl``, four "load
-processes", each file in the order its requests finished; one ``saturation-<pid>.jsonl`` line a
-second per process; in open loop a few ``unsent-<pid>.jsonl`` lines), spread over the phases of
-a scenario parsed from YAML (two request classes, global and per-class SLOs, a recovery check).
-Each request: TTFB, TTFT, E2E, 40-60 inter-token gaps at full float precision, event ids, a few
-errors (more in the fault phase), a few stalls.
+For each N this plays four synthetic "load processes" finishing N requests over the phases of
+a scenario parsed from YAML (two request classes, global and per-class SLOs, a recovery check):
+each scores its requests, in the order they ended, into its scorecard exactly as the
+locustfile does (``Scorecard.add``, sealing seconds as time passes) and writes
+``scorecard-<pid>.json`` as its last checkpoint would; with ``--samples all`` it also writes
+the raw lines (``RequestSample.to_json()`` in ``samples-<pid>.jsonl``), as ``load.samples:
+all`` does. One ``saturation-<pid>.jsonl`` line a second per process; in open loop a few
+arrivals never sent. Each request: TTFB, TTFT, E2E, 40-60 inter-token gaps at full float
+precision, event ids, a few errors (more in the fault phase), a few stalls. The time the
+processes spent in ``Scorecard.add`` is printed per request and per event: that is what
+scoring costs the load generator while it runs, spread over the run.
 
 Then, in a fresh subprocess per N (so the peak RSS is that process's own: VmHWM), it times the
 runner's own path from "Locust has finished" to "reports are on disk":
 
-* read      ``LocustRun.samples()`` and ``.unsent()`` (what ``Runner.run`` calls)
+* read      ``LocustRun.scorecard`` (merge every process's scorecard; what ``Runner.run`` calls)
 * score     ``run.scoring.score``                 (inside ``Runner._result``)
 * verdicts  ``run.verdicts.evaluate``             (inside ``Runner._result``)
 * guard     ``SaturationGuard.mark``              (inside ``Runner._result``)
 * series    ``run.series.per_second`` + ``cdfs``  (inside ``Runner._result``)
 * terminal  ``reports.terminal.print_result``     (what the CLI prints first)
-* reports   ``reports.outputs.write_reports``     (every file; it reads the samples again for
-            samples.csv: that read is shown apart as ``re-read``)
+* reports   ``reports.outputs.write_reports``     (every file; with raw samples it streams
+            them into samples.csv: shown apart as ``samples.csv``)
 
 ``Runner._result`` itself is called (the stages are timed by wrapping the names it calls), so
-the result is assembled exactly as a run assembles it. The floor, in its own subprocess:
-``json.loads`` of every line of the same files, nothing kept. Every process reads the files from
-the page cache (the floor runs first, after the files were just written).
+the result is assembled exactly as a run assembles it. When the load processes have finished
+the runner is the only streamquake process doing work, so its peak is the tree's.
 
-Goal (issue 12): the whole streamquake process tree within 5 s and 200 MB for a run of a
-million requests. Only the runner process does this work; ``x goal`` is seconds / 5 and
-peak MB / 200.
+Goal (issue 12): within 5 s and 200 MB for a run of 10^4 to 10^6 requests; ``x goal`` is
+seconds / 5 and peak MB / 200.
 """
 
 from __future__ import annotations
@@ -170,8 +172,16 @@ def _one(rng: random.Random, sent: float, in_fault: bool, loop: str) -> Any:
     return s
 
 
-def generate(out: Path, n: int, phases: list[float], loop: str, seed: int) -> None:
-    """N samples over the phases, written like the load processes write them."""
+def generate(out: Path, n: int, phases: list[float], loop: str, seed: int,
+             samples: str) -> dict[str, float]:
+    """N requests over the phases, scored and written like the load processes do; returns
+    what scoring cost them."""
+    from streamquake.loadgen.scorecard import Scorecard
+    from streamquake.run.timeline import plan_windows
+    from streamquake.scenario import parse_scenario
+
+    scenario = parse_scenario(scenario_text(phases, loop, n))
+    windows = plan_windows(scenario, T0)
     run_dir = out / "run"
     samples_dir = run_dir / "samples"
     samples_dir.mkdir(parents=True, exist_ok=True)
@@ -180,6 +190,9 @@ def generate(out: Path, n: int, phases: list[float], loop: str, seed: int) -> No
     fault_end = fault_start + phases[2]
     rng = random.Random(seed)
     pids = [40_000 + i for i in range(LOAD_PROCESSES)]
+    cards = [Scorecard(windows, seal_after_s=20.0 + 15.0) for _ in pids]
+    scoring_s = 0.0
+    events = 0
     chunk = 20_000   # requests sent in a stretch of time, written in the order they ended
     for start in range(0, n, chunk):
         count = min(chunk, n - start)
@@ -189,19 +202,33 @@ def generate(out: Path, n: int, phases: list[float], loop: str, seed: int) -> No
                  for s in sorted(rng.uniform(lo, hi) for _ in range(count))]
         batch.sort(key=lambda b: b[1].sent + (b[1].e2e_ms or 0.0) / 1000.0)
         lines: list[list[str]] = [[] for _ in pids]
-        for i, s in batch:
-            lines[i].append(s.to_json() + "\n")   # what locustfile._write writes
-        for pid, chunk_lines in zip(pids, lines, strict=True):
-            with open(samples_dir / f"samples-{pid}.jsonl", "a", encoding="utf-8") as f:
-                f.writelines(chunk_lines)
+        t = time.perf_counter()
+        for i, s in batch:                        # what locustfile._write does
+            cards[i].add(s)
+        for card in cards:
+            card.seal(hi)
+        scoring_s += time.perf_counter() - t
+        events += sum(len(s.itl_ms) + 1 for _, s in batch)
+        if samples == "all":
+            for i, s in batch:
+                lines[i].append(s.to_json() + "\n")
+            for pid, chunk_lines in zip(pids, lines, strict=True):
+                with open(samples_dir / f"samples-{pid}.jsonl", "a", encoding="utf-8") as f:
+                    f.writelines(chunk_lines)
     if loop == "open":
         from streamquake.loadgen.samples import UnsentArrival
 
         with open(samples_dir / f"unsent-{pids[0]}.jsonl", "w", encoding="utf-8") as f:
             for _ in range(max(1, n // 10_000)):
                 due = rng.uniform(fault_start, fault_end)
-                f.write(UnsentArrival(cls="chat", scheduled=due, given_up=due + 2.0,
-                                      reason="run_ended").to_json() + "\n")
+                u = UnsentArrival(cls="chat", scheduled=due, given_up=due + 2.0,
+                                  reason="run_ended")
+                cards[0].add_unsent(u)
+                f.write(u.to_json() + "\n")
+    t = time.perf_counter()
+    for pid, card in zip(pids, cards, strict=True):
+        card.write(samples_dir / f"scorecard-{pid}.json")
+    checkpoint_s = time.perf_counter() - t
     for pid in pids:   # the saturation guard: one line a second per load process
         with open(run_dir / f"saturation-{pid}.jsonl", "w", encoding="utf-8") as f:
             for sec in range(int(total)):
@@ -214,27 +241,35 @@ def generate(out: Path, n: int, phases: list[float], loop: str, seed: int) -> No
                     "seen": {"100": 40, "120": 300, "140": 60},
                     "kernel_reads": 400, "user_reads": 0,
                 }, separators=(",", ":")) + "\n")
+    return {"scoring_s": scoring_s, "events": events, "checkpoint_s": checkpoint_s}
 
 
-def data_for(root: Path, n: int, phases: list[float], loop: str, seed: int) -> Path:
-    """``root/<loop>-<N>`` holding the scenario, the samples and a manifest; reused when the
-    manifest matches (generating 10^6 samples takes a minute or two)."""
-    out = root / f"{loop}-{n}"
-    manifest = {"n": n, "phases": phases, "loop": loop, "seed": seed, "t0": T0,
-                "load_processes": LOAD_PROCESSES, "version": 1}
+def data_for(root: Path, n: int, phases: list[float], loop: str, seed: int,
+             samples: str) -> tuple[Path, dict[str, float]]:
+    """``root/<loop>-<samples>-<N>`` holding the scenario, the scorecards (and samples) and a
+    manifest; reused when the manifest matches (10^6 requests take minutes to generate)."""
+    out = root / f"{loop}-{samples}-{n}"
+    manifest: dict[str, Any] = {"n": n, "phases": phases, "loop": loop, "seed": seed,
+                                "t0": T0, "load_processes": LOAD_PROCESSES, "version": 2,
+                                "samples": samples}
     mpath = out / "manifest.json"
-    if mpath.exists() and json.loads(mpath.read_text()) == manifest:
-        return out
+    if mpath.exists():
+        stored = json.loads(mpath.read_text())
+        cost = stored.pop("cost", {})
+        if stored == manifest:
+            return out, cost
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     t = time.perf_counter()
-    generate(out, n, phases, loop, seed)
+    cost = generate(out, n, phases, loop, seed, samples)
     (out / "scenario.yaml").write_text(scenario_text(phases, loop, n))
-    mpath.write_text(json.dumps(manifest))
-    size = sum(p.stat().st_size for p in (out / "run" / "samples").iterdir())
-    print(f"  generated {n:,} samples ({size / 1e6:,.0f} MB of JSONL) in "
-          f"{time.perf_counter() - t:.0f} s", flush=True)
-    return out
+    mpath.write_text(json.dumps({**manifest, "cost": cost}))
+    files = list((out / "run" / "samples").iterdir())
+    cards = sum(p.stat().st_size for p in files if p.name.startswith("scorecard-"))
+    lines = sum(p.stat().st_size for p in files if p.name.startswith("samples-"))
+    print(f"  generated {n:,} requests in {time.perf_counter() - t:.0f} s: scorecards "
+          f"{cards / 1e6:,.2f} MB in all, raw lines {lines / 1e6:,.0f} MB", flush=True)
+    return out, cost
 
 
 # --- the measured child ------------------------------------------------------------------------
@@ -293,8 +328,8 @@ def child_pipeline(data: Path) -> dict[str, Any]:
 
     with clock.stage("read"):
         load = LocustRun([], [], out / "run" / "samples", windows[-1].end)
-        samples = load.samples()
-        unsent = load.unsent()
+        card, problems = load.scorecard(windows)
+    assert not problems, problems
     # Runner._result as the run calls it; its stages timed by wrapping the names it calls.
     for name, stage in (("score", "score"), ("evaluate", "verdicts"),
                         ("per_second", "series"), ("cdfs", "series")):
@@ -304,38 +339,25 @@ def child_pipeline(data: Path) -> dict[str, Any]:
     runner.guard = SaturationGuard(runner.work_dir, windows, runner.events)
     runner.guard.mark = clock.wrap("guard", runner.guard.mark)  # type: ignore[method-assign]
     with clock.stage("result"):
-        result = runner._result(manifest["t0"] - STARTUP_LEAD_S - 5.0, windows, samples, None,
-                                {}, {}, None, unsent)
+        result = runner._result(manifest["t0"] - STARTUP_LEAD_S - 5.0, windows, card, None,
+                                {}, {}, None)
     with clock.stage("terminal"):
         print_result(result, Console(file=io.StringIO(), width=140))
-    for name, stage in (("read_samples", "re-read"), ("write_samples_csv", "samples.csv"),
+    for name, stage in (("write_samples_csv", "samples.csv"),
                         ("write_html", "report.html"), ("write_json", "report.json")):
         setattr(outputs, name, clock.wrap(stage, getattr(outputs, name)))
     with clock.stage("reports"):
-        written, failed = outputs.write_reports(result, out)   # reads out/run/samples again
+        written, failed = outputs.write_reports(result, out)   # streams raw samples, if any
     total = time.perf_counter() - t_all
     s = clock.s
     s["assemble"] = s.pop("result") - s["score"] - s["verdicts"] - s["guard"] - s["series"]
     return {
-        "n": len(samples), "unsent": len(unsent), "stages_s": s, "rss_after_mb": clock.rss,
+        "n": card.records, "unsent": card.unsent, "stages_s": s, "rss_after_mb": clock.rss,
         "total_s": total, "peak_mb": _status_mb("VmHWM"), "rss_imported_mb": rss_imported,
         "written": {p.name: p.stat().st_size for p in written},
         "failed": [str(p) for p, _ in failed], "exit_code": result.exit_code,
         "checks": len(result.checks), "timeline": len(result.timeline),
     }
-
-
-def child_floor(data: Path) -> dict[str, Any]:
-    rss0 = _status_mb("VmRSS")
-    t = time.perf_counter()
-    n = 0
-    for path in sorted((data / "run" / "samples").glob("samples-*.jsonl")):
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                json.loads(line)
-                n += 1
-    return {"n": n, "total_s": time.perf_counter() - t, "peak_mb": _status_mb("VmHWM"),
-            "rss_start_mb": rss0}
 
 
 def run_child(kind: str, data: Path, timeout_s: float, mem_mb: int) -> dict[str, Any]:
@@ -359,37 +381,36 @@ def run_child(kind: str, data: Path, timeout_s: float, mem_mb: int) -> dict[str,
 STAGES = ("read", "score", "verdicts", "guard", "series", "assemble", "terminal", "reports")
 
 
-def print_table(rows: list[tuple[int, dict[str, Any], dict[str, Any]]]) -> None:
-    head = ["N", *STAGES, "total s", "peak MB", "floor s", "x floor", "x 5 s", "x 200 MB",
-            "KB/req"]
+def print_table(rows: list[tuple[int, dict[str, Any], dict[str, float]]]) -> None:
+    head = ["N", *STAGES, "total s", "peak MB", "x 5 s", "x 200 MB",
+            "load-side scoring us/request", "us/event"]
     print()
     print("| " + " | ".join(head) + " |")
     print("|" + "|".join("---:" for _ in head) + "|")
-    for n, res, floor in rows:
+    for n, res, cost in rows:
         if "error" in res:
             print(f"| {n:,} | {res['error']} |")
             continue
         st = res["stages_s"]
-        fl = floor.get("total_s")
-        per_req = (res["peak_mb"] - res["rss_imported_mb"]) * 1024.0 / n
         cells = [f"{n:,}", *(f"{st[k]:.2f}" for k in STAGES), f"{res['total_s']:.2f}",
-                 f"{res['peak_mb']:,.0f}", f"{fl:.2f}" if fl else "-",
-                 f"{res['total_s'] / fl:.1f}" if fl else "-",
-                 f"{res['total_s'] / GOAL_S:.1f}", f"{res['peak_mb'] / GOAL_MB:.1f}",
-                 f"{per_req:.1f}"]
+                 f"{res['peak_mb']:,.0f}", f"{res['total_s'] / GOAL_S:.2f}",
+                 f"{res['peak_mb'] / GOAL_MB:.2f}",
+                 f"{cost['scoring_s'] / n * 1e6:.1f}",
+                 f"{cost['scoring_s'] / cost['events'] * 1e6:.2f}"]
         print("| " + " | ".join(cells) + " |")
     print()
-    for n, res, floor in rows:
+    for n, res, cost in rows:
         if "error" in res:
             continue
         st = res["stages_s"]
         inner = ", ".join(f"{k} {st[k]:.2f} s" for k in
-                          ("re-read", "samples.csv", "report.html", "report.json") if k in st)
+                          ("samples.csv", "report.html", "report.json") if k in st)
         rss = ", ".join(f"{k} {v:,.0f}" for k, v in res["rss_after_mb"].items()
                         if k in ("read", "result", "reports"))
         print(f"N={n:,}: reports = {inner}; RSS after import {res['rss_imported_mb']:.0f} MB, "
-              f"after stage (MB): {rss}; floor peak {floor.get('peak_mb', 0):.0f} MB; "
-              f"files: " + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in res["written"].items()))
+              f"after stage (MB): {rss}; last checkpoint of the 4 load processes "
+              f"{cost['checkpoint_s']:.2f} s; files: "
+              + ", ".join(f"{k} {v / 1e6:.1f} MB" for k, v in res["written"].items()))
 
 
 def main() -> None:
@@ -397,6 +418,8 @@ def main() -> None:
     ap.add_argument("--n", default="10000,100000,1000000", help="comma-separated N")
     ap.add_argument("--quick", action="store_true", help="N = 10^4 and 10^5 only")
     ap.add_argument("--loop", choices=("closed", "open"), default="closed")
+    ap.add_argument("--samples", choices=("none", "all"), default="none",
+                    help="load.samples: also write raw lines (then samples.csv is written)")
     ap.add_argument("--phases", default="30,300,300,300",
                     help="warmup,baseline,fault,recovery seconds the N requests spread over")
     ap.add_argument("--data-dir", type=Path, default=None,
@@ -407,13 +430,9 @@ def main() -> None:
     ap.add_argument("--mem-limit-mb", type=int, default=12_000,
                     help="address-space limit of each measured process")
     ap.add_argument("--child-pipeline", type=Path, help=argparse.SUPPRESS)
-    ap.add_argument("--child-floor", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child_pipeline:
         print(json.dumps(child_pipeline(args.child_pipeline)))
-        return
-    if args.child_floor:
-        print(json.dumps(child_floor(args.child_floor)))
         return
 
     ns = [10_000, 100_000] if args.quick else [int(x) for x in args.n.split(",")]
@@ -422,14 +441,13 @@ def main() -> None:
         ap.error("--phases takes four numbers: warmup,baseline,fault,recovery")
     root = args.data_dir or Path(tempfile.mkdtemp(prefix="sq-report-cost-"))
     print(f"{os.cpu_count()} cores, load average {os.getloadavg()[0]:.2f}; loop {args.loop}; "
-          f"phases {args.phases} s; data in {root}", flush=True)
+          f"samples {args.samples}; phases {args.phases} s; data in {root}", flush=True)
     rows = []
     try:
         for n in ns:
-            data = data_for(root, n, phases, args.loop, args.seed)
-            floor = run_child("floor", data, args.timeout, args.mem_limit_mb)
+            data, cost = data_for(root, n, phases, args.loop, args.seed, args.samples)
             res = run_child("pipeline", data, args.timeout, args.mem_limit_mb)
-            rows.append((n, res, floor))
+            rows.append((n, res, cost))
             done = res.get("total_s")
             print(f"  N={n:,}: " + (f"{done:.2f} s, peak {res['peak_mb']:,.0f} MB"
                                     if done is not None else res["error"]), flush=True)

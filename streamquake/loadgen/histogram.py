@@ -15,13 +15,24 @@ adding counts index by index, so merged percentiles equal those of the union exa
 
 from __future__ import annotations
 
-import itertools
+import base64
+import binascii
 import math
+import struct
+import zlib
+from collections.abc import Iterable
 from functools import cache
 
 from hdrh.histogram import HdrHistogram
 
 HIGHEST = 3_600_000_000          # one hour in microseconds; 1e6 tokens/s in milli-tokens/s
+# HdrHistogram's V2 wire format: cookies (the low nibble's word-size bits masked off) and the
+# big-endian payload header: cookie, varint length, normalizing index offset, significant
+# digits, lowest and highest trackable values, integer-to-double ratio; then ZigZag LEB128
+# counts, a negative one standing for that many empty buckets.
+_ENCODING_COOKIE = 0x1C849303
+_COMPRESSION_COOKIE = 0x1C849304
+_PAYLOAD_HEADER = ">IIIIqqd"
 
 
 @cache
@@ -30,23 +41,52 @@ def _layout(sig_figs: int) -> HdrHistogram:
     return HdrHistogram(1, HIGHEST, sig_figs, word_size=4)
 
 
+@cache
+def _index_constants(sig_figs: int) -> tuple[int, int, int, int]:
+    """(sub-bucket mask, unit magnitude, half-count magnitude + 1, half count) of the layout:
+    hdrh's counts-index arithmetic, precomputed, for the recording hot path."""
+    h = _layout(sig_figs)
+    return (h.sub_bucket_mask, h.unit_magnitude, h.sub_bucket_half_count_magnitude,
+            h.sub_bucket_half_count)
+
+
 class SparseHistogram:
-    __slots__ = ("sig_figs", "counts", "total", "_layout", "_sorted")
+    __slots__ = ("sig_figs", "counts", "total", "_layout", "_sorted", "_index")
 
     def __init__(self, sig_figs: int = 4) -> None:
         self.sig_figs = sig_figs
         self.counts: dict[int, int] = {}
         self.total = 0
         self._layout = _layout(sig_figs)
+        self._index = _index_constants(sig_figs)
         self._sorted: list[tuple[int, int]] | None = None
 
     def record(self, value: int, count: int = 1) -> None:
         """Record ``value`` (clamped to 0..HIGHEST) ``count`` times."""
-        value = min(HIGHEST, max(0, value))
-        index = self._layout._counts_index_for(value)
+        value = HIGHEST if value > HIGHEST else (value if value > 0 else 0)
+        mask, unit, half_magnitude, half = self._index
+        # hdrh's _counts_index_for, inlined: the bucket is the smallest power of two holding
+        # the value; the index is the bucket's base plus the value's sub-bucket within it.
+        bucket = (value | mask).bit_length() - unit - half_magnitude - 1
+        index = ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half
         counts = self.counts
         counts[index] = counts.get(index, 0) + count
         self.total += count
+        self._sorted = None
+
+    def record_ms(self, values: Iterable[float]) -> None:
+        """Record milliseconds as microseconds, one each (the gaps of a stream)."""
+        mask, unit, half_magnitude, half = self._index
+        counts = self.counts
+        n = 0
+        for ms in values:
+            value = round(ms * 1000.0)
+            value = HIGHEST if value > HIGHEST else (value if value > 0 else 0)
+            bucket = (value | mask).bit_length() - unit - half_magnitude - 1
+            index = ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half
+            counts[index] = counts.get(index, 0) + 1
+            n += 1
+        self.total += n
         self._sorted = None
 
     def merge(self, other: SparseHistogram) -> None:
@@ -113,16 +153,60 @@ class SparseHistogram:
 
     @classmethod
     def decode(cls, blob: str, sig_figs: int = 4) -> SparseHistogram:
-        """Read a histoblob (from :meth:`encode`, or any HdrHistogram with this layout)."""
-        dense = HdrHistogram.decode(blob.encode("ascii"))
+        """Read a histoblob (from :meth:`encode`, or any V2 HdrHistogram with this layout),
+        straight from its varint stream to buckets: no dense counts array is built."""
+        try:
+            raw = base64.b64decode(blob, validate=True)
+            cookie, length = struct.unpack_from(">II", raw)
+            if cookie & ~0xF0 != _COMPRESSION_COOKIE or length != len(raw) - 8:
+                raise ValueError("not a compressed V2 histoblob")
+            payload = zlib.decompress(raw[8:])
+            (cookie, varint_len, offset, digits, lowest, highest,
+             _ratio) = struct.unpack_from(_PAYLOAD_HEADER, payload)
+        except (struct.error, zlib.error, binascii.Error) as exc:
+            raise ValueError(f"not a histoblob: {exc}") from None
+        if cookie & ~0xF0 != _ENCODING_COOKIE or offset != 0:
+            raise ValueError("not a V2 histogram payload")
+        if (digits, lowest, highest) != (sig_figs, 1, HIGHEST):
+            raise ValueError(f"histogram layout {digits} digits over {lowest}..{highest}, "
+                             f"expected {sig_figs} over 1..{HIGHEST}")
         out = cls(sig_figs)
-        if (dense.significant_figures, dense.highest_trackable_value) != (sig_figs, HIGHEST):
-            raise ValueError(f"histogram layout {dense.significant_figures} digits up to "
-                             f"{dense.highest_trackable_value}, expected {sig_figs} up to "
-                             f"{HIGHEST}")
-        counts = dense.counts[: dense.counts_len]
-        if len(counts) != _layout(sig_figs).counts_len:
-            raise ValueError("histogram layout does not match this precision's")
-        out.counts = {i: counts[i] for i in itertools.compress(range(len(counts)), counts)}
+        counts = out.counts
+        limit = _layout(sig_figs).counts_len
+        index = acc = shift = 0
+        start = struct.calcsize(_PAYLOAD_HEADER)
+        for byte in payload[start:start + varint_len]:
+            if shift == 56:                 # the 9th byte of a 64-bit LEB128 holds 8 bits
+                acc |= byte << 56
+            else:
+                acc |= (byte & 0x7F) << shift
+                if byte & 0x80:
+                    shift += 7
+                    continue
+            value = (acc >> 1) ^ -(acc & 1)     # ZigZag
+            acc = shift = 0
+            if value < 0:
+                index -= value                  # a run of empty buckets
+                continue
+            if value:
+                if index >= limit:
+                    raise ValueError("histoblob counts run past the layout")
+                counts[index] = value
+            index += 1
+        out.total = sum(counts.values())
+        return out
+
+    def pairs(self) -> list[int]:
+        """[index, count, index, count, ...]: the compact form the timeline's seconds use."""
+        return [x for pair in self.buckets() for x in pair]
+
+    @classmethod
+    def from_pairs(cls, flat: list[int], sig_figs: int) -> SparseHistogram:
+        out = cls(sig_figs)
+        limit = _layout(sig_figs).counts_len
+        for index, n in zip(flat[::2], flat[1::2], strict=True):
+            if not 0 <= index < limit or n < 0:
+                raise ValueError(f"bucket {index} (count {n}) is outside the layout")
+            out.counts[index] = out.counts.get(index, 0) + n
         out.total = sum(out.counts.values())
         return out

@@ -128,6 +128,10 @@ class Stats:
     def add_gap(self, gap_ms: float) -> None:
         self._put("itl_ms", gap_ms)
 
+    def add_gaps(self, gaps_ms: list[float]) -> None:
+        if gaps_ms:
+            self._hist_for("itl_ms").record_ms(gaps_ms)
+
     def add_outcome(self, s: RequestSample) -> None:
         """The request's end: counted as a request, its error or success, E2E, stalls, chunks."""
         self.requests += 1
@@ -154,10 +158,13 @@ class Stats:
                              s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3))
 
     def _put(self, metric: str, value: float) -> None:
+        self._hist_for(metric).record(round(value * _SCALE))
+
+    def _hist_for(self, metric: str) -> SparseHistogram:
         hist = self.histograms.get(metric)
         if hist is None:
             hist = self.histograms[metric] = SparseHistogram(_SIG_FIGS)
-        hist.record(round(value * _SCALE))
+        return hist
 
     @property
     def error_count(self) -> int:

@@ -126,25 +126,32 @@ def _gaps(s: RequestSample, first_token: float | None, windows: Sequence[WindowL
         home.add_unattributed("itl_ms", len(s.itl_ms))
         return
     t = first_token
-    w: WindowLike | None = None
-    stats: Stats | None = None
+    w = window_at(t, windows)
+    kept: list[float] = []
+    lost = 0
     for gap in s.itl_ms:
         end = t + gap / 1000.0
         if w is None or not w.start <= t < w.end:
+            if kept and w is not None:
+                into(w.name).add_gaps(kept)
+                kept = []
             w = window_at(t, windows)
-            stats = None if w is None else into(w.name)
-        if stats is not None and w is not None and end <= w.end:
-            stats.add_gap(gap)
+        if w is not None and end <= w.end:
+            kept.append(gap)
         else:
-            home.add_unattributed("itl_ms")
+            lost += 1
         t = end
+    if kept and w is not None:
+        into(w.name).add_gaps(kept)
+    if lost:
+        home.add_unattributed("itl_ms", lost)
 
 
 class Second:
     """One second of the timeline, by when requests were due: what was sent, failed, and the
     coarse histograms of their measurements. Once nothing is likely to land in it any more
-    its histograms are sealed into histoblobs; a late request starts a new part, and merging
-    only collects parts, so nothing is decoded until the timeline is drawn."""
+    its histograms are sealed into [index, count, ...] lists (small, and read back with no
+    decoding); a late request starts a new part, and merging only collects parts."""
 
     __slots__ = ("sent", "errors", "hists", "parts")
 
@@ -152,7 +159,7 @@ class Second:
         self.sent = 0
         self.errors = 0
         self.hists: dict[str, SparseHistogram] = {}
-        self.parts: list[dict[str, str]] = []
+        self.parts: list[dict[str, list[int]]] = []
 
     def hist(self, metric: str) -> SparseHistogram:
         h = self.hists.get(metric)
@@ -162,7 +169,7 @@ class Second:
 
     def seal(self) -> None:
         if self.hists:
-            self.parts.append(_encode(self.hists))
+            self.parts.append(_pairs(self.hists))
             self.hists = {}
 
     def merge(self, other: Second) -> None:
@@ -178,25 +185,25 @@ class Second:
         if (live := self.hists.get(metric)) is not None:
             out.merge(live)
         for part in self.parts:
-            if (blob := part.get(metric)) is not None:
-                out.merge(SparseHistogram.decode(blob, SECOND_SIG_FIGS))
+            if (flat := part.get(metric)) is not None:
+                out.merge(SparseHistogram.from_pairs(flat, SECOND_SIG_FIGS))
         return out
 
     def to_wire(self) -> dict[str, Any]:
-        parts = self.parts + ([_encode(self.hists)] if self.hists else [])
+        parts = self.parts + ([_pairs(self.hists)] if self.hists else [])
         return {"sent": self.sent, "errors": self.errors, "parts": parts}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Second:
         out = cls()
         out.sent, out.errors = int(data.get("sent", 0)), int(data.get("errors", 0))
-        out.parts = [{str(m): str(b) for m, b in part.items()}
+        out.parts = [{str(m): [int(x) for x in flat] for m, flat in part.items()}
                      for part in data.get("parts", [])]
         return out
 
 
-def _encode(hists: dict[str, SparseHistogram]) -> dict[str, str]:
-    return {m: h.encode() for m, h in hists.items() if h.total}
+def _pairs(hists: dict[str, SparseHistogram]) -> dict[str, list[int]]:
+    return {m: h.pairs() for m, h in hists.items() if h.total}
 
 
 class Scorecard:
@@ -260,9 +267,7 @@ class Scorecard:
         second.sent += 1
         second.errors += s.error is not None
         for metric, values in _series_values(s):
-            h = second.hist(metric)
-            for v in values:
-                h.record(round(v * 1000.0))
+            second.hist(metric).record_ms(values)
 
     def seal(self, now: float) -> None:
         """Seal seconds no request is likely still running for (a late one opens a new part)."""

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import csv
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import SERIES_METRICS
+from streamquake.loadgen.scorecard import SERIES_METRICS, due_at, ended_at, window_at
 from streamquake.result import RunResult
-from streamquake.run.scoring import assign_phases
 from streamquake.run.series import nearest_rank
 from streamquake.run.timeline import PhaseWindow
 
@@ -30,17 +30,24 @@ def write_timeline_csv(result: RunResult, path: Path) -> Path:
     return path
 
 
-def read_samples(samples_dir: Path) -> list[RequestSample]:
-    """Every sample the load processes wrote; a torn last line (a killed writer) is skipped."""
-    out: list[RequestSample] = []
+def iter_samples(samples_dir: Path, since: float = 0.0) -> Iterator[RequestSample]:
+    """Every sample the load processes wrote (sent at or after ``since``: a reused folder may
+    hold an earlier run's), file by file, one at a time; a torn last line (a killed writer) is
+    skipped."""
     for path in sorted(samples_dir.glob("samples-*.jsonl")):
         with open(path, encoding="utf-8") as f:
             for line in f:
                 try:
-                    out.append(RequestSample.from_dict(json.loads(line)))
-                except ValueError:
+                    s = RequestSample.from_dict(json.loads(line))
+                except (ValueError, TypeError):
                     continue
-    return out
+                if s.sent >= since:
+                    yield s
+
+
+def read_samples(samples_dir: Path) -> list[RequestSample]:
+    """Every sample the load processes wrote, in memory (``compare``'s bootstrap needs them)."""
+    return list(iter_samples(samples_dir))
 
 
 SAMPLE_COLUMNS = ("phase", "scored", "class", "sent_epoch_s", "t_s", "scheduled_epoch_s",
@@ -49,21 +56,24 @@ SAMPLE_COLUMNS = ("phase", "scored", "class", "sent_epoch_s", "t_s", "scheduled_
                   "stalls", "client_stalls", "clock", "status", "error", "error_detail")
 
 
-def write_samples_csv(result: RunResult, samples: list[RequestSample], path: Path) -> Path:
-    """``scored``: ``yes`` (its end, outcome and E2E counted in its phase), ``ended_after``
-    (it ended after its phase did: its end is counted as unattributed there, its earlier
-    measurements may still count, see run/scoring.py), or ``no`` (due outside every phase)."""
+def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path: Path) -> int:
+    """One row per request, streamed (memory does not grow with the run): load process by load
+    process, each in the order its requests ended; sort on ``sent_epoch_s`` for send order.
+    ``scored``: ``yes`` (its end, outcome and E2E counted in its phase), ``ended_after`` (it
+    ended after its phase did: its end is counted as unattributed there, its earlier
+    measurements may still count, see loadgen/scorecard.py), or ``no`` (due outside every
+    phase). Returns the number of rows."""
     windows = [PhaseWindow(p.name, p.start, p.end) for p in result.phases]
-    by_phase, _ = assign_phases(samples, windows)
-    scored = {id(s): name for name, group in by_phase.items() for s in group}
     t0 = windows[0].start if windows else result.started_at
+    rows = 0
     with open(path, "w", newline="", encoding="utf-8") as f:
         out = csv.writer(f)
         out.writerow(SAMPLE_COLUMNS)
-        for s in sorted(samples, key=lambda s: s.sent):
-            due = s.scheduled if s.scheduled is not None else s.sent
-            phase = next((w.name for w in windows if w.start <= due < w.end), "")
-            state = "yes" if id(s) in scored else ("ended_after" if phase else "no")
+        for s in samples:
+            home = window_at(due_at(s), windows)
+            phase = "" if home is None else home.name
+            state = "no" if home is None else (
+                "yes" if ended_at(s) <= home.end else "ended_after")
             gaps = sorted(s.itl_ms)
             out.writerow([phase, state, s.cls, f"{s.sent:.6f}", f"{s.sent - t0:.3f}",
                           "" if s.scheduled is None else f"{s.scheduled:.6f}",
@@ -73,7 +83,8 @@ def write_samples_csv(result: RunResult, samples: list[RequestSample], path: Pat
                           s.stalls, s.client_stalls, s.clock,
                           "" if s.status is None else s.status, s.error or "",
                           s.error_detail or ""])
-    return path
+            rows += 1
+    return rows
 
 
 def _num(value: float | None) -> str:

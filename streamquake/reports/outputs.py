@@ -7,7 +7,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
-from streamquake.reports.csv_report import read_samples, write_samples_csv, write_timeline_csv
+from streamquake.reports.csv_report import iter_samples, write_samples_csv, write_timeline_csv
 from streamquake.reports.html import write_html
 from streamquake.reports.json_report import write_json
 from streamquake.reports.junit import write_junit
@@ -43,11 +43,15 @@ def write_reports(result: RunResult, out: Path) -> tuple[list[Path], list[tuple[
     atomic(out / "report.html", lambda p: write_html(result, p))
     atomic(out / "timeline.csv", lambda p: write_timeline_csv(result, p))
     samples_dir, csv_path = out / "run" / "samples", out / "samples.csv"
-    # A reused --out directory may hold an earlier run's samples: only this run's count.
-    samples = [s for s in read_samples(samples_dir) if s.sent >= result.started_at] \
-        if samples_dir.is_dir() and result.phases else []
-    if samples:
-        atomic(csv_path, lambda p: write_samples_csv(result, samples, p))
+    if samples_dir.is_dir() and result.phases and any(samples_dir.glob("samples-*.jsonl")):
+        # Streamed: a reused --out directory may hold an earlier run's samples, so only this
+        # run's count; a run with none (load.samples: none) leaves no samples.csv.
+        rows: list[int] = []
+        atomic(csv_path, lambda p: rows.append(write_samples_csv(
+            result, iter_samples(samples_dir, result.started_at), p)))
+        if rows == [0]:
+            csv_path.unlink(missing_ok=True)
+            written.remove(csv_path)
     else:
         csv_path.unlink(missing_ok=True)
     return written, failed
