@@ -250,7 +250,7 @@ def data_for(root: Path, n: int, phases: list[float], loop: str, seed: int,
     manifest; reused when the manifest matches (10^6 requests take minutes to generate)."""
     out = root / f"{loop}-{samples}-{n}"
     manifest: dict[str, Any] = {"n": n, "phases": phases, "loop": loop, "seed": seed,
-                                "t0": T0, "load_processes": LOAD_PROCESSES, "version": 2,
+                                "t0": T0, "load_processes": LOAD_PROCESSES, "version": 3,
                                 "samples": samples}
     mpath = out / "manifest.json"
     if mpath.exists():

@@ -113,7 +113,8 @@ def established(port: int) -> int:
     return n
 
 
-def scenario_yaml(url: str, users: int, minutes: float, tokens: int, workers: int) -> str:
+def scenario_yaml(url: str, users: int, minutes: float, tokens: int, workers: int,
+                  samples: str = "all") -> str:
     spawn = min(users, 100)
     warmup = max(15.0, users / spawn + 10.0)
     phase = max(5.0, (minutes * 60.0 - warmup) / 3.0)
@@ -130,6 +131,7 @@ load:
   spawn_rate: {spawn}
   think_time: {{min: 10ms, max: 50ms}}
   workers: {workers}
+  samples: {samples}
   classes:
     - {{name: long, weight: 1, prompt: "Write a long story.", max_tokens: {tokens}}}
   seed: 3
@@ -178,7 +180,7 @@ def soak(args: argparse.Namespace, work: Path) -> int:
     port = int(url.rsplit(":", 1)[1])
     scenario = work / "soak.yaml"
     scenario.write_text(scenario_yaml(url, args.concurrency, args.minutes, args.tokens,
-                                      args.workers))
+                                      args.workers, args.samples))
     print(f"target {url} (pid {target.pid}); scenario {scenario}; out {work / 'out'}",
           flush=True)
     run_log = open(work / "run.log", "wb")  # noqa: SIM115
@@ -305,6 +307,8 @@ def main() -> None:
                     help="tokens a stream (500: 10 s at 20 ms; --quick: 150, 3 s, so that its "
                     "15 s phases hold several streams each)")
     ap.add_argument("--workers", type=int, default=2, help="Locust workers (0: one process)")
+    ap.add_argument("--samples", choices=("all", "none"), default="all",
+                    help="load.samples: raw request lines too (all), or scorecards only")
     ap.add_argument("--every", type=float, default=5.0, help="RSS sampling period, s")
     ap.add_argument("--keep", type=Path, default=None,
                     help="keep the scenario, logs and reports here (default: a temp dir, removed)")

@@ -19,7 +19,9 @@ import base64
 import binascii
 import math
 import struct
+import sys
 import zlib
+from array import array
 from collections.abc import Iterable
 from functools import cache
 
@@ -33,6 +35,10 @@ HIGHEST = 3_600_000_000          # one hour in microseconds; 1e6 tokens/s in mil
 _ENCODING_COOKIE = 0x1C849303
 _COMPRESSION_COOKIE = 0x1C849304
 _PAYLOAD_HEADER = ">IIIIqqd"
+
+
+if array("I").itemsize != 4:     # pragma: no cover - every platform CPython supports today
+    raise ImportError("streamquake needs a 4-byte array('I')")
 
 
 @cache
@@ -196,17 +202,29 @@ class SparseHistogram:
         out.total = sum(counts.values())
         return out
 
-    def pairs(self) -> list[int]:
-        """[index, count, index, count, ...]: the compact form the timeline's seconds use."""
-        return [x for pair in self.buckets() for x in pair]
+    def pack(self) -> str:
+        """The buckets as base64 of little-endian uint32 pairs (index, count): the compact form
+        the timeline's seconds use (a few hundred buckets; read back with no decoding loop)."""
+        flat = array("I", [x for pair in self.buckets() for x in pair])
+        if sys.byteorder == "big":
+            flat.byteswap()
+        return base64.b64encode(flat.tobytes()).decode("ascii")
 
     @classmethod
-    def from_pairs(cls, flat: list[int], sig_figs: int) -> SparseHistogram:
+    def unpack(cls, packed: str, sig_figs: int) -> SparseHistogram:
+        flat = array("I")
+        try:
+            flat.frombytes(base64.b64decode(packed, validate=True))
+        except (ValueError, binascii.Error) as exc:
+            raise ValueError(f"not packed buckets: {exc}") from None
+        if sys.byteorder == "big":
+            flat.byteswap()
+        if len(flat) % 2:
+            raise ValueError("packed buckets: an index without its count")
         out = cls(sig_figs)
-        limit = _layout(sig_figs).counts_len
-        for index, n in zip(flat[::2], flat[1::2], strict=True):
-            if not 0 <= index < limit or n < 0:
-                raise ValueError(f"bucket {index} (count {n}) is outside the layout")
-            out.counts[index] = out.counts.get(index, 0) + n
-        out.total = sum(out.counts.values())
+        indices, counts = flat[::2], flat[1::2]
+        if indices and max(indices) >= _layout(sig_figs).counts_len:
+            raise ValueError("packed buckets run past the layout")
+        out.counts = dict(zip(indices, counts, strict=True))
+        out.total = sum(counts)
         return out

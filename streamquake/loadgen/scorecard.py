@@ -150,8 +150,8 @@ def _gaps(s: RequestSample, first_token: float | None, windows: Sequence[WindowL
 class Second:
     """One second of the timeline, by when requests were due: what was sent, failed, and the
     coarse histograms of their measurements. Once nothing is likely to land in it any more
-    its histograms are sealed into [index, count, ...] lists (small, and read back with no
-    decoding); a late request starts a new part, and merging only collects parts."""
+    its histograms are sealed into packed (index, count) pairs (small, read back with no
+    decoding loop); a late request starts a new part, and merging only collects parts."""
 
     __slots__ = ("sent", "errors", "hists", "parts")
 
@@ -159,7 +159,7 @@ class Second:
         self.sent = 0
         self.errors = 0
         self.hists: dict[str, SparseHistogram] = {}
-        self.parts: list[dict[str, list[int]]] = []
+        self.parts: list[dict[str, str]] = []
 
     def hist(self, metric: str) -> SparseHistogram:
         h = self.hists.get(metric)
@@ -169,7 +169,7 @@ class Second:
 
     def seal(self) -> None:
         if self.hists:
-            self.parts.append(_pairs(self.hists))
+            self.parts.append(_pack(self.hists))
             self.hists = {}
 
     def merge(self, other: Second) -> None:
@@ -185,25 +185,25 @@ class Second:
         if (live := self.hists.get(metric)) is not None:
             out.merge(live)
         for part in self.parts:
-            if (flat := part.get(metric)) is not None:
-                out.merge(SparseHistogram.from_pairs(flat, SECOND_SIG_FIGS))
+            if (packed := part.get(metric)) is not None:
+                out.merge(SparseHistogram.unpack(packed, SECOND_SIG_FIGS))
         return out
 
     def to_wire(self) -> dict[str, Any]:
-        parts = self.parts + ([_pairs(self.hists)] if self.hists else [])
+        parts = self.parts + ([_pack(self.hists)] if self.hists else [])
         return {"sent": self.sent, "errors": self.errors, "parts": parts}
 
     @classmethod
     def from_wire(cls, data: dict[str, Any]) -> Second:
         out = cls()
         out.sent, out.errors = int(data.get("sent", 0)), int(data.get("errors", 0))
-        out.parts = [{str(m): [int(x) for x in flat] for m, flat in part.items()}
+        out.parts = [{str(m): str(packed) for m, packed in part.items()}
                      for part in data.get("parts", [])]
         return out
 
 
-def _pairs(hists: dict[str, SparseHistogram]) -> dict[str, list[int]]:
-    return {m: h.pairs() for m, h in hists.items() if h.total}
+def _pack(hists: dict[str, SparseHistogram]) -> dict[str, str]:
+    return {m: h.pack() for m, h in hists.items() if h.total}
 
 
 class Scorecard:
@@ -282,14 +282,20 @@ class Scorecard:
     # -- across processes ------------------------------------------------------------------
 
     def merge(self, other: Scorecard) -> None:
+        """Add ``other`` into this card; ``other`` gives up its parts and must not be used."""
         for key, stats in other.cells.items():
-            self.cell(*key).merge(stats)
-        for i, second in other.seconds.items():
-            mine = self.seconds.get(i)
+            mine = self.cells.get(key)
             if mine is None:
+                self.cells[key] = stats       # taken over: ``other`` is not used after this
+                self._dirty.add(key)
+            else:
+                self.cell(*key).merge(stats)
+        for i, second in other.seconds.items():
+            here = self.seconds.get(i)
+            if here is None:
                 self.seconds[i] = second
             else:
-                mine.merge(second)
+                here.merge(second)
         for slots, more in ((self.starts, other.starts), (self.ends, other.ends)):
             for slot, n in more.items():
                 slots[slot] = slots.get(slot, 0) + n

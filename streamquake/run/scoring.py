@@ -60,7 +60,7 @@ def score(scenario: Scenario, windows: Sequence[WindowLike], card: Scorecard) ->
                 continue
             total.merge(cell)
             if cls in classes:
-                classes[cls].merge(cell)
+                classes[cls] = cell       # the card's own cell: one class in one phase
     for w in windows:
         stats = out.stats[w.name]
         if w.name != "warmup":
