@@ -124,7 +124,7 @@ def test_two_remote_workers_lose_nothing_and_merge_exactly(tmp_path: Path,
     assert stats["ttft_ms"]["count"] == len(ttft)
     # The report comes from the workers' scorecards (sent as custom messages), not the lines:
     # every figure of every phase equals the one scored from the raw union.
-    cards = sorted(p.name for p in (out / "run" / "samples").glob("scorecard-*.json"))
+    cards = sorted(p.name for p in (out / "run" / "scorecards").glob("scorecard-*.json"))
     assert cards == ["scorecard-w0.json", "scorecard-w1.json"]
     windows = [PhaseWindow(p["name"], p["start"], p["end"]) for p in report["phases"]]
     union = score_samples(load_scenario(scenario), windows,

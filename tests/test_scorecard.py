@@ -77,7 +77,7 @@ def _split(samples: list[RequestSample], unsent: list[UnsentArrival], parts: int
     for u in unsent:
         rng.choice(cards).add_unsent(u)
     for i, card in enumerate(cards):
-        card.write(tmp_path / f"scorecard-{i}.json")
+        card.write(tmp_path / f"scorecard-{i}.json", final=True)
 
 
 def test_merged_scorecards_equal_one_scorecard_of_the_union(tmp_path: Path) -> None:
@@ -145,11 +145,19 @@ def test_a_scorecard_for_other_windows_is_not_merged(tmp_path: Path) -> None:
     _split(samples, unsent, 1, tmp_path)
     older = Scorecard([Window(w.name, w.start - 100, w.end - 100) for w in WINDOWS])
     older.add(samples[0])
-    older.write(tmp_path / "scorecard-old.json")
+    older.write(tmp_path / "scorecard-old.json", final=True)
     (tmp_path / "scorecard-torn.json").write_text('{"format": 1, "windows": [')
     merged, problems = read_scorecards(tmp_path, WINDOWS)
     assert merged.processes == 1 and merged.records == len(samples)
-    assert len(problems) == 1 and "scorecard-torn.json" in problems[0]
+    assert len(problems) == 1 and "scorecard-torn.json could not be read" in problems[0]
+    # A checkpoint never followed by the final card (a killed process) counts, and is named.
+    checkpoint = Scorecard(WINDOWS)
+    checkpoint.add(samples[0])
+    checkpoint.write(tmp_path / "scorecard-killed.json")
+    merged, problems = read_scorecards(tmp_path, WINDOWS)
+    assert merged.processes == 2 and merged.records == len(samples) + 1
+    assert problems[0].startswith("scorecard-killed.json is the last checkpoint of a load "
+                                  "process that never saved its final scorecard")
 
 
 def test_every_metric_crosses_the_wire() -> None:
@@ -188,10 +196,12 @@ def test_load_samples_none_scores_every_request_without_lines(tmp_path: Path) ->
     samples_dir = out / "run" / "samples"
     assert list(samples_dir.glob("samples-*.jsonl")) == []
     assert not (out / "samples.csv").exists()
-    (card_file,) = samples_dir.glob("scorecard-*.json")
+    (card_file,) = (out / "run" / "scorecards").glob("scorecard-*.json")
     report = json.loads((out / "report.json").read_text())
     baseline = next(p for p in report["phases"] if p["name"] == "baseline")["stats"]
     card = json.loads(card_file.read_text())
+    assert card["final"] is True
+    assert not [e for e in report["errors"] if "scorecard" in e], report["errors"]
     assert baseline["requests"] > 10
     assert baseline["ttft_ms"]["count"] >= baseline["requests"]
     assert card["records"] >= sum(p["stats"]["sent"] for p in report["phases"])

@@ -11,8 +11,10 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import shutil
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -39,11 +41,14 @@ class LocustRun:
     """Locust processes of one run: the first is the standalone or master process."""
 
     def __init__(self, processes: list[subprocess.Popen[bytes]], logs: list[IO[bytes]],
-                 samples_dir: Path, expected_end: float) -> None:
+                 samples_dir: Path, expected_end: float, cards_dir: Path | None = None,
+                 keep_cards: Path | None = None) -> None:
         self._processes = processes
         self._logs = logs
         self.samples_dir = samples_dir
         self.expected_end = expected_end    # when Locust's --run-time and --stop-timeout expire
+        self.cards_dir = cards_dir or samples_dir   # where the processes put their scorecards
+        self.keep_cards = keep_cards        # where they are kept once read (a scratch dir's)
 
     @property
     def pids(self) -> list[int]:
@@ -83,8 +88,17 @@ class LocustRun:
         return [RequestSample.from_dict(d) for d in _records(self.samples_dir, "samples")]
 
     def scorecard(self, windows: Sequence[WindowLike]) -> tuple[Scorecard, list[str]]:
-        """Every load process's scorecard for these windows, merged (loadgen/scorecard.py)."""
-        return read_scorecards(self.samples_dir, windows)
+        """Every load process's scorecard for these windows, merged (loadgen/scorecard.py),
+        and the problems with them. Cards in a scratch folder are then copied beside the
+        reports (``run/scorecards/``, where the disk allows) and the scratch folder removed."""
+        merged = read_scorecards(self.cards_dir, windows)
+        if self.keep_cards is not None and self.cards_dir != self.samples_dir:
+            with contextlib.suppress(OSError):
+                self.keep_cards.mkdir(parents=True, exist_ok=True)
+                for path in sorted(self.cards_dir.glob("scorecard-*.json")):
+                    shutil.copyfile(path, self.keep_cards / path.name)
+            shutil.rmtree(self.cards_dir, ignore_errors=True)
+        return merged
 
     def unsent(self) -> list[UnsentArrival]:
         """Every open-loop arrival that was due but never sent, from all processes."""
@@ -159,7 +173,9 @@ def start_locust(
         launches += [(worker, run_dir / f"locust-worker-{i}.log") for i in range(workers)]
     else:
         launches.append((main, run_dir / "locust.log"))
-    run = LocustRun([], [], samples_dir, time.time() + run_time)
+    cards_dir = Path(plan.scorecards_path) if plan.scorecards_path else None
+    run = LocustRun([], [], samples_dir, time.time() + run_time, cards_dir,
+                    run_dir / "scorecards")
     try:
         for args, log_path in launches:
             log = open(log_path, "ab")  # noqa: SIM115 - closed by LocustRun.stop
@@ -181,10 +197,18 @@ def start_load(
     """The runner's entry: a scenario's load against ``base_url`` over the phase ``windows``."""
     from streamquake.run.loadplan import load_plan_for
 
-    plan = load_plan_for(scenario, base_url, work_dir / "samples", windows[-1].end, windows)
-    return start_locust(plan, work_dir, run_time_s, workers=scenario.load.workers,
-                        remote_workers=scenario.load.remote_workers,
-                        master_bind=scenario.load.master_bind)
+    # Scorecards are the runner's input, not a report: they go to a scratch folder off the
+    # --out disk, so a report disk that fills up cannot cost the verdicts.
+    cards = Path(tempfile.mkdtemp(prefix="streamquake-scorecards-"))
+    plan = load_plan_for(scenario, base_url, work_dir / "samples", windows[-1].end, windows,
+                         cards)
+    try:
+        return start_locust(plan, work_dir, run_time_s, workers=scenario.load.workers,
+                            remote_workers=scenario.load.remote_workers,
+                            master_bind=scenario.load.master_bind)
+    except BaseException:
+        shutil.rmtree(cards, ignore_errors=True)
+        raise
 
 
 def _free_port() -> int:

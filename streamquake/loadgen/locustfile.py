@@ -66,7 +66,7 @@ class _Process:
     stopped: set[str] = set()               # ... and those that said sq_stopped
     plan_ready = Event()
     card: Scorecard | None = None           # this process's requests, scored (scorecard.py)
-    card_saved = (0, 0)                     # (records, unsent) in the last one saved or sent
+    card_saved = (0, 0, False)              # (records, unsent, final) of the last one saved
 
 
 def _plan() -> LoadPlan:
@@ -117,20 +117,24 @@ def _write(record: RequestSample | UnsentArrival) -> None:
     sink.flush()
 
 
-def _save_card() -> None:
+def _save_card(final: bool = False) -> None:
     """This process's scorecard to the runner: replaced atomically in scorecard-<pid>.json,
-    or sent to the master (a remote worker), when anything was scored since the last time."""
+    or sent to the master (a remote worker), when anything was scored since the last time.
+    The one saved once its users have stopped is marked final: the runner warns about a card
+    that is not (a process killed, or one that could not save at the end)."""
     card = _Process.card
     if card is None:
         return
     card.seal(time.time())
-    mark = (card.records, card.unsent)
+    mark = (card.records, card.unsent, final)
     if mark == _Process.card_saved:
         return
     if _Process.relay is not None:
-        _Process.relay.send_scorecard(card.dumps())
+        _Process.relay.send_scorecard(card.dumps(final))
     else:
-        card.write(Path(_plan().samples_path) / f"scorecard-{os.getpid()}.json")
+        plan = _plan()
+        card.write(Path(plan.scorecards_path or plan.samples_path)
+                   / f"scorecard-{os.getpid()}.json", final)
     _Process.card_saved = mark
 
 
@@ -212,7 +216,7 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
 def _stop_worker(runner: WorkerRunner) -> None:
     """The master's word that the run is over (see _quit_at_end)."""
     runner.stop()                 # users stop; streams in flight finish (within stop timeout)
-    _save_card()                  # the final scorecard, before the word that follows it
+    _save_card(final=True)        # the final scorecard, before the word that follows it
     if _Process.relay is not None:
         _Process.relay.flush()    # the last records, before the word that follows them
     # Then wait for the master's quit (it sends it once every worker has said this): quitting
@@ -224,7 +228,8 @@ def _stop_worker(runner: WorkerRunner) -> None:
 def _init_master(runner: MasterRunner, plan: LoadPlan) -> None:
     """Serve the plan to workers that ask (remote ones), file their records, log membership."""
     run_dir = Path(os.environ[PLAN_ENV]).parent
-    inbox = relay.Inbox(runner, Path(plan.samples_path), run_dir)
+    inbox = relay.Inbox(runner, Path(plan.samples_path), run_dir,
+                        Path(plan.scorecards_path or plan.samples_path))
     plan_json = plan.model_dump_json()
 
     def on_plan_request(environment: Environment, msg: Any, **_: Any) -> None:
@@ -267,7 +272,7 @@ def _init_remote_worker(runner: WorkerRunner) -> None:
     runner.register_message("sq_plan", on_plan)
     # Users stopped: the last records go now, before Locust tells the master "client_stopped".
     def on_test_stop(**_: Any) -> None:
-        _save_card()
+        _save_card(final=True)
         outbox.flush()
 
     events.test_stop.add_listener(on_test_stop)  # type: ignore[no-untyped-call]
@@ -278,7 +283,10 @@ def _init_remote_worker(runner: WorkerRunner) -> None:
 
 @events.quitting.add_listener  # type: ignore[untyped-decorator]
 def _on_quitting(**_: Any) -> None:
-    _save_card()
+    try:
+        _save_card(final=True)
+    except OSError as exc:   # the runner says so: this card's last checkpoint is not final
+        logging.getLogger(__name__).error("cannot save the final scorecard: %s", exc)
     for sink in _Process.sinks.values():
         sink.close()
     _Process.sinks.clear()

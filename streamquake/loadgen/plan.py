@@ -73,6 +73,9 @@ class LoadPlan(_Frozen):
     # (loadgen/scorecard.py). Empty: no scorecard (a bare Locust run; tests of the client).
     windows: list[tuple[str, float, float]] = Field(default_factory=list)
     raw_samples: bool = True               # also one JSON line per request (load.samples)
+    # Where scorecards go (default: samples_path): the runner's own scratch folder, off the
+    # --out disk, so a full report disk cannot cost the figures (launcher.py).
+    scorecards_path: str = ""
     seed: int = 0
     end_at: float                          # epoch s: no request is sent after this
     retries: Literal["none", "standard"] = "none"   # loadgen/retry.py

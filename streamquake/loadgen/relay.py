@@ -9,7 +9,7 @@ On a worker started by ``streamquake worker --master HOST:PORT`` (``$STREAMQUAKE
 * its scorecard (loadgen/scorecard.py: per phase and class, exact mergeable HDR histograms) is
   sent whole (``sq_scorecard``) every checkpoint and once more when its users have stopped,
   *before* it says so (messages from one worker arrive in order); the master keeps the latest
-  as ``scorecard-w<index>.json``, which the runner merges with the local processes';
+  as ``scorecard-w<index>.json`` beside the local processes', and the runner merges them all;
 * every record a local process would append to a file (request samples unless
   ``load.samples`` is none, arrivals never sent, the saturation guard's seconds) is buffered
   here and sent as whole lines (``sq_records``) every :data:`FLUSH_S`, and once more at the
@@ -113,9 +113,10 @@ class RelaySink:
 class Inbox:
     """On the master: each worker's records appended to files beside the local processes'."""
 
-    def __init__(self, runner: Any, samples_dir: Path, run_dir: Path) -> None:
+    def __init__(self, runner: Any, samples_dir: Path, run_dir: Path, cards_dir: Path) -> None:
         self.runner = runner
         self.dirs = {"samples": samples_dir, "unsent": samples_dir, "saturation": run_dir}
+        self.cards_dir = cards_dir
         self._files: dict[tuple[str, int], Any] = {}
 
     def on_records(self, environment: Any, msg: Any, **_: Any) -> None:
@@ -139,9 +140,8 @@ class Inbox:
         if not isinstance(text, str):
             return
         index = self.runner.get_worker_index(msg.node_id)
-        directory = self.dirs["samples"]
-        directory.mkdir(parents=True, exist_ok=True)
-        path = directory / f"scorecard-w{index}.json"
+        self.cards_dir.mkdir(parents=True, exist_ok=True)
+        path = self.cards_dir / f"scorecard-w{index}.json"
         tmp = path.with_name(f".{path.name}.tmp")
         tmp.write_text(text, encoding="utf-8")
         os.replace(tmp, path)

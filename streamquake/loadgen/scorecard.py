@@ -307,13 +307,14 @@ class Scorecard:
         self.outside += other.outside
         self.processes += other.processes
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self, final: bool = False) -> dict[str, Any]:
         for key in self._dirty:
             self._wire[key] = self.cells[key].to_wire()
         self._dirty.clear()
         return {
             "format": FORMAT,
             "pid": os.getpid(),
+            "final": final,
             "windows": [[w.name, w.start, w.end] for w in self.windows],
             "first_sent": self.first_sent,
             "records": self.records,
@@ -343,14 +344,19 @@ class Scorecard:
         card.outside = int(data.get("outside", 0))
         return card
 
-    def dumps(self) -> str:
-        return json.dumps(self.to_wire(), separators=(",", ":"))
+    def dumps(self, final: bool = False) -> str:
+        return json.dumps(self.to_wire(final), separators=(",", ":"))
 
-    def write(self, path: Path) -> None:
-        """Replace ``path`` atomically: a reader (or a kill) never sees half a scorecard."""
+    def write(self, path: Path, final: bool = False) -> None:
+        """Replace ``path`` atomically: a reader (or a kill) never sees half a scorecard, and a
+        write that fails (a full disk) leaves the last good one."""
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(self.dumps(), encoding="utf-8")
-        os.replace(tmp, path)
+        try:
+            tmp.write_text(self.dumps(final), encoding="utf-8")
+            os.replace(tmp, path)
+        except OSError:
+            tmp.unlink(missing_ok=True)
+            raise
 
     @classmethod
     def of(cls, windows: Sequence[WindowLike], samples: Iterable[RequestSample],
@@ -382,8 +388,9 @@ def _series_values(s: RequestSample) -> list[tuple[str, Sequence[float]]]:
 def read_scorecards(directory: Path, windows: Sequence[WindowLike]
                     ) -> tuple[Scorecard, list[str]]:
     """Merge every ``scorecard-*.json`` in ``directory`` written for these phase windows (a
-    reused folder may hold an earlier run's). Returns (the merged card, problems) where a
-    problem is a file that could not be read: its load is missing and the report says so."""
+    reused folder may hold an earlier run's). Returns (the merged card, problems): a file
+    that could not be read, or a card that is not its process's final one; each is a run
+    warning, in one sentence."""
     merged = Scorecard(windows)
     merged.processes = 0
     want = [[w.name, w.start, w.end] for w in windows]
@@ -395,5 +402,12 @@ def read_scorecards(directory: Path, windows: Sequence[WindowLike]
                 continue
             merged.merge(Scorecard.from_wire(data))
         except (OSError, ValueError, KeyError, TypeError) as exc:
-            problems.append(f"{path.name}: {exc}")
+            problems.append(f"{path.name} could not be read, so that load process's requests "
+                            f"are missing from every figure: {exc}")
+            continue
+        if not data.get("final"):
+            problems.append(f"{path.name} is the last checkpoint of a load process that never "
+                            "saved its final scorecard (killed, or it could not write at the "
+                            f"end), so up to its last {CHECKPOINT_S:g} s of requests are "
+                            "missing from the figures")
     return merged, problems

@@ -12,7 +12,7 @@ from streamquake.scenario.schema import RequestClass, TraceSpec
 
 
 def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: float,
-                  windows: Sequence[WindowLike] = ()) -> LoadPlan:
+                  windows: Sequence[WindowLike] = (), cards_dir: Path | None = None) -> LoadPlan:
     load, target = scenario.load, scenario.target
     arrival: ClosedLoop | OpenLoop | TraceReplay
     users = load.users
@@ -48,6 +48,7 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         samples_path=str(samples_dir),
         windows=[(w.name, w.start, w.end) for w in windows],
         raw_samples=load.samples == "all",
+        scorecards_path="" if cards_dir is None else str(cards_dir),
         seed=load.seed,
         end_at=end_at,
         retries=load.retries,

@@ -113,8 +113,7 @@ class Runner:
                 if parts is not None:
                     telemetry = parts.reports()
         card, unread = load.scorecard(windows) if load is not None else (Scorecard(windows), [])
-        self.warnings += [f"a load process's scorecard could not be read, so its requests are "
-                          f"missing from every figure: {problem}" for problem in unread]
+        self.warnings += unread
         result = self._result(started, windows, card, interrupted, target_info, telemetry,
                               stopped_at)
         if failure is not None:
