@@ -27,3 +27,18 @@ def test_limits_and_retries_travel_to_the_load_plan(tmp_path: Path) -> None:
         parse_scenario("name: x\ntarget: {protocol: openai, embedded: {}}\n"
                        "load: {limits: {line: 10}}\nphases: {baseline: 1s, fault: 0s, "
                        "recovery: 0s}\n")
+
+
+@pytest.mark.timeout(10)
+def test_trace_rows_are_split_over_local_and_remote_workers(tmp_path: Path) -> None:
+    """Row i goes to the process whose worker index is i mod processes: every Locust worker,
+    here or elsewhere, counts, or remote workers would each replay every row."""
+    trace = Path("scenarios/traces/synthetic-mooncake.jsonl").resolve()
+    for workers, remote, processes in ((0, 0, 1), (2, 0, 2), (0, 3, 3), (1, 2, 3)):
+        sc = parse_scenario(
+            f"name: x\ntarget: {{protocol: openai, embedded: {{}}}}\n"
+            f"load: {{trace: {trace}, workers: {workers}, remote_workers: {remote}, "
+            "master_bind: '0.0.0.0:5557'}\nphases: {baseline: 60s, fault: 0s, recovery: 0s}\n")
+        plan = load_plan_for(sc, "http://10.0.0.1:1", tmp_path, end_at=100.0)
+        assert plan.arrival.mode == "trace"
+        assert (plan.arrival.processes, plan.users) == (processes, processes)
