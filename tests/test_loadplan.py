@@ -42,3 +42,21 @@ def test_trace_rows_are_split_over_local_and_remote_workers(tmp_path: Path) -> N
         plan = load_plan_for(sc, "http://10.0.0.1:1", tmp_path, end_at=100.0)
         assert plan.arrival.mode == "trace"
         assert (plan.arrival.processes, plan.users) == (processes, processes)
+
+
+@pytest.mark.timeout(10)
+def test_a_rows_tenant_picks_the_class_of_that_name(tmp_path: Path) -> None:
+    trace = tmp_path / "t.jsonl"
+    trace.write_text(
+        '{"timestamp": 0, "input_length": 10, "output_length": 5, "tenant": "acme"}\n'
+        '{"timestamp": 10, "input_length": 10, "output_length": 5, "tenant": "other"}\n'
+        '{"timestamp": 20, "input_length": 10, "output_length": 5, "tenant": "acme", '
+        '"class": "bulk"}\n'
+        '{"timestamp": 30, "input_length": 10, "output_length": 5}\n')
+    sc = parse_scenario(
+        f"name: x\ntarget: {{protocol: openai, embedded: {{}}}}\n"
+        f"load: {{trace: {trace}, classes: [{{name: acme}}, {{name: bulk}}]}}\n"
+        "phases: {baseline: 60s, fault: 0s, recovery: 0s}\n")
+    plan = load_plan_for(sc, "http://127.0.0.1:1", tmp_path, end_at=100.0)
+    assert plan.arrival.mode == "trace"
+    assert [row[3] for row in plan.arrival.rows] == ["acme", None, "bulk", None]

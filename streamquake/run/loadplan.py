@@ -18,7 +18,8 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
     users = load.users
     if load.trace is not None:
         arrival = _trace(load.trace, end_at - scenario.phases.total_s,
-                         max(1, load.workers + load.remote_workers))
+                         max(1, load.workers + load.remote_workers),
+                         {c.name for c in load.classes})
         users = arrival.processes       # one dispatching user per load process
     elif load.arrival is not None:
         arrival = OpenLoop(
@@ -72,7 +73,10 @@ def _class(c: RequestClass) -> RequestClassPlan:
                             max_tokens=c.max_tokens, body=c.body)
 
 
-def _trace(spec: TraceSpec, start_at: float, processes: int) -> TraceReplay:
+def _trace(spec: TraceSpec, start_at: float, processes: int, classes: set[str]) -> TraceReplay:
+    """The trace's rows for the load processes. A row's ``class`` picks that request class; a
+    row with none but a ``tenant`` that names a class takes that one (a class per tenant gives
+    per-tenant figures and SLOs); the rest draw a class by weight."""
     from streamquake.loadgen.trace import read_trace
 
     rows = read_trace(spec.file, spec.speedup)
@@ -81,5 +85,6 @@ def _trace(spec: TraceSpec, start_at: float, processes: int) -> TraceReplay:
     period = last + (last / (len(rows) - 1) if len(rows) > 1 and last > 0 else 1.0)
     return TraceReplay(
         start_at=start_at,
-        rows=[(r.offset_s, r.input_tokens, r.output_tokens, r.cls, r.prompt) for r in rows],
+        rows=[(r.offset_s, r.input_tokens, r.output_tokens,
+               r.cls or (r.tenant if r.tenant in classes else None), r.prompt) for r in rows],
         loop=spec.loop, period_s=period, max_inflight=spec.max_inflight, processes=processes)
