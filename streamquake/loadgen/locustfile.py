@@ -126,6 +126,7 @@ def _save_card(final: bool = False) -> None:
     if card is None:
         return
     card.seal(time.time())
+    final = final or _Process.card_saved[2]   # a stream ending after the final save: still final
     mark = (card.records, card.unsent, final)
     if mark == _Process.card_saved:
         return
