@@ -17,8 +17,10 @@ Locust master and workers, found as descendants of the run through /proc) and of
 and counts the target's established connections (/proc/net/tcp). The window is from the first
 phase's start to the last phase's end (from the run's report.json; while a Locust process was
 alive, when there is none). Per process it reports RSS at 10% of that window, at its end, the
-max within it, growth from the 10% mark to the end, and the verdict "flat" when that growth is
-within 10%; growth from the 50% mark to the end (past the warm-up of a short run); and the
+max within it, growth from the 10% mark to the end; the median RSS over 10-20% of the window
+and over its last 10%, and the verdict "flat" when the growth of those medians is within 10%
+(single readings of a garbage-collected process swing by several MB); growth from the 50%
+mark to the end (past the warm-up of a short run); and the
 peak after the phases (the runner's is when it reads every sample and writes the reports:
 benchmarks/report_cost.py measures that). ``--keep DIR`` keeps every sample in DIR/rss.csv.
 Defaults: C=1000, D=10 min; ``--quick``: C=200, D=1 min.
@@ -240,6 +242,11 @@ def phase_window(out: Path, started: float) -> tuple[float, float] | None:
     return None
 
 
+def _median(tr: Track, start: float, end: float) -> float:
+    values = sorted(v for t, v in zip(tr.t, tr.rss_mb, strict=True) if start <= t <= end)
+    return values[len(values) // 2] if values else float("nan")
+
+
 def _at(tr: Track, t: float) -> float | None:
     return next((v for tt, v in zip(tr.t, tr.rss_mb, strict=True) if tt >= t), None)
 
@@ -262,8 +269,9 @@ def report(tracks: dict[int, Track], conns: list[tuple[float, int]], load_seen: 
               f"median {held[len(held) // 2]}, max {held[-1]} (asked for {args.concurrency})")
     print()
     print("| process | pid | RSS at 10% MB | RSS at end MB | max MB | growth 10%->end | "
-          "verdict | growth 50%->end | after the phases, max MB |")
-    print("|---|---:|---:|---:|---:|---:|---|---:|---:|")
+          "median 10-20% MB | median last 10% MB | growth of medians | verdict | "
+          "growth 50%->end | after the phases, max MB |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
     for pid, tr in sorted(tracks.items(), key=lambda kv: (kv[1].label, kv[0])):
         inside = [v for t, v in zip(tr.t, tr.rss_mb, strict=True) if lo <= t <= hi]
         at10 = _at(tr, mark)
@@ -272,13 +280,19 @@ def report(tracks: dict[int, Track], conns: list[tuple[float, int]], load_seen: 
         if not inside or at10 is None or end is None:
             continue
         growth = (end - at10) / at10 * 100.0
-        verdict = "flat within 10%" if abs(growth) <= FLAT_PCT else "NOT flat"
+        # A garbage-collected process's RSS saws up and down by several MB between readings:
+        # the verdict compares levels (the median of each tenth's readings), not two readings.
+        early = _median(tr, mark, lo + 0.2 * (hi - lo))
+        final = _median(tr, hi - 0.1 * (hi - lo), hi)
+        levels = (final - early) / early * 100.0
+        verdict = "flat within 10%" if abs(levels) <= FLAT_PCT else "NOT flat"
         at50 = _at(tr, (lo + hi) / 2.0)
         late = f"{(end - at50) / at50 * 100.0:+.1f}%" if at50 else "-"
         after = [v for t, v in zip(tr.t, tr.rss_mb, strict=True) if t > hi]
         post = f"{max(after):.0f}" if after else "-"
         print(f"| {tr.label} | {pid} | {at10:.0f} | {end:.0f} | {max(inside):.0f} | "
-              f"{growth:+.1f}% | {verdict} | {late} | {post} |")
+              f"{growth:+.1f}% | {early:.0f} | {final:.0f} | {levels:+.1f}% | {verdict} | "
+              f"{late} | {post} |")
     summary = out / "report.json"
     if summary.exists():
         with contextlib.suppress(ValueError, KeyError, TypeError):

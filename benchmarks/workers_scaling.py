@@ -4,8 +4,9 @@
 
 The real thing end to end: `streamquake target serve` (TTFT 0, ITL 2 ms, 100 tokens, the
 OpenAI format) and `streamquake run` of a closed-loop scenario with no think time against it,
-with `load.workers` 0 (one load process), 2 and 4, one after the other. From each run's
-report.json: the baseline's content events per second (every request's tokens over the phase),
+with `load.workers` 0 (one load process), 2 and 4, one after the other (`--samples none`: no
+raw request lines, scorecards only). From each run's report.json: the baseline's content
+events per second (first tokens and gaps scored in the phase, over its length),
 the saturation guard's figures (client CPU max, hub lag p99: run/saturation.py), and the ratio
 of events/s to the single process of the same invocation. On a 2-core machine whose other core
 serves the target, more processes can only share one core: the ratio then shows what extra
@@ -47,11 +48,13 @@ def _target(tmp: Path, pin: bool) -> tuple[subprocess.Popen[bytes], str]:
     raise SystemExit("the target did not start")
 
 
-def _run(tmp: Path, url: str, workers: int, users: int, seconds: float) -> dict[str, object]:
+def _run(tmp: Path, url: str, workers: int, users: int, seconds: float,
+         samples: str) -> dict[str, object]:
     scenario = tmp / f"w{workers}.yaml"
     scenario.write_text(
         f"name: scaling-w{workers}\ntarget: {{protocol: openai, url: '{url}', timeout: 30s}}\n"
-        f"load: {{users: {users}, spawn_rate: {users}, workers: {workers}}}\n"
+        f"load: {{users: {users}, spawn_rate: {users}, workers: {workers}, "
+        f"samples: {samples}}}\n"
         f"phases: {{warmup: 5s, baseline: {seconds}s, fault: 0s, recovery: 0s}}\n")
     out = tmp / f"out-w{workers}"
     started = time.monotonic()
@@ -63,12 +66,8 @@ def _run(tmp: Path, url: str, workers: int, users: int, seconds: float) -> dict[
     base = next(p for p in report["phases"] if p["name"] == "baseline")
     stats = base["stats"]
     client = stats.get("client", {})
-    events = 0
-    for path in (out / "run" / "samples").glob("samples-*.jsonl"):
-        for line in path.read_text().splitlines():
-            s = json.loads(line)
-            if base["start"] <= s["sent"] < base["end"]:
-                events += int(s["content_events"])
+    # Content events seen in the phase: every first token and every gap that happened in it.
+    events = stats["ttft_ms"]["count"] + stats["itl_ms"]["count"]
     return {"workers": workers, "processes": max(1, workers), "exit": proc.returncode,
             "requests": stats["requests"], "events_per_s": events / (base["end"] - base["start"]),
             "cpu_max": client.get("cpu_pct_max"), "hub_lag_p99_ms": client.get("hub_lag_p99_ms"),
@@ -81,13 +80,15 @@ def main() -> None:
     p.add_argument("--users", type=int, default=600)
     p.add_argument("--seconds", type=float, default=15.0)
     p.add_argument("--pin-target", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--samples", choices=("all", "none"), default="all",
+                   help="load.samples: raw request lines too, or scorecards only")
     args = p.parse_args()
     with tempfile.TemporaryDirectory(prefix="sq-scaling-") as d:
         tmp = Path(d)
         os.environ["STREAMQUAKE_STATE_DIR"] = str(tmp / "state")
         target, url = _target(tmp, args.pin_target)
         try:
-            rows = [_run(tmp, url, int(w), args.users, args.seconds)
+            rows = [_run(tmp, url, int(w), args.users, args.seconds, args.samples)
                     for w in args.workers.split(",")]
         finally:
             target.terminate()
@@ -95,6 +96,7 @@ def main() -> None:
     one = rows[0]["events_per_s"]
     print(f"# {args.users} users, closed loop, ITL 2 ms x 100 tokens; "
           f"{os.cpu_count()} cores, target {'on core 0' if args.pin_target else 'unpinned'}; "
+          f"load.samples {args.samples}; "
           f"load average {os.getloadavg()[0]:.1f}")
     print("| load processes | events/s | vs 1 process | requests | client CPU max % | "
           "hub lag p99 ms | saturated | exit |")

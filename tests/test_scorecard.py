@@ -210,3 +210,23 @@ def test_load_samples_none_scores_every_request_without_lines(tmp_path: Path) ->
     counts = [int(parts[2]) for line in log.splitlines()
               if (parts := line.split())[:2] == ["SSE", "default"] and parts[2].isdigit()]
     assert counts and counts[0] == card["records"]
+
+
+def test_cells_of_phases_over_are_frozen_and_thawed_without_loss() -> None:
+    """A load process keeps only the phases in progress as histograms; the rest as their wire
+    form. Freezing everything after every request (a late one thaws its cell) changes
+    nothing in what the card says."""
+    samples, unsent = _requests(600)
+    card = Scorecard(WINDOWS, seal_after_s=0.0)
+    for s in sorted(samples, key=lambda s: s.sent):
+        card.add(s)
+        card.seal(T0 + 1000.0)
+        assert not card.cells            # every cell frozen
+    for u in unsent:
+        card.add_unsent(u)
+    back = Scorecard.from_wire(json.loads(card.dumps()))
+    whole = Scorecard.of(WINDOWS, samples, unsent)
+    assert sorted(back.cells) == sorted(whole.cells)
+    for key, stats in whole.cells.items():
+        assert back.cells[key].to_dict() == stats.to_dict(), key
+    assert per_second(back, WINDOWS) == per_second(whole, WINDOWS)

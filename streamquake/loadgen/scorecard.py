@@ -224,6 +224,9 @@ class Scorecard:
         self.processes = 1
         self._dirty: set[tuple[str, str]] = set()
         self._wire: dict[tuple[str, str], dict[str, Any]] = {}
+        # Cells of phases long over, kept only in their wire form (a late request thaws one).
+        self._frozen: dict[tuple[str, str], dict[str, Any]] = {}
+        self._ends = {w.name: w.end for w in self.windows}
         self._sealed_below = 0
 
     # -- scoring --------------------------------------------------------------------------
@@ -233,7 +236,8 @@ class Scorecard:
         self._dirty.add(key)
         stats = self.cells.get(key)
         if stats is None:
-            stats = self.cells[key] = Stats()
+            frozen = self._frozen.pop(key, None)
+            stats = self.cells[key] = Stats() if frozen is None else Stats.from_wire(frozen)
         return stats
 
     def add(self, s: RequestSample) -> None:
@@ -270,14 +274,21 @@ class Scorecard:
             second.hist(metric).record_ms(values)
 
     def seal(self, now: float) -> None:
-        """Seal seconds no request is likely still running for (a late one opens a new part)."""
+        """Seal what no request is likely still running for: seconds (a late request opens a
+        new part) and the cells of phases over (kept as their wire form only; a late request
+        thaws one). So a load process's memory holds the phases in progress, not the run."""
         below = math.floor(now - self.t0 - self.seal_after_s)
-        if below <= self._sealed_below:
-            return
-        for i, second in self.seconds.items():
-            if i < below and second.hists:
-                second.seal()
-        self._sealed_below = below
+        if below > self._sealed_below:
+            for i, second in self.seconds.items():
+                if i < below and second.hists:
+                    second.seal()
+            self._sealed_below = below
+        over = now - self.seal_after_s
+        for key in [k for k in self.cells if self._ends.get(k[0], math.inf) < over]:
+            stats = self.cells.pop(key)
+            wire = self._wire.pop(key, None)
+            self._frozen[key] = stats.to_wire() if wire is None or key in self._dirty else wire
+            self._dirty.discard(key)
 
     # -- across processes ------------------------------------------------------------------
 
@@ -311,6 +322,7 @@ class Scorecard:
         for key in self._dirty:
             self._wire[key] = self.cells[key].to_wire()
         self._dirty.clear()
+        wires = {**self._frozen, **self._wire}
         return {
             "format": FORMAT,
             "pid": os.getpid(),
@@ -320,8 +332,8 @@ class Scorecard:
             "records": self.records,
             "unsent": self.unsent,
             "outside": self.outside,
-            "cells": [{"phase": p, "class": c, "stats": self._wire[(p, c)]}
-                      for (p, c) in sorted(self.cells)],
+            "cells": [{"phase": p, "class": c, "stats": wires[(p, c)]}
+                      for (p, c) in sorted(wires)],
             "seconds": {str(i): s.to_wire() for i, s in sorted(self.seconds.items())},
             "starts": {str(k): v for k, v in sorted(self.starts.items())},
             "ends": {str(k): v for k, v in sorted(self.ends.items())},
