@@ -95,6 +95,10 @@ class Runner:
                     windows = plan_windows(self.scenario, t0)
                     load = start_loadgen(stack, self.scenario, parts, windows, self.events)
                     self.watch = Watch(self.work_dir / "samples", self.scenario.abort_when)
+                    if self.scenario.load.samples == "none":
+                        self.events.message("load.samples is none: no per-request lines, so no "
+                                            "rolling live figures; the verdicts come from the "
+                                            "load processes' scorecards")
                     self.guard = SaturationGuard(self.work_dir, windows, self.events)
                     self._walk(windows, planned, load, whole_run)
                     self.events.message("waiting for in-flight requests to finish")
