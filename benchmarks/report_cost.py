@@ -190,7 +190,12 @@ def generate(out: Path, n: int, phases: list[float], loop: str, seed: int,
     fault_end = fault_start + phases[2]
     rng = random.Random(seed)
     pids = [40_000 + i for i in range(LOAD_PROCESSES)]
-    cards = [Scorecard(windows, seal_after_s=20.0 + 15.0) for _ in pids]
+    # Sealed seconds leave as lines (seconds-<pid>.jsonl), as the locustfile sends them.
+    second_files = [open(samples_dir / f"seconds-{pid}.jsonl", "w",  # noqa: SIM115
+                         encoding="utf-8") for pid in pids]
+    cards = [Scorecard(windows, seal_after_s=20.0 + 15.0,
+                       seconds_sink=lambda line, f=f: f.write(line + "\n"))  # type: ignore[misc]
+             for f in second_files]
     scoring_s = 0.0
     events = 0
     chunk = 20_000   # requests sent in a stretch of time, written in the order they ended
@@ -226,8 +231,9 @@ def generate(out: Path, n: int, phases: list[float], loop: str, seed: int,
                 cards[0].add_unsent(u)
                 f.write(u.to_json() + "\n")
     t = time.perf_counter()
-    for pid, card in zip(pids, cards, strict=True):
-        card.write(samples_dir / f"scorecard-{pid}.json")
+    for pid, card, f in zip(pids, cards, second_files, strict=True):
+        f.close()
+        card.write(samples_dir / f"scorecard-{pid}.json", final=True)
     checkpoint_s = time.perf_counter() - t
     for pid in pids:   # the saturation guard: one line a second per load process
         with open(run_dir / f"saturation-{pid}.jsonl", "w", encoding="utf-8") as f:
@@ -250,7 +256,7 @@ def data_for(root: Path, n: int, phases: list[float], loop: str, seed: int,
     manifest; reused when the manifest matches (10^6 requests take minutes to generate)."""
     out = root / f"{loop}-{samples}-{n}"
     manifest: dict[str, Any] = {"n": n, "phases": phases, "loop": loop, "seed": seed,
-                                "t0": T0, "load_processes": LOAD_PROCESSES, "version": 3,
+                                "t0": T0, "load_processes": LOAD_PROCESSES, "version": 4,
                                 "samples": samples}
     mpath = out / "manifest.json"
     if mpath.exists():
@@ -265,9 +271,9 @@ def data_for(root: Path, n: int, phases: list[float], loop: str, seed: int,
     (out / "scenario.yaml").write_text(scenario_text(phases, loop, n))
     mpath.write_text(json.dumps({**manifest, "cost": cost}))
     files = list((out / "run" / "samples").iterdir())
-    cards = sum(p.stat().st_size for p in files if p.name.startswith("scorecard-"))
+    cards = sum(p.stat().st_size for p in files if p.name.startswith(("scorecard-", "seconds-")))
     lines = sum(p.stat().st_size for p in files if p.name.startswith("samples-"))
-    print(f"  generated {n:,} requests in {time.perf_counter() - t:.0f} s: scorecards "
+    print(f"  generated {n:,} requests in {time.perf_counter() - t:.0f} s: scorecards and seconds "
           f"{cards / 1e6:,.2f} MB in all, raw lines {lines / 1e6:,.0f} MB", flush=True)
     return out, cost
 

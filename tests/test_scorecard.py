@@ -12,6 +12,7 @@ import math
 import random
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -69,7 +70,17 @@ def _split(samples: list[RequestSample], unsent: list[UnsentArrival], parts: int
            tmp_path: Path) -> None:
     """Deal the records to ``parts`` scorecards, sealing as a process would, and write them."""
     rng = random.Random(3)
-    cards = [Scorecard(WINDOWS, seal_after_s=5.0) for _ in range(parts)]
+
+    def sink(i: int) -> Callable[[str], None]:
+        def write(line: str) -> None:
+            with open(tmp_path / f"seconds-{i}.jsonl", "a", encoding="utf-8") as f:
+                f.write(line + "\n")
+        return write
+
+    # Half the cards send their sealed seconds off as lines, as load processes do; the others
+    # keep them (the in-memory path).
+    cards = [Scorecard(WINDOWS, seal_after_s=5.0, seconds_sink=sink(i) if i % 2 == 0 else None)
+             for i in range(parts)]
     for s in sorted(samples, key=lambda s: s.sent):
         card = rng.choice(cards)
         card.add(s)
@@ -83,6 +94,7 @@ def _split(samples: list[RequestSample], unsent: list[UnsentArrival], parts: int
 def test_merged_scorecards_equal_one_scorecard_of_the_union(tmp_path: Path) -> None:
     samples, unsent = _requests(3000)
     _split(samples, unsent, 3, tmp_path)
+    assert len((tmp_path / "seconds-0.jsonl").read_text().splitlines()) > 20
     merged, problems = read_scorecards(tmp_path, WINDOWS)
     assert problems == []
     assert merged.processes == 3
@@ -230,3 +242,30 @@ def test_cells_of_phases_over_are_frozen_and_thawed_without_loss() -> None:
     for key, stats in whole.cells.items():
         assert back.cells[key].to_dict() == stats.to_dict(), key
     assert per_second(back, WINDOWS) == per_second(whole, WINDOWS)
+
+
+def test_second_lines_count_up_to_the_cards_watermark(tmp_path: Path) -> None:
+    """A process killed after sending seconds off but before its next card: the lines past
+    the card's count hold requests the card does not, and are left out; lines missing that
+    the card counts are named."""
+    samples, _ = _requests(400)
+    lines: list[str] = []
+    card = Scorecard(WINDOWS, seconds_sink=lines.append)
+    for s in sorted(samples, key=lambda s: s.sent):
+        card.add(s)
+    card.seal(T0 + 20.0)
+    checkpoint = card.dumps(final=True)
+    kept = len(lines)
+    assert kept > 5 and card.seconds_lines == kept
+    card.seal(T0 + 40.0)                 # more seconds sent off; then the process dies
+    assert len(lines) > kept
+    (tmp_path / "scorecard-a.json").write_text(checkpoint)
+    (tmp_path / "seconds-a.jsonl").write_text("".join(x + "\n" for x in lines))
+    merged, problems = read_scorecards(tmp_path, WINDOWS)
+    assert problems == []
+    whole = Scorecard.of(WINDOWS, samples)
+    assert per_second(merged, WINDOWS) == per_second(whole, WINDOWS)
+    (tmp_path / "seconds-a.jsonl").write_text("".join(x + "\n" for x in lines[:kept - 2]))
+    _, problems = read_scorecards(tmp_path, WINDOWS)
+    assert problems == [f"seconds-a.jsonl holds {kept - 2} of the {kept} seconds its card "
+                        "counts: the timeline misses the rest"]

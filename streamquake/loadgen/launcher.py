@@ -95,7 +95,8 @@ class LocustRun:
         if self.keep_cards is not None and self.cards_dir != self.samples_dir:
             with contextlib.suppress(OSError):
                 self.keep_cards.mkdir(parents=True, exist_ok=True)
-                for path in sorted(self.cards_dir.glob("scorecard-*.json")):
+                for path in sorted([*self.cards_dir.glob("scorecard-*.json"),
+                                    *self.cards_dir.glob("seconds-*.jsonl")]):
                     shutil.copyfile(path, self.keep_cards / path.name)
             shutil.rmtree(self.cards_dir, ignore_errors=True)
         return merged

@@ -95,7 +95,8 @@ def _write(record: RequestSample | UnsentArrival) -> None:
         card = _Process.card
         if card is None:
             card = _Process.card = Scorecard([Window(*w) for w in plan.windows],
-                                             seal_after_s=plan.timeout_s + 15.0)
+                                             seal_after_s=plan.timeout_s + 15.0,
+                                             seconds_sink=_second_line)
             gevent.spawn(_checkpoints)
         if isinstance(record, RequestSample):
             card.add(record)
@@ -114,6 +115,22 @@ def _write(record: RequestSample | UnsentArrival) -> None:
             directory / f"{prefix}-{os.getpid()}.jsonl", "a", encoding="utf-8")
     # One line per record, flushed at once: a killed process loses at most the line in flight.
     sink.write(record.to_json() + "\n")
+    sink.flush()
+
+
+def _second_line(line: str) -> None:
+    """A sealed second of the timeline, off to seconds-<pid>.jsonl beside the scorecards (or
+    to the master): written before the card that counts it."""
+    sink = _Process.sinks.get("seconds")
+    if sink is None and _Process.relay is not None:
+        sink = _Process.sinks["seconds"] = relay.RelaySink(_Process.relay, "seconds")  # type: ignore[assignment]
+    if sink is None:
+        plan = _plan()
+        directory = Path(plan.scorecards_path or plan.samples_path)
+        directory.mkdir(parents=True, exist_ok=True)
+        sink = _Process.sinks["seconds"] = open(  # noqa: SIM115 - closed on quitting
+            directory / f"seconds-{os.getpid()}.jsonl", "a", encoding="utf-8")
+    sink.write(line + "\n")
     sink.flush()
 
 

@@ -11,7 +11,8 @@ On a worker started by ``streamquake worker --master HOST:PORT`` (``$STREAMQUAKE
   *before* it says so (messages from one worker arrive in order); the master keeps the latest
   as ``scorecard-w<index>.json`` beside the local processes', and the runner merges them all;
 * every record a local process would append to a file (request samples unless
-  ``load.samples`` is none, arrivals never sent, the saturation guard's seconds) is buffered
+  ``load.samples`` is none, arrivals never sent, the saturation guard's seconds, the
+  timeline's sealed seconds) is buffered
   here and sent as whole lines (``sq_records``) every :data:`FLUSH_S`, and once more at the
   end, so nothing measured is left behind.
 
@@ -35,7 +36,7 @@ REMOTE_ENV = "STREAMQUAKE_REMOTE"
 PLAN_WAIT_S = 60.0
 FLUSH_S = 0.5
 WORKERS_FILE = "workers.jsonl"
-KINDS = ("samples", "unsent", "saturation")
+KINDS = ("samples", "unsent", "saturation", "seconds")
 
 
 def is_remote() -> bool:
@@ -117,6 +118,7 @@ class Inbox:
         self.runner = runner
         self.dirs = {"samples": samples_dir, "unsent": samples_dir, "saturation": run_dir}
         self.cards_dir = cards_dir
+        self.dirs["seconds"] = cards_dir          # the timeline's sealed seconds, per worker
         self._files: dict[tuple[str, int], Any] = {}
 
     def on_records(self, environment: Any, msg: Any, **_: Any) -> None:

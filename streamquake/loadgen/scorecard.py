@@ -18,6 +18,7 @@ happened in. Whatever no phase can own is counted in ``unattributed``, never dro
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import os
@@ -35,6 +36,7 @@ CHECKPOINT_S = 2.0
 # The timeline's histograms per second: 2 significant digits (buckets under 1% wide) are
 # plenty to draw a p50/p95 line, and keep each second to a few hundred buckets.
 SECOND_SIG_FIGS = 2
+SECOND_GRACE_S = 3.0      # a second is sent off this long after it ended (seconds_sink)
 SERIES_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms",
                                    "output_tokens_per_s")
 
@@ -209,10 +211,16 @@ def _pack(hists: dict[str, SparseHistogram]) -> dict[str, str]:
 class Scorecard:
     """Everything the verdicts, CDFs and timeline need, from one or many load processes."""
 
-    def __init__(self, windows: Sequence[WindowLike], seal_after_s: float = 75.0) -> None:
+    def __init__(self, windows: Sequence[WindowLike], seal_after_s: float = 75.0,
+                 seconds_sink: Callable[[str], None] | None = None) -> None:
         self.windows = [Window(w.name, w.start, w.end) for w in windows]
         self.t0 = self.windows[0].start if self.windows else 0.0
         self.seal_after_s = seal_after_s
+        # Where sealed seconds go as they are sealed, one JSON line each (a file, or the relay
+        # to the master), so that a load process's memory does not grow with the run's length;
+        # the card then holds only the seconds still open, and counts the lines written.
+        self.seconds_sink = seconds_sink
+        self.seconds_lines = 0
         self.cells: dict[tuple[str, str], Stats] = {}
         self.seconds: dict[int, Second] = {}
         self.starts: dict[int, int] = {}   # requests sent, by half-second-centred slot
@@ -277,6 +285,15 @@ class Scorecard:
         """Seal what no request is likely still running for: seconds (a late request opens a
         new part) and the cells of phases over (kept as their wire form only; a late request
         thaws one). So a load process's memory holds the phases in progress, not the run."""
+        if self.seconds_sink is not None:
+            # Late requests only add a line of their own, so seconds leave soon after they end.
+            for i in [i for i in self.seconds if i < math.floor(now - self.t0 - SECOND_GRACE_S)]:
+                second = self.seconds[i]
+                self.seconds_sink(json.dumps({"i": i, "sent": second.sent, "errors": second.errors,
+                                              "part": _pack(second.hists)},
+                                             separators=(",", ":")))
+                self.seconds_lines += 1
+                del self.seconds[i]
         below = math.floor(now - self.t0 - self.seal_after_s)
         if below > self._sealed_below:
             for i, second in self.seconds.items():
@@ -332,6 +349,7 @@ class Scorecard:
             "records": self.records,
             "unsent": self.unsent,
             "outside": self.outside,
+            "seconds_lines": self.seconds_lines,
             "cells": [{"phase": p, "class": c, "stats": wires[(p, c)]}
                       for (p, c) in sorted(wires)],
             "seconds": {str(i): s.to_wire() for i, s in sorted(self.seconds.items())},
@@ -354,7 +372,20 @@ class Scorecard:
         card.records = int(data.get("records", 0))
         card.unsent = int(data.get("unsent", 0))
         card.outside = int(data.get("outside", 0))
+        card.seconds_lines = int(data.get("seconds_lines", 0))
         return card
+
+    def add_second_lines(self, lines: Iterable[bytes | str]) -> None:
+        """Seconds that a load process sealed and sent off as lines (``seconds_sink``)."""
+        for line in lines:
+            data = json.loads(line)
+            second = Second.from_wire({"sent": data["sent"], "errors": data["errors"],
+                                       "parts": [data["part"]]})
+            here = self.seconds.get(int(data["i"]))
+            if here is None:
+                self.seconds[int(data["i"])] = second
+            else:
+                here.merge(second)
 
     def dumps(self, final: bool = False) -> str:
         return json.dumps(self.to_wire(final), separators=(",", ":"))
@@ -397,6 +428,17 @@ def _series_values(s: RequestSample) -> list[tuple[str, Sequence[float]]]:
     return out
 
 
+def _first_lines(path: Path, n: int) -> list[bytes]:
+    if n <= 0:
+        return []
+    try:
+        with open(path, "rb") as f:
+            lines = list(itertools.islice(f, n))
+    except OSError:
+        return []
+    return [line for line in lines if line.endswith(b"\n")]
+
+
 def read_scorecards(directory: Path, windows: Sequence[WindowLike]
                     ) -> tuple[Scorecard, list[str]]:
     """Merge every ``scorecard-*.json`` in ``directory`` written for these phase windows (a
@@ -412,11 +454,26 @@ def read_scorecards(directory: Path, windows: Sequence[WindowLike]
             data = json.loads(path.read_text(encoding="utf-8"))
             if data.get("windows") != want:
                 continue
-            merged.merge(Scorecard.from_wire(data))
+            card = Scorecard.from_wire(data)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             problems.append(f"{path.name} could not be read, so that load process's requests "
                             f"are missing from every figure: {exc}")
             continue
+        # Its sealed seconds: the lines written before this card was (a later line belongs to
+        # a checkpoint that never landed, and its requests are not in the card either).
+        lines_path = path.with_name("seconds-" + path.name.removeprefix("scorecard-")
+                                    ).with_suffix(".jsonl")
+        lines = _first_lines(lines_path, card.seconds_lines)
+        try:
+            card.add_second_lines(lines)
+        except (ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{lines_path.name} could not be read: the timeline misses "
+                            f"seconds of that load process ({exc})")
+        if len(lines) < card.seconds_lines:
+            problems.append(f"{lines_path.name} holds {len(lines)} of the "
+                            f"{card.seconds_lines} seconds its card counts: the timeline "
+                            "misses the rest")
+        merged.merge(card)
         if not data.get("final"):
             problems.append(f"{path.name} is the last checkpoint of a load process that never "
                             "saved its final scorecard (killed, or it could not write at the "
