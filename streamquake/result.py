@@ -59,8 +59,9 @@ class PhaseResult:
 @dataclass
 class SecondStats:
     """One second of the run. Each request counts in the second it was sent (due, in open
-    loop), the same rule that assigns it to a phase; percentiles are exact over the values of
-    that second, and ``n`` says how many values stand behind each."""
+    loop), the same rule that assigns it to a phase; percentiles are nearest rank over the
+    values of that second, at 2 significant digits (loadgen/scorecard.py), and ``n`` says how
+    many values stand behind each."""
 
     t: float                                   # start of the second, s after the first phase
     phase: str

@@ -19,8 +19,10 @@ import pytest
 
 from streamquake.faults.tc.netns import NamespaceTopology
 from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.scorecard import Scorecard
 from streamquake.procs import read_listening_line, stop
 from streamquake.run.scoring import score_samples
+from streamquake.run.series import per_second
 from streamquake.run.timeline import PhaseWindow
 from streamquake.scenario.loader import load_scenario
 from tests.conftest import REPO, cli_cmd
@@ -131,6 +133,14 @@ def test_two_remote_workers_lose_nothing_and_merge_exactly(tmp_path: Path,
                           [RequestSample.from_dict(s) for s in everything])
     for phase, raw in zip(report["phases"], union.phases, strict=True):
         assert {k: phase["stats"][k] for k in raw.stats} == raw.stats, phase["name"]
+    # The timeline too: its seconds were relayed as lines (seconds-w<i>.jsonl).
+    timeline = per_second(Scorecard.of(windows, [RequestSample.from_dict(s) for s in everything]),
+                          windows)
+    assert [(p["sent"], p["errors"], p["in_flight"], p["n"], p["p95"])
+            for p in report["timeline"]] == [(p.sent, p.errors, p.in_flight, p.n, p.p95)
+                                             for p in timeline]
+    assert sorted(p.name for p in (out / "run" / "scorecards").glob("seconds-*.jsonl")) == \
+        ["seconds-w0.jsonl", "seconds-w1.jsonl"]
     for p in (50, 95, 99):
         # The report's histogram keeps 4 significant digits: equal to the raw union's value
         # within that precision.

@@ -34,6 +34,7 @@ from pathlib import Path
 
 from streamquake.events import Events
 from streamquake.jsontypes import JsonDict
+from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.saturation import FILE_PREFIX, bucket_ms
 from streamquake.loadgen.tail import new_lines
@@ -143,10 +144,38 @@ def needed_seconds(seconds: float) -> int:
 
 @dataclass
 class _Phase:
+    """A phase's seconds, folded in as they come: the guard's memory does not grow with the
+    run (a second of every load process would otherwise be kept)."""
+
     window: PhaseWindow
-    seconds: list[LoadSecond] = field(default_factory=list)
     saturated: set[int] = field(default_factory=set)      # whole seconds after the phase start
     warned: bool = False
+    count: int = 0                                        # seconds of all processes seen
+    whole: set[int] = field(default_factory=set)          # distinct whole seconds seen
+    lags: SparseHistogram = field(default_factory=SparseHistogram)   # hub lag, us
+    lag_max_ms: float | None = None
+    seen: dict[int, int] = field(default_factory=dict)    # kernel-to-seen log buckets
+    seen_max_ms: float | None = None
+    cpu: dict[int, tuple[float, int]] = field(default_factory=dict)  # pid -> (sum %, seconds)
+    cpu_max: float | None = None
+    kernel_reads: int = 0
+    user_reads: int = 0
+
+    def add(self, second: LoadSecond) -> None:
+        self.count += 1
+        self.whole.add(int(second.mid))
+        for lag in second.lag_ms:
+            self.lags.record(round(lag * 1000.0))
+        if second.lag_ms:
+            self.lag_max_ms = max(self.lag_max_ms or 0.0, second.lag_ms[-1])
+        for b, n in second.seen.items():
+            self.seen[b] = self.seen.get(b, 0) + n
+        self.seen_max_ms = max(self.seen_max_ms or 0.0, second.seen_max_ms)
+        total, n = self.cpu.get(second.pid, (0.0, 0))
+        self.cpu[second.pid] = (total + second.cpu_pct, n + 1)
+        self.cpu_max = max(self.cpu_max or 0.0, second.cpu_pct)
+        self.kernel_reads += second.kernel_reads
+        self.user_reads += second.user_reads
 
 
 class SaturationGuard:
@@ -163,7 +192,7 @@ class SaturationGuard:
                           if p.window.start <= second.mid < p.window.end), None)
             if phase is None:
                 continue
-            phase.seconds.append(second)
+            phase.add(second)
             reasons = second.reasons()
             if not reasons:
                 continue
@@ -194,7 +223,7 @@ class SaturationGuard:
             result.stats["client_saturated"] = bool(figures["saturated"])
             result.stats["client_stalls"] = figures["client_stalls"]
             result.stats["client"] = figures
-            if result.name not in MEASURED or not phase.seconds:
+            if result.name not in MEASURED or not phase.count:
                 continue
             if figures["saturated"]:
                 warnings.append(_warning(result.name, figures))
@@ -209,37 +238,32 @@ class SaturationGuard:
 
 
 def _figures(phase: _Phase, stats: Stats | None) -> JsonDict:
-    seconds = phase.seconds
-    lags = sorted(v for s in seconds for v in s.lag_ms)
-    hist: dict[int, int] = {}
-    for s in seconds:
-        for b, n in s.seen.items():
-            hist[b] = hist.get(b, 0) + n
-    by_pid: dict[int, list[float]] = {}
-    for s in seconds:
-        by_pid.setdefault(s.pid, []).append(s.cpu_pct)
-    busiest = max((sum(v) / len(v) for v in by_pid.values()), default=None)
-    kernel = sum(s.kernel_reads for s in seconds)
-    reads = kernel + sum(s.user_reads for s in seconds)
+    busiest = max((total / n for total, n in phase.cpu.values()), default=None)
+    reads = phase.kernel_reads + phase.user_reads
     need = needed_seconds(phase.window.end - phase.window.start)
 
     def r(v: float | None) -> float | None:
         return None if v is None else round(v, 3)
 
+    def lag(p: float) -> float | None:
+        # Nearest rank over every probe of the phase, to the histogram's 4 digits.
+        us = phase.lags.percentile(p)
+        return None if us is None else us / 1000.0
+
     return {
-        "saturated": bool(seconds) and len(phase.saturated) >= need,
+        "saturated": bool(phase.count) and len(phase.saturated) >= need,
         "saturated_s": len(phase.saturated),
-        "seconds": len({int(s.mid) for s in seconds}),
-        "processes": len(by_pid),
+        "seconds": len(phase.whole),
+        "processes": len(phase.cpu),
         "cpu_pct": r(busiest),
-        "cpu_pct_max": r(max((s.cpu_pct for s in seconds), default=None)),
-        "hub_lag_p50_ms": r(_rank(lags, 50)),
-        "hub_lag_p99_ms": r(_rank(lags, 99)),
-        "hub_lag_max_ms": r(lags[-1] if lags else None),
-        "seen_gap_p50_ms": r(_hist_rank(hist, 50)),
-        "seen_gap_p99_ms": r(_hist_rank(hist, 99)),
-        "seen_gap_max_ms": r(max((s.seen_max_ms for s in seconds), default=None)),
-        "kernel_timed_reads": round(kernel / reads, 4) if reads else None,
+        "cpu_pct_max": r(phase.cpu_max),
+        "hub_lag_p50_ms": r(lag(50)),
+        "hub_lag_p99_ms": r(lag(99)),
+        "hub_lag_max_ms": r(phase.lag_max_ms),
+        "seen_gap_p50_ms": r(_hist_rank(phase.seen, 50)),
+        "seen_gap_p99_ms": r(_hist_rank(phase.seen, 99)),
+        "seen_gap_max_ms": r(phase.seen_max_ms),
+        "kernel_timed_reads": round(phase.kernel_reads / reads, 4) if reads else None,
         "client_stalls": 0 if stats is None else stats.client_stalls,
         "server_stalls": 0 if stats is None else stats.stalls,
     }
