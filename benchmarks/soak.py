@@ -16,11 +16,10 @@ Every ``--every`` seconds it reads VmRSS of every process in the run's tree (the
 Locust master and workers, found as descendants of the run through /proc) and of the target,
 and counts the target's established connections (/proc/net/tcp). The window is from the first
 phase's start to the last phase's end (from the run's report.json; while a Locust process was
-alive, when there is none). Per process it reports RSS at 10% of that window, at its end, the
-max within it, growth from the 10% mark to the end; the median RSS over 10-20% of the window
-and over its last 10%, and the verdict "flat" when the growth of those medians is within 10%
-(single readings of a garbage-collected process swing by several MB); growth from the 50%
-mark to the end (past the warm-up of a short run); and the
+alive, when there is none). Per process it reports RSS at 10% of that window and at its end;
+its level over 10-20% of the window and over the last 10% as floor, mean and peak of the
+readings, and the verdict "flat" when all three grew within 10% (single readings of a
+garbage-collected process saw between a floor and transient peaks; see ``rss_table``); and the
 peak after the phases (the runner's is when it reads every sample and writes the reports:
 benchmarks/report_cost.py measures that). ``--keep DIR`` keeps every sample in DIR/rss.csv.
 Defaults: C=1000, D=10 min; ``--quick``: C=200, D=1 min.
@@ -31,6 +30,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -242,9 +242,54 @@ def phase_window(out: Path, started: float) -> tuple[float, float] | None:
     return None
 
 
-def _median(tr: Track, start: float, end: float) -> float:
-    values = sorted(v for t, v in zip(tr.t, tr.rss_mb, strict=True) if start <= t <= end)
-    return values[len(values) // 2] if values else float("nan")
+def _levels(tr: Track, start: float, end: float) -> tuple[float, float, float]:
+    """(floor, mean, peak) of the readings in [start, end]."""
+    values = [v for t, v in zip(tr.t, tr.rss_mb, strict=True) if start <= t <= end]
+    if not values:
+        return (math.nan, math.nan, math.nan)
+    return min(values), sum(values) / len(values), max(values)
+
+
+def rss_table(tracks: dict[int, Track], lo: float, hi: float) -> str:
+    """Per process: single readings at the 10% mark and the end; then the level of its RSS
+    over 10-20% of the window and over its last 10%, as floor (the least reading: what it
+    keeps), mean and peak. "flat" when floor, mean and peak each grew within 10%: a garbage-
+    collected process saws between a floor and its transient peaks, so two single readings
+    (or medians, when the saw spends about half its time at each) compare a low with a high."""
+    mark = lo + 0.1 * (hi - lo)
+    rows = ["| process | pid | RSS at 10% MB | RSS at end MB | growth 10%->end | "
+            "10-20%: floor / mean / peak MB | last 10%: floor / mean / peak MB | "
+            "growth of floor / mean / peak | verdict | after the phases, max MB |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    for pid, tr in sorted(tracks.items(), key=lambda kv: (kv[1].label, kv[0])):
+        at10 = _at(tr, mark)
+        end = next((v for t, v in zip(reversed(tr.t), reversed(tr.rss_mb), strict=True)
+                    if t <= hi), None)
+        if at10 is None or end is None:
+            continue
+        early = _levels(tr, mark, lo + 0.2 * (hi - lo))
+        late = _levels(tr, hi - 0.1 * (hi - lo), hi)
+        growth = [(b - a) / a * 100.0 for a, b in zip(early, late, strict=True)]
+        flat = all(abs(g) <= FLAT_PCT for g in growth)
+        after = [v for t, v in zip(tr.t, tr.rss_mb, strict=True) if t > hi]
+        rows.append(
+            f"| {tr.label} | {pid} | {at10:.0f} | {end:.0f} | {(end - at10) / at10 * 100:+.1f}% | "
+            f"{' / '.join(f'{v:.1f}' for v in early)} | {' / '.join(f'{v:.1f}' for v in late)} | "
+            f"{' / '.join(f'{g:+.1f}%' for g in growth)} | "
+            f"{'flat within 10%' if flat else 'NOT flat'} | "
+            f"{f'{max(after):.0f}' if after else '-'} |")
+    return "\n".join(rows)
+
+
+def from_csv(path: Path) -> dict[int, Track]:
+    """The tracks of a kept run (``--keep DIR`` writes DIR/rss.csv)."""
+    tracks: dict[int, Track] = {}
+    for line in path.read_text().splitlines()[1:]:
+        t, pid, label, mb = line.split(",")
+        tr = tracks.setdefault(int(pid), Track(label))
+        tr.t.append(float(t))
+        tr.rss_mb.append(float(mb))
+    return tracks
 
 
 def _at(tr: Track, t: float) -> float | None:
@@ -268,31 +313,7 @@ def report(tracks: dict[int, Track], conns: list[tuple[float, int]], load_seen: 
         print(f"target's established connections from the 10% mark to the end: min {held[0]}, "
               f"median {held[len(held) // 2]}, max {held[-1]} (asked for {args.concurrency})")
     print()
-    print("| process | pid | RSS at 10% MB | RSS at end MB | max MB | growth 10%->end | "
-          "median 10-20% MB | median last 10% MB | growth of medians | verdict | "
-          "growth 50%->end | after the phases, max MB |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|")
-    for pid, tr in sorted(tracks.items(), key=lambda kv: (kv[1].label, kv[0])):
-        inside = [v for t, v in zip(tr.t, tr.rss_mb, strict=True) if lo <= t <= hi]
-        at10 = _at(tr, mark)
-        end = next((v for t, v in zip(reversed(tr.t), reversed(tr.rss_mb), strict=True)
-                    if t <= hi), None)
-        if not inside or at10 is None or end is None:
-            continue
-        growth = (end - at10) / at10 * 100.0
-        # A garbage-collected process's RSS saws up and down by several MB between readings:
-        # the verdict compares levels (the median of each tenth's readings), not two readings.
-        early = _median(tr, mark, lo + 0.2 * (hi - lo))
-        final = _median(tr, hi - 0.1 * (hi - lo), hi)
-        levels = (final - early) / early * 100.0
-        verdict = "flat within 10%" if abs(levels) <= FLAT_PCT else "NOT flat"
-        at50 = _at(tr, (lo + hi) / 2.0)
-        late = f"{(end - at50) / at50 * 100.0:+.1f}%" if at50 else "-"
-        after = [v for t, v in zip(tr.t, tr.rss_mb, strict=True) if t > hi]
-        post = f"{max(after):.0f}" if after else "-"
-        print(f"| {tr.label} | {pid} | {at10:.0f} | {end:.0f} | {max(inside):.0f} | "
-              f"{growth:+.1f}% | {early:.0f} | {final:.0f} | {levels:+.1f}% | {verdict} | "
-              f"{late} | {post} |")
+    print(rss_table(tracks, lo, hi))
     summary = out / "report.json"
     if summary.exists():
         with contextlib.suppress(ValueError, KeyError, TypeError):
