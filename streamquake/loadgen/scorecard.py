@@ -358,12 +358,14 @@ class Scorecard:
         }
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Scorecard:
+    def from_wire(cls, data: dict[str, Any], cells: bool = True) -> Scorecard:
+        """A card from its wire form; ``cells=False`` leaves its cells out (see
+        :meth:`merge_cells`)."""
         if data.get("format") != FORMAT:
             raise ValueError(f"scorecard format {data.get('format')!r}, expected {FORMAT}")
         card = cls([Window(str(n), float(a), float(b)) for n, a, b in data["windows"]])
-        for cell in data.get("cells", []):
-            card.cells[(str(cell["phase"]), str(cell["class"]))] = Stats.from_wire(cell["stats"])
+        if cells:
+            card.merge_cells(data.get("cells", []))
         card.seconds = {int(i): Second.from_wire(s) for i, s in data.get("seconds", {}).items()}
         card.starts = {int(k): int(v) for k, v in data.get("starts", {}).items()}
         card.ends = {int(k): int(v) for k, v in data.get("ends", {}).items()}
@@ -374,6 +376,18 @@ class Scorecard:
         card.outside = int(data.get("outside", 0))
         card.seconds_lines = int(data.get("seconds_lines", 0))
         return card
+
+    def merge_cells(self, cells: list[dict[str, Any]]) -> None:
+        """Add cells in wire form, one at a time: only one is ever decoded beside this card's
+        (a whole card decoded first would double the runner's peak)."""
+        for cell in cells:
+            key = (str(cell["phase"]), str(cell["class"]))
+            stats = Stats.from_wire(cell["stats"])
+            mine = self.cells.get(key)
+            if mine is None:
+                self.cells[key] = stats
+            else:
+                mine.merge(stats)
 
     def add_second_lines(self, lines: Iterable[bytes | str]) -> None:
         """Seconds that a load process sealed and sent off as lines (``seconds_sink``)."""
@@ -454,7 +468,7 @@ def read_scorecards(directory: Path, windows: Sequence[WindowLike]
             data = json.loads(path.read_text(encoding="utf-8"))
             if data.get("windows") != want:
                 continue
-            card = Scorecard.from_wire(data)
+            card = Scorecard.from_wire(data, cells=False)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             problems.append(f"{path.name} could not be read, so that load process's requests "
                             f"are missing from every figure: {exc}")
@@ -474,6 +488,11 @@ def read_scorecards(directory: Path, windows: Sequence[WindowLike]
                             f"{card.seconds_lines} seconds its card counts: the timeline "
                             "misses the rest")
         merged.merge(card)
+        try:
+            merged.merge_cells(data.get("cells", []))
+        except (ValueError, KeyError, TypeError) as exc:
+            problems.append(f"{path.name} could not be read whole, so that load process's "
+                            f"requests are missing from the figures, in part or in whole: {exc}")
         if not data.get("final"):
             problems.append(f"{path.name} is the last checkpoint of a load process that never "
                             "saved its final scorecard (killed, or it could not write at the "
