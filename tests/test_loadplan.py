@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from streamquake.errors import ScenarioError
+from streamquake.loadgen.plan import LoadPlan, TraceReplay
 from streamquake.run.loadplan import load_plan_for
 from streamquake.scenario import parse_scenario
 
@@ -35,12 +36,9 @@ def test_trace_rows_are_split_over_local_and_remote_workers(tmp_path: Path) -> N
     here or elsewhere, counts, or remote workers would each replay every row."""
     trace = Path("scenarios/traces/synthetic-mooncake.jsonl").resolve()
     for workers, remote, processes in ((0, 0, 1), (2, 0, 2), (0, 3, 3), (1, 2, 3)):
-        sc = parse_scenario(
-            f"name: x\ntarget: {{protocol: openai, embedded: {{}}}}\n"
-            f"load: {{trace: {trace}, workers: {workers}, remote_workers: {remote}, "
-            "master_bind: '0.0.0.0:5557'}\nphases: {baseline: 60s, fault: 0s, recovery: 0s}\n")
-        plan = load_plan_for(sc, "http://10.0.0.1:1", tmp_path, end_at=100.0)
-        assert plan.arrival.mode == "trace"
+        plan = _trace_plan(tmp_path, f"trace: {trace}, workers: {workers}, remote_workers: "
+                           f"{remote}, master_bind: '0.0.0.0:5557'")
+        assert isinstance(plan.arrival, TraceReplay)
         assert (plan.arrival.processes, plan.users) == (processes, processes)
 
 
@@ -53,10 +51,13 @@ def test_a_rows_tenant_picks_the_class_of_that_name(tmp_path: Path) -> None:
         '{"timestamp": 20, "input_length": 10, "output_length": 5, "tenant": "acme", '
         '"class": "bulk"}\n'
         '{"timestamp": 30, "input_length": 10, "output_length": 5}\n')
-    sc = parse_scenario(
-        f"name: x\ntarget: {{protocol: openai, embedded: {{}}}}\n"
-        f"load: {{trace: {trace}, classes: [{{name: acme}}, {{name: bulk}}]}}\n"
-        "phases: {baseline: 60s, fault: 0s, recovery: 0s}\n")
-    plan = load_plan_for(sc, "http://127.0.0.1:1", tmp_path, end_at=100.0)
-    assert plan.arrival.mode == "trace"
+    plan = _trace_plan(tmp_path, f"trace: {trace}, classes: [{{name: acme}}, {{name: bulk}}]")
+    assert isinstance(plan.arrival, TraceReplay)
     assert [row[3] for row in plan.arrival.rows] == ["acme", None, "bulk", None]
+
+
+def _trace_plan(tmp_path: Path, load: str) -> LoadPlan:
+    """The load plan of a 60 s scenario with these ``load:`` fields (a trace among them)."""
+    sc = parse_scenario(f"name: x\ntarget: {{protocol: openai, embedded: {{}}}}\n"
+                        f"load: {{{load}}}\nphases: {{baseline: 60s, fault: 0s, recovery: 0s}}\n")
+    return load_plan_for(sc, "http://10.0.0.1:1", tmp_path, end_at=100.0)

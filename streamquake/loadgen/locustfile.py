@@ -104,32 +104,27 @@ def _write(record: RequestSample | UnsentArrival) -> None:
             card.add_unsent(record)
     if isinstance(record, RequestSample) and not plan.raw_samples:
         return
-    prefix = "samples" if isinstance(record, RequestSample) else "unsent"
-    sink = _Process.sinks.get(prefix)
-    if sink is None and _Process.relay is not None:
-        sink = _Process.sinks[prefix] = relay.RelaySink(_Process.relay, prefix)  # type: ignore[assignment]
-    if sink is None:
-        directory = Path(_plan().samples_path)
-        directory.mkdir(parents=True, exist_ok=True)
-        sink = _Process.sinks[prefix] = open(  # noqa: SIM115 - closed on quitting
-            directory / f"{prefix}-{os.getpid()}.jsonl", "a", encoding="utf-8")
-    # One line per record, flushed at once: a killed process loses at most the line in flight.
-    sink.write(record.to_json() + "\n")
-    sink.flush()
+    _append("samples" if isinstance(record, RequestSample) else "unsent", record.to_json(),
+            Path(plan.samples_path))
 
 
 def _second_line(line: str) -> None:
     """A sealed second of the timeline, off to seconds-<pid>.jsonl beside the scorecards (or
     to the master): written before the card that counts it."""
-    sink = _Process.sinks.get("seconds")
+    plan = _plan()
+    _append("seconds", line, Path(plan.scorecards_path or plan.samples_path))
+
+
+def _append(prefix: str, line: str, directory: Path) -> None:
+    """One line to <prefix>-<pid>.jsonl in ``directory``, or to the master (a remote worker),
+    flushed at once: a killed process loses at most the line in flight."""
+    sink = _Process.sinks.get(prefix)
     if sink is None and _Process.relay is not None:
-        sink = _Process.sinks["seconds"] = relay.RelaySink(_Process.relay, "seconds")  # type: ignore[assignment]
+        sink = _Process.sinks[prefix] = relay.RelaySink(_Process.relay, prefix)  # type: ignore[assignment]
     if sink is None:
-        plan = _plan()
-        directory = Path(plan.scorecards_path or plan.samples_path)
         directory.mkdir(parents=True, exist_ok=True)
-        sink = _Process.sinks["seconds"] = open(  # noqa: SIM115 - closed on quitting
-            directory / f"seconds-{os.getpid()}.jsonl", "a", encoding="utf-8")
+        sink = _Process.sinks[prefix] = open(  # noqa: SIM115 - closed on quitting
+            directory / f"{prefix}-{os.getpid()}.jsonl", "a", encoding="utf-8")
     sink.write(line + "\n")
     sink.flush()
 

@@ -16,7 +16,7 @@ Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution 
 * ``not_sent_rate``: open-loop arrivals due but never sent, over all arrivals due.
 
 ``add`` takes a whole request; the scoring (``run/scoring.py``) instead adds each measurement
-to the phase it belongs to (``add_first_token``, ``add_gap``, ``add_outcome``...) and counts
+to the phase it belongs to (``add_first_token``, ``add_gaps``, ``add_outcome``...) and counts
 the ones no phase can own in ``unattributed``.
 """
 
@@ -91,8 +91,7 @@ class Stats:
         self.add_queue_delay(s)
         self.add_first_byte(s)
         self.add_first_token(s)
-        for gap in s.itl_ms:
-            self.add_gap(gap)
+        self.add_gaps(s.itl_ms)
         self.add_outcome(s)
 
     def add_retried(self, s: RequestSample) -> None:
@@ -124,9 +123,6 @@ class Stats:
             self._put("ttft_ms", s.ttft_ms)
         if (due := s.ttft_scheduled_ms) is not None:
             self._put("ttft_scheduled_ms", due)
-
-    def add_gap(self, gap_ms: float) -> None:
-        self._put("itl_ms", gap_ms)
 
     def add_gaps(self, gaps_ms: list[float]) -> None:
         if gaps_ms:

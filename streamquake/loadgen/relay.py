@@ -32,6 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamquake.loadgen.scorecard import replace_text
+
 REMOTE_ENV = "STREAMQUAKE_REMOTE"
 PLAN_WAIT_S = 60.0
 FLUSH_S = 0.5
@@ -143,10 +145,7 @@ class Inbox:
             return
         index = self.runner.get_worker_index(msg.node_id)
         self.cards_dir.mkdir(parents=True, exist_ok=True)
-        path = self.cards_dir / f"scorecard-w{index}.json"
-        tmp = path.with_name(f".{path.name}.tmp")
-        tmp.write_text(text, encoding="utf-8")
-        os.replace(tmp, path)
+        replace_text(self.cards_dir / f"scorecard-w{index}.json", text)
 
     def close(self) -> None:
         for fh in self._files.values():

@@ -278,7 +278,7 @@ class Scorecard:
             second = self.seconds[i] = Second()
         second.sent += 1
         second.errors += s.error is not None
-        for metric, values in _series_values(s):
+        for metric, values in series_values(s):
             second.hist(metric).record_ms(values)
 
     def seal(self, now: float) -> None:
@@ -312,12 +312,7 @@ class Scorecard:
     def merge(self, other: Scorecard) -> None:
         """Add ``other`` into this card; ``other`` gives up its parts and must not be used."""
         for key, stats in other.cells.items():
-            mine = self.cells.get(key)
-            if mine is None:
-                self.cells[key] = stats       # taken over: ``other`` is not used after this
-                self._dirty.add(key)
-            else:
-                self.cell(*key).merge(stats)
+            self._take(key, stats)
         for i, second in other.seconds.items():
             here = self.seconds.get(i)
             if here is None:
@@ -381,13 +376,17 @@ class Scorecard:
         """Add cells in wire form, one at a time: only one is ever decoded beside this card's
         (a whole card decoded first would double the runner's peak)."""
         for cell in cells:
-            key = (str(cell["phase"]), str(cell["class"]))
-            stats = Stats.from_wire(cell["stats"])
-            mine = self.cells.get(key)
-            if mine is None:
-                self.cells[key] = stats
-            else:
-                mine.merge(stats)
+            self._take((str(cell["phase"]), str(cell["class"])), Stats.from_wire(cell["stats"]))
+
+    def _take(self, key: tuple[str, str], stats: Stats) -> None:
+        """Add ``stats`` to the cell ``key``; a new cell takes ``stats`` itself, not a copy (its
+        giver must not use it after this)."""
+        self._dirty.add(key)
+        mine = self.cells.get(key)
+        if mine is None:
+            self.cells[key] = stats
+        else:
+            mine.merge(stats)
 
     def add_second_lines(self, lines: Iterable[bytes | str]) -> None:
         """Seconds that a load process sealed and sent off as lines (``seconds_sink``)."""
@@ -407,13 +406,7 @@ class Scorecard:
     def write(self, path: Path, final: bool = False) -> None:
         """Replace ``path`` atomically: a reader (or a kill) never sees half a scorecard, and a
         write that fails (a full disk) leaves the last good one."""
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        try:
-            tmp.write_text(self.dumps(final), encoding="utf-8")
-            os.replace(tmp, path)
-        except OSError:
-            tmp.unlink(missing_ok=True)
-            raise
+        replace_text(path, self.dumps(final))
 
     @classmethod
     def of(cls, windows: Sequence[WindowLike], samples: Iterable[RequestSample],
@@ -426,8 +419,9 @@ class Scorecard:
         return card
 
 
-def _series_values(s: RequestSample) -> list[tuple[str, Sequence[float]]]:
-    """What ``s`` adds to each timeline metric: the same definitions as ``Stats``."""
+def series_values(s: RequestSample) -> list[tuple[str, Sequence[float]]]:
+    """What ``s`` adds to each of :data:`SERIES_METRICS`: the same definitions as ``Stats``
+    (a failed stream's E2E says how it failed, so only successful ones count)."""
     out: list[tuple[str, Sequence[float]]] = []
     if s.ttfb_ms is not None:
         out.append(("ttfb_ms", (s.ttfb_ms,)))
@@ -440,6 +434,18 @@ def _series_values(s: RequestSample) -> list[tuple[str, Sequence[float]]]:
     if (tps := tokens_per_s(s)) is not None:
         out.append(("output_tokens_per_s", (tps,)))
     return out
+
+
+def replace_text(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` atomically (a temporary file renamed over it): a reader,
+    or a kill, never sees half of it, and a write that fails leaves the last good one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def _first_lines(path: Path, n: int) -> list[bytes]:

@@ -15,7 +15,7 @@ from streamquake import __version__
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import SERIES_METRICS, Scorecard, WindowLike, tokens_per_s
+from streamquake.loadgen.scorecard import SERIES_METRICS, Scorecard, WindowLike, series_values
 from streamquake.result import Cdf, SecondStats
 
 CDF_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")
@@ -32,17 +32,9 @@ def nearest_rank(values: Sequence[float], p: float) -> float | None:
 
 def values_of(s: RequestSample, metric: str) -> list[float]:
     """The values ``s`` contributes to ``metric``, by the same rules as the HDR stats."""
-    if metric == "itl_ms":
-        return list(s.itl_ms)
-    if metric == "e2e_ms":   # as in the HDR stats: a failed stream's end says how it failed
-        return [s.e2e_ms] if s.e2e_ms is not None and s.error is None else []
-    if metric == "output_tokens_per_s":
-        tps = tokens_per_s(s)
-        return [] if tps is None else [tps]
-    if metric not in ("ttfb_ms", "ttft_ms"):
+    if metric not in SERIES_METRICS:
         raise KeyError(f"no per-request series for {metric!r}")
-    value = s.ttfb_ms if metric == "ttfb_ms" else s.ttft_ms
-    return [] if value is None else [value]
+    return list(dict(series_values(s)).get(metric, ()))
 
 
 def per_second(card: Scorecard, windows: Sequence[WindowLike],
