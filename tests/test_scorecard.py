@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 from hdrh.histogram import HdrHistogram
 
+from streamquake.errors import ScenarioError
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.metrics import HISTOGRAM_METRICS
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
@@ -269,3 +270,14 @@ def test_second_lines_count_up_to_the_cards_watermark(tmp_path: Path) -> None:
     _, problems = read_scorecards(tmp_path, WINDOWS)
     assert problems == [f"seconds-a.jsonl holds {kept - 2} of the {kept} seconds its card "
                         "counts: the timeline misses the rest"]
+
+
+def test_abort_conditions_need_the_raw_samples() -> None:
+    with pytest.raises(ScenarioError) as err:
+        parse_scenario("name: x\ntarget: {protocol: openai, embedded: {}}\n"
+                       "load: {samples: none}\nphases: {baseline: 2s, fault: 0s, recovery: 0s}\n"
+                       "abort_when:\n  - {metric: error_rate, above: 50%, for: 10s}\n",
+                       "s.yaml")
+    assert str(err.value) == (
+        "s.yaml:5:1: abort_when: abort_when reads the live per-request samples, and "
+        "load.samples is 'none': set load.samples to 'all' or remove abort_when")

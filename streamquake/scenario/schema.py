@@ -11,6 +11,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    ValidationInfo,
     field_validator,
     model_validator,
 )
@@ -374,6 +375,16 @@ class Scenario(_Model):
     agents: list[AgentRef] = Field(default_factory=list)
     abort_when: list[AbortCondition] = Field(default_factory=list)
 
+    @field_validator("abort_when")
+    @classmethod
+    def _live_samples(cls, v: list[AbortCondition], info: ValidationInfo
+                      ) -> list[AbortCondition]:
+        load = info.data.get("load")
+        if v and isinstance(load, LoadSpec) and load.samples == "none":
+            raise ValueError("abort_when reads the live per-request samples, and load.samples "
+                             "is 'none': set load.samples to 'all' or remove abort_when")
+        return v
+
     @model_validator(mode="after")
     def _agents_named(self) -> Scenario:
         names = [a.name for a in self.agents]
@@ -394,9 +405,6 @@ class Scenario(_Model):
         dupes = sorted({n for n in labels if labels.count(n) > 1})
         if dupes:
             raise ValueError(f"give each fault a unique 'name'; repeated: {', '.join(dupes)}")
-        if self.abort_when and self.load.samples == "none":
-            raise ValueError("abort_when reads the live per-request samples, and load.samples "
-                             "is 'none': set load.samples to 'all' or remove abort_when")
         for f in self.faults:
             if self.phases.duration_s(f.phase) <= 0:
                 raise ValueError(f"fault '{f.label}' lives in phase '{f.phase}', which lasts 0 s")
