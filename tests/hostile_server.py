@@ -215,6 +215,13 @@ def echo_key_event(req: Request) -> None:
     stream(req, TOKEN + b"data: " + error.encode() + b"\n\n")
 
 
+def echo_key_id(req: Request) -> None:
+    """A good stream whose response id holds the key 110 characters in, across the cut."""
+    key = req.headers.get("authorization", "").removeprefix("Bearer ")
+    rid = json.dumps({"id": "r" * 110 + key + "/" + req.target, "text": "t "})
+    stream(req, b"data: " + rid.encode() + b"\n\n" + TOKEN + FINAL)
+
+
 def echo_key_redirect(req: Request) -> None:
     key = req.headers.get("authorization", "").removeprefix("Bearer ")
     req.send(b"HTTP/1.1 302 Found\r\nLocation: https://login.example/?api_key=" + key.encode()
@@ -230,14 +237,14 @@ ROUTES: dict[str, Callable[[Request], None]] = {
     "/slowloris": slowloris, "/hang": hang, "/gzip": gzipped, "/bad-chunked": bad_chunked,
     "/chunk-extension-forever": chunk_extension_forever, "/redirect": redirect,
     "/echo-key": echo_key, "/echo-key-event": echo_key_event,
-    "/echo-key-redirect": echo_key_redirect,
+    "/echo-key-redirect": echo_key_redirect, "/echo-key-id": echo_key_id,
 }
 # /mixed: what a whole run meets, in turn (paced and silent streams end at the timeout).
 MIXED = ["/ok", "/data-forever", "/endless-line", "/big-event", "/bad-json", "/html",
          "/status", "/gzip", "/reset", "/ok", "/flood", "/echo-key", "/echo-key-event",
          "/echo-key-redirect"]
 # /echo-mixed: credentials echoed in every way a target can, between normal streams.
-ECHO_MIXED = ["/ok", "/echo-key", "/echo-key-event", "/echo-key-redirect"]
+ECHO_MIXED = ["/ok", "/echo-key", "/echo-key-event", "/echo-key-redirect", "/echo-key-id"]
 _turns = itertools.count()
 _lock = threading.Lock()
 

@@ -54,8 +54,11 @@ def _requests(n: int, seed: int = 7) -> tuple[list[RequestSample], list[UnsentAr
         sent = due + rng.expovariate(1 / 0.05)
         ttft = rng.lognormvariate(math.log(120), 0.6)
         gaps = [rng.lognormvariate(math.log(20), 0.8) for _ in range(rng.randint(0, 40))]
+        gaps[::7] = [0.0] * len(gaps[::7])     # events read with the one before: one stamp
         error = rng.choice([None] * 12 + ["truncated", "http_status", "timeout"])
         s = RequestSample(cls=cls, sent=sent, scheduled=due, ttfb_ms=ttft * 0.8, ttft_ms=ttft,
+                          send_ms=rng.choice([None, rng.uniform(0.05, 3.0)]),
+                          shared_stamps=len(gaps[::7]),
                           itl_ms=gaps, e2e_ms=ttft + sum(gaps) + rng.uniform(0, 5),
                           output_tokens=len(gaps) + 1, content_events=len(gaps) + 1,
                           stalls=sum(g > 250 for g in gaps), client_stalls=rng.randint(0, 1),

@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import gevent
+import gevent.socket
 import gevent.ssl
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError, HTTPSocketResponse
@@ -65,6 +66,36 @@ SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)
 _SOL_SOCKET = socket.SOL_SOCKET
 _TIMESPEC = struct.Struct("@ll")
 _CMSG_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
+_ID_MAX = 128           # characters of a response id kept in a sample
+# Where the writing greenlet notes when its request's last byte was written (perf_counter s).
+_WRITTEN = "sq_written"
+# Test-only: hold every request write back this long (tests/test_send_stamp.py); unset in use.
+_WRITE_HOLD_S = float(os.environ.get("STREAMQUAKE_TEST_WRITE_HOLD_MS") or 0) / 1000.0
+
+
+def _note_written() -> None:
+    setattr(gevent.getcurrent(), _WRITTEN, time.perf_counter())
+
+
+class _StampedSocket(gevent.socket.socket):  # type: ignore[misc]
+    """A pool socket that tells the greenlet writing on it when its write returned: a request
+    is dated from its last byte written, not from when the client began to send it."""
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if _WRITE_HOLD_S:
+            gevent.sleep(_WRITE_HOLD_S)
+        super().sendall(data, flags)
+        _note_written()
+
+
+class _StampedSSLSocket(gevent.ssl.SSLSocket):  # type: ignore[misc]
+    """:class:`_StampedSocket` for TLS (the context wraps the TCP socket in this class)."""
+
+    def sendall(self, data: Any, flags: int = 0) -> None:
+        if _WRITE_HOLD_S:
+            gevent.sleep(_WRITE_HOLD_S)
+        super().sendall(data, flags)
+        _note_written()
 
 
 class _StreamTimeout(Exception):
@@ -165,6 +196,7 @@ def _tls_context_factory(verify: bool) -> Callable[..., ssl.SSLContext]:
         # class): in a process gevent has not patched, the stdlib's sockets would read TLS in
         # blocking calls that stop every other greenlet.
         ctx: ssl.SSLContext = gevent.ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+        ctx.sslsocket_class = _StampedSSLSocket
         ctx.load_default_certs()
         if cafile and os.path.isfile(cafile):
             ctx.load_verify_locations(cafile=cafile)
@@ -293,6 +325,18 @@ class _Tally:
         self.events_left = max_events
         self.done = False
 
+    def dated(self, t0: float) -> None:
+        """Date the request from its last byte written, if this greenlet wrote it since the
+        attempt began at ``t0``: TTFB, TTFT and E2E count from there, and the time before it
+        (pool, connect, write) is ``send_ms``."""
+        s = self.sample
+        written = getattr(gevent.getcurrent(), _WRITTEN, None)
+        if s.send_ms is not None or written is None or written < t0:
+            return
+        s.send_ms = (written - t0) * 1000.0
+        s.sent += written - t0
+        self.t0 = written
+
     def add(self, event: SSEEvent, now: float, seen: float | None = None,
             kernel: bool = False) -> None:
         """``now``: when the event's bytes arrived; ``seen``: when our code saw them (default:
@@ -313,6 +357,8 @@ class _Tally:
             raise _Failed("protocol", str(exc)) from exc
         if d.usage_output_tokens is not None:
             s.usage_tokens = d.usage_output_tokens
+        if d.response_id is not None and s.response_id is None:
+            s.response_id = d.response_id
         if d.text:
             s.content_events += 1
             if self.last_text_at is None:
@@ -320,6 +366,8 @@ class _Tally:
             else:
                 gap = now - self.last_text_at
                 s.itl_ms.append(gap * 1000.0)
+                if gap == 0.0:
+                    s.shared_stamps += 1     # read with the one before: one stamp for both
                 if gap > self.stall_s:
                     if kernel or self._server_late(gap, seen):
                         s.stalls += 1
@@ -396,8 +444,10 @@ class StreamClient:
         )
         # The pool's own hook for socket options, on its every new connection: stamped from
         # the first byte (a socket enabled later gets no stamp for bytes already queued).
-        setattr(self._http._connection_pool, "after_connect",  # noqa: B010
-                enable_kernel_timestamps)
+        pool = self._http._connection_pool
+        setattr(pool, "after_connect", enable_kernel_timestamps)  # noqa: B010
+        # ... and its sockets tell when a request's last byte was written (_StampedSocket).
+        setattr(pool, "_create_tcp_socket", _StampedSocket)  # noqa: B010
 
     def close(self) -> None:
         self._http.close()
@@ -415,6 +465,7 @@ class StreamClient:
         payload = json.dumps(body).encode()
         sample = RequestSample(cls=cls.name, sent=time.time(), scheduled=scheduled)
         t0 = time.perf_counter()
+        setattr(gevent.getcurrent(), _WRITTEN, None)
         deadline_at = t0 + self.plan.timeout_s
         tally = _Tally(sample, self.plan, t0, self.max_events, saturation.active())
         resp: HTTPSocketResponse | None = None
@@ -422,7 +473,7 @@ class StreamClient:
         deadline.start()
         try:
             try:
-                resp = self._open(uri, payload, sample, t0, deadline_at)
+                resp = self._open(uri, payload, tally, deadline_at)
                 end = self._follow(resp, tally, deadline_at)
             except _Failed as exc:
                 end = time.perf_counter()
@@ -436,6 +487,7 @@ class StreamClient:
                 )
             finally:
                 deadline.cancel()
+                tally.dated(t0)     # a request that failed after its write: timed from it
             if resp is not None and tally.done:
                 _drain(resp)
         finally:
@@ -444,16 +496,22 @@ class StreamClient:
                 resp.release()
         if sample.error_detail is not None:
             sample.error_detail = self.redact(sample.error_detail)[:_DETAIL_MAX]
+        if sample.response_id is not None:
+            # Whatever the server put there: redacted whole, then cut.
+            sample.response_id = _printable(self.redact(sample.response_id), _ID_MAX)
         return tally.finish(end)
 
     def _open(
-        self, uri: str, payload: bytes, sample: RequestSample, t0: float, deadline: float
+        self, uri: str, payload: bytes, tally: _Tally, deadline: float
     ) -> HTTPSocketResponse:
+        sample, t0 = tally.sample, tally.t0
         try:
             resp = self._http.request("POST", uri, body=payload, headers=self._headers)
         except (OSError, HTTPParseError) as exc:
             raise _Failed(*_before_response(exc, self.plan.connect_timeout_s)) from exc
-        sample.ttfb_ms = (time.perf_counter() - t0) * 1000.0
+        headers_at = time.perf_counter()
+        tally.dated(t0)
+        sample.ttfb_ms = (headers_at - tally.t0) * 1000.0
         sample.status = resp.status_code
         if not 200 <= resp.status_code < 300:
             detail = _status_detail(resp, deadline)

@@ -57,7 +57,7 @@ def _index_constants(sig_figs: int) -> tuple[int, int, int, int]:
 
 
 class SparseHistogram:
-    __slots__ = ("sig_figs", "counts", "total", "_layout", "_sorted", "_index")
+    __slots__ = ("sig_figs", "counts", "total", "_layout", "_sorted", "_index", "_blob")
 
     def __init__(self, sig_figs: int = 4) -> None:
         self.sig_figs = sig_figs
@@ -66,6 +66,7 @@ class SparseHistogram:
         self._layout = _layout(sig_figs)
         self._index = _index_constants(sig_figs)
         self._sorted: list[tuple[int, int]] | None = None
+        self._blob: str | None = None       # encode()'s last answer, until the next change
 
     def record(self, value: int, count: int = 1) -> None:
         """Record ``value`` (clamped to 0..HIGHEST) ``count`` times."""
@@ -78,7 +79,7 @@ class SparseHistogram:
         counts = self.counts
         counts[index] = counts.get(index, 0) + count
         self.total += count
-        self._sorted = None
+        self._sorted = self._blob = None
 
     def record_ms(self, values: Iterable[float]) -> None:
         """Record milliseconds as microseconds, one each (the gaps of a stream)."""
@@ -93,7 +94,7 @@ class SparseHistogram:
             counts[index] = counts.get(index, 0) + 1
             n += 1
         self.total += n
-        self._sorted = None
+        self._sorted = self._blob = None
 
     def merge(self, other: SparseHistogram) -> None:
         if other.sig_figs != self.sig_figs:
@@ -103,7 +104,7 @@ class SparseHistogram:
         for index, n in other.counts.items():
             counts[index] = counts.get(index, 0) + n
         self.total += other.total
-        self._sorted = None
+        self._sorted = self._blob = None
 
     def buckets(self) -> list[tuple[int, int]]:
         """(counts index, count) of every recorded bucket, in value order."""
@@ -143,7 +144,13 @@ class SparseHistogram:
         return self.value_at(self.buckets()[-1][0]) if self.total else None
 
     def encode(self) -> str:
-        """The standard HdrHistogram V2 histoblob (base64 of the zlib-compressed counts)."""
+        """The standard HdrHistogram V2 histoblob (base64 of the zlib-compressed counts); kept
+        until the histogram changes, so a checkpoint re-encodes only what changed."""
+        if self._blob is None:
+            self._blob = self._encode()
+        return self._blob
+
+    def _encode(self) -> str:
         layout = self._layout
         for index, n in self.counts.items():
             layout.counts[index] = n

@@ -37,18 +37,19 @@ from locust.runners import (
 )
 
 from streamquake.errors import EXIT_SCENARIO, ScenarioError
-from streamquake.loadgen import relay
+from streamquake.loadgen import holds, relay
 from streamquake.loadgen.client import StreamClient, check_templates
 from streamquake.loadgen.launcher import PLAN_ENV
 from streamquake.loadgen.plan import LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
 from streamquake.loadgen.retry import retry_delay
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.loadgen.saturation import start as start_saturation_guard
-from streamquake.loadgen.scorecard import CHECKPOINT_S, Scorecard, Window
+from streamquake.loadgen.scorecard import CHECKPOINT_S, Scorecard, Window, replace_text
 from streamquake.loadgen.sse import SSELimits
 from streamquake.loadgen.trace import PromptSynth
 
 _IDLE_S = 3600.0        # a user past end_at waits; Locust kills waiting users at once on stop
+_WRITE_WAIT_S = 30.0    # how long the final save waits for a checkpoint's write in flight
 
 
 class StreamFailure(Exception):
@@ -67,6 +68,8 @@ class _Process:
     plan_ready = Event()
     card: Scorecard | None = None           # this process's requests, scored (scorecard.py)
     card_saved = (0, 0, False)              # (records, unsent, final) of the last one saved
+    checkpointer: Any = None                # the greenlet that saves the card every CHECKPOINT_S
+    writing: Any = None                     # ... its write in a native thread, while one runs
 
 
 def _plan() -> LoadPlan:
@@ -91,21 +94,22 @@ def _write(record: RequestSample | UnsentArrival) -> None:
     samples-<pid>.jsonl (unless load.samples is none) and arrivals never sent to
     unsent-<pid>.jsonl (launcher.py)."""
     plan = _plan()
+    hold = holds.Hold()
     if plan.windows:
         card = _Process.card
         if card is None:
             card = _Process.card = Scorecard([Window(*w) for w in plan.windows],
                                              seal_after_s=plan.timeout_s + 15.0,
                                              seconds_sink=_second_line)
-            gevent.spawn(_checkpoints)
+            _Process.checkpointer = gevent.spawn(_checkpoints)
         if isinstance(record, RequestSample):
             card.add(record)
         else:
             card.add_unsent(record)
-    if isinstance(record, RequestSample) and not plan.raw_samples:
-        return
-    _append("samples" if isinstance(record, RequestSample) else "unsent", record.to_json(),
-            Path(plan.samples_path))
+    if not isinstance(record, RequestSample) or plan.raw_samples:
+        _append("samples" if isinstance(record, RequestSample) else "unsent",
+                record.to_json(), Path(plan.samples_path))
+    hold.done("samples")
 
 
 def _second_line(line: str) -> None:
@@ -130,33 +134,67 @@ def _append(prefix: str, line: str, directory: Path) -> None:
 
 
 def _save_card(final: bool = False) -> None:
-    """This process's scorecard to the runner: replaced atomically in scorecard-<pid>.json,
-    or sent to the master (a remote worker), when anything was scored since the last time.
-    The one saved once its users have stopped is marked final: the runner warns about a card
-    that is not (a process killed, or one that could not save at the end)."""
+    """This process's scorecard to the runner, at once: replaced atomically in
+    scorecard-<pid>.json, or sent to the master (a remote worker), when anything was scored
+    since the last time. The one saved once its users have stopped is marked final: the
+    runner warns about a card that is not (a process killed, or one that could not save at
+    the end). A checkpoint in progress (:func:`_checkpoints`) is given up first."""
     card = _Process.card
     if card is None:
         return
+    if _Process.checkpointer is not None and _Process.checkpointer is not gevent.getcurrent():
+        _Process.checkpointer.kill()
+        _Process.checkpointer = None
+    if _Process.writing is not None:
+        # A checkpoint's write still in its thread would land after this card, and over it.
+        _Process.writing.wait(_WRITE_WAIT_S)
     card.seal(time.time())
     final = final or _Process.card_saved[2]   # a stream ending after the final save: still final
-    mark = (card.records, card.unsent, final)
+    mark = (card.records + card.pending, card.unsent, final)
     if mark == _Process.card_saved:
         return
+    _send_card(card.dumps(final), final, mark, threaded=False)
+
+
+def _send_card(text: str, final: bool, mark: tuple[int, int, bool], threaded: bool) -> None:
     if _Process.relay is not None:
-        _Process.relay.send_scorecard(card.dumps(final))
+        hold = holds.Hold()
+        _Process.relay.send_scorecard(text)
+        hold.done("relay")
     else:
         plan = _plan()
-        card.write(Path(plan.scorecards_path or plan.samples_path)
-                   / f"scorecard-{os.getpid()}.json", final)
+        path = Path(plan.scorecards_path or plan.samples_path) / f"scorecard-{os.getpid()}.json"
+        if threaded:
+            # The write leaves the hub: a slow disk holds this greenlet only.
+            # Left set if this greenlet is killed meanwhile: the final save waits for it.
+            writing = _Process.writing = gevent.get_hub().threadpool.spawn(replace_text, path,
+                                                                           text)
+            writing.get()
+            _Process.writing = None
+        else:
+            replace_text(path, text)
     _Process.card_saved = mark
 
 
 def _checkpoints() -> None:
-    # A process killed mid-run loses at most the last CHECKPOINT_S of its scoring.
+    """A process killed mid-run loses at most the last CHECKPOINT_S of its scoring. Each
+    checkpoint runs in steps that give the hub back every millisecond or so (holds.py): only
+    the cells changed since the last one are encoded, and the file is written off the hub."""
+    freeze = holds.freeze_plan()
+    if freeze is not None:
+        gevent.spawn(holds.test_freezes, *freeze)
     while True:
         gevent.sleep(CHECKPOINT_S)
+        card = _Process.card
+        if card is None:
+            continue
         try:
-            _save_card()
+            holds.sliced("seconds", card.seal_steps(time.time()))
+            mark = (card.records + card.pending, card.unsent, _Process.card_saved[2])
+            if mark == _Process.card_saved:
+                continue
+            text = holds.sliced("checkpoint", card.dump_steps(_Process.card_saved[2]))
+            _send_card(text, _Process.card_saved[2], mark, threaded=True)
         except OSError as exc:
             logging.getLogger(__name__).error("cannot save the scorecard: %s", exc)
 

@@ -9,7 +9,10 @@ Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution 
   stream cut after its first token still showed its user that first token).
 * ``e2e_ms``, ``output_tokens_per_s``: successful requests only; a failed stream's end time
   says how it failed, not how long a completion takes.
-* ``queue_delay_ms``: open-loop requests (sent - scheduled), failed or not.
+* ``queue_delay_ms``: open-loop requests (attempt start - scheduled), failed or not.
+* ``send_ms``: every request whose last byte was written: the attempt's start to that moment
+  (a free pooled connection, or a new one's connect, then the write). TTFB, TTFT and E2E are
+  timed from the write, so a slow connect or a client late to write shows here, not in them.
 * ``ttft_scheduled_ms``, ``e2e_scheduled_ms``: open loop, TTFT and E2E timed from when the
   request was due rather than sent (queue delay + TTFT), so a client that falls behind cannot
   hide the wait (coordinated omission; wrk2's and k6's corrected latency).
@@ -33,7 +36,7 @@ from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
 
 HISTOGRAM_METRICS: tuple[str, ...] = (
     "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s", "queue_delay_ms",
-    "ttft_scheduled_ms", "e2e_scheduled_ms",
+    "ttft_scheduled_ms", "e2e_scheduled_ms", "send_ms",
 )
 RATE_METRICS: tuple[str, ...] = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate")
 # What a measurement is counted as when it cannot be attributed to one phase (run/scoring.py):
@@ -72,6 +75,7 @@ class Stats:
     expected_events: int = 0
     stalls: int = 0                   # server stalls in the requests counted here
     client_stalls: int = 0            # gaps that were the load process's own lateness
+    shared_stamps: int = 0            # inter-token gaps of events read with the one before
     # Created on first use (closed loop never fills three of them); sparse, sized by use.
     histograms: dict[str, SparseHistogram] = field(default_factory=dict)
 
@@ -103,6 +107,8 @@ class Stats:
     def add_sent(self, s: RequestSample) -> None:
         self.sent += 1
         self.retries += s.attempt - 1
+        if s.send_ms is not None:
+            self._put("send_ms", s.send_ms)
 
     def add_not_sent(self) -> None:
         self.not_sent += 1
@@ -127,6 +133,15 @@ class Stats:
     def add_gaps(self, gaps_ms: list[float]) -> None:
         if gaps_ms:
             self._hist_for("itl_ms").record_ms(gaps_ms)
+            # A gap of exactly 0: its event shared one stamp (one read) with the one before.
+            self.shared_stamps += gaps_ms.count(0.0)
+
+    @property
+    def shared_stamp_share(self) -> float | None:
+        """Of the inter-token gaps here, the share whose event was read together with the one
+        before it: one stamp for both, so the gap reads 0 and the next read's gap holds both."""
+        n = self.count("itl_ms")
+        return min(1.0, self.shared_stamps / n) if n else None
 
     def add_outcome(self, s: RequestSample) -> None:
         """The request's end: counted as a request, its error or success, E2E, stalls, chunks."""
@@ -268,6 +283,8 @@ class Stats:
             "successes": self.successes,
             "retried_attempts": dict(self.retried_attempts),
             "requests_retried": self.retries,
+            "shared_stamps": self.shared_stamps,
+            "shared_stamp_share": self.shared_stamp_share,
             "errors": dict(self.errors),
             "error_reasons": {kind: dict(sorted(r.items(), key=lambda kv: -kv[1]))
                               for kind, r in self.error_reasons.items()},
@@ -327,5 +344,5 @@ class Stats:
 
 
 _COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries",
-             "missing_events", "expected_events", "stalls", "client_stalls")
+             "missing_events", "expected_events", "stalls", "client_stalls", "shared_stamps")
 _TABLES = ("unattributed", "errors", "retried_attempts")

@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from streamquake.loadgen.holds import Hold
 from streamquake.loadgen.scorecard import replace_text
 
 REMOTE_ENV = "STREAMQUAKE_REMOTE"
@@ -69,10 +70,12 @@ class Relay:
         for kind, chunks in self._pending.items():
             if not chunks:
                 continue
+            hold = Hold()
             text = "".join(chunks)
             chunks.clear()
             self.runner.send_message("sq_records", {"kind": kind, "text": text})
             self.sent_lines += text.count("\n")
+            hold.done("relay")
 
     def send_scorecard(self, text: str) -> None:
         """The whole scorecard (it replaces the last one the master holds from us); records

@@ -29,13 +29,20 @@ class RequestSample:
     """Everything measured about one streamed request. Times are epoch seconds / milliseconds."""
 
     cls: str                              # request class name
-    sent: float                           # epoch s when the request was actually sent
+    sent: float                           # epoch s the request's last byte was written (or,
+                                          #   when it never was, the attempt started)
     scheduled: float | None = None        # epoch s it was due (open loop); None in closed loop
-    ttfb_ms: float | None = None          # send -> first response byte
-    ttft_ms: float | None = None          # send -> first event carrying generated text
-    e2e_ms: float | None = None           # send -> end of stream (or error)
+    send_ms: float | None = None          # attempt start -> last byte written (pool wait,
+                                          #   connect, write); None if never written
+    ttfb_ms: float | None = None          # sent -> first response byte
+    ttft_ms: float | None = None          # sent -> first event carrying generated text
+    e2e_ms: float | None = None           # sent -> end of stream (or error)
     itl_ms: list[float] = field(default_factory=list)  # one gap per content event after first
     content_events: int = 0               # events that carried generated text
+    shared_stamps: int = 0                # content events dated with the stamp of the one
+                                          #   before (read together): their gap reads as 0
+    response_id: str | None = None        # the response's own id (OpenAI/Anthropic id, Gemini
+                                          #   responseId), to find it in the server's logs
     output_tokens: int = 0                # server usage when present, else content_events
     usage_tokens: int | None = None       # what the server's usage said, if it said
     missing_events: int = 0               # gaps in SSE ``id:`` sequence numbers (chunk loss)
@@ -50,24 +57,31 @@ class RequestSample:
     error_detail: str | None = None
 
     @property
+    def started(self) -> float:
+        """Epoch s the attempt started (before the pool, the connect and the write)."""
+        return self.sent - (self.send_ms or 0.0) / 1000.0
+
+    @property
     def queue_delay_ms(self) -> float | None:
+        """Due -> the attempt's start (open loop): the wait for a free slot."""
         if self.scheduled is None:
             return None
-        return max(0.0, (self.sent - self.scheduled) * 1000.0)
+        return max(0.0, (self.started - self.scheduled) * 1000.0)
 
     @property
     def ttft_scheduled_ms(self) -> float | None:
-        """Due -> first token (open loop): what the user waited, queueing included."""
+        """Due -> first token (open loop): what the user waited, queueing and sending
+        included."""
         if self.scheduled is None or self.ttft_ms is None:
             return None
-        return (self.queue_delay_ms or 0.0) + self.ttft_ms
+        return (self.queue_delay_ms or 0.0) + (self.send_ms or 0.0) + self.ttft_ms
 
     @property
     def e2e_scheduled_ms(self) -> float | None:
         """Due -> end of stream (open loop)."""
         if self.scheduled is None or self.e2e_ms is None:
             return None
-        return (self.queue_delay_ms or 0.0) + self.e2e_ms
+        return (self.queue_delay_ms or 0.0) + (self.send_ms or 0.0) + self.e2e_ms
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), separators=(",", ":"))

@@ -7,7 +7,9 @@ its own, not the server's. Each load process that runs users measures, every sec
 * the gevent hub's lag: a greenlet sleeps :data:`PROBE_S` again and again and records how late
   each wake-up comes (a loop busy elsewhere, or a process waiting for a core, wakes it late);
 * per event, the gap between the kernel's receive timestamp and the moment our code saw the
-  bytes (``client.py`` reports it for every read that carried a kernel timestamp).
+  bytes (``client.py`` reports it for every read that carried a kernel timestamp);
+* how long its own bookkeeping held the hub, per kind of work (``holds.py``): checkpoints,
+  sealed seconds, sample lines, the relay, this guard's own lines.
 
 One JSON line a second goes to ``saturation-<pid>.jsonl`` next to the load plan (the run
 directory, beside ``locust.log``; never the samples directory, whose ``*.jsonl`` are samples),
@@ -27,6 +29,8 @@ import time
 from collections import deque
 from pathlib import Path
 from typing import IO, Any
+
+from streamquake.loadgen.holds import HOLDS, Hold
 
 PROBE_S = 0.05          # the hub-lag probe's sleep: 20 wake-ups a second
 BLOCKED_S = 0.002       # a wake-up later than this marks the loop blocked over that stretch
@@ -119,6 +123,7 @@ class Guard:
                 second_at, second_wall, cpu_at = woke, wall, cpu
 
     def _write(self, start: float, end: float, cpu_pct: float) -> None:
+        hold = Hold()
         record: dict[str, Any] = {
             "pid": os.getpid(), "start": round(start, 3), "end": round(end, 3),
             "cpu_pct": round(cpu_pct, 1),
@@ -126,6 +131,7 @@ class Guard:
             "seen_max_ms": round(self._seen_max_s * 1000.0, 3),
             "seen": {str(b): n for b, n in sorted(self._seen.items())},
             "kernel_reads": self._kernel_reads, "user_reads": self._user_reads,
+            "holds": HOLDS.take(),
         }
         self._lags_ms, self._seen, self._seen_max_s = [], {}, 0.0
         self._kernel_reads = self._user_reads = 0
@@ -134,6 +140,7 @@ class Guard:
             self._sink.flush()
         except (OSError, ValueError):
             pass    # a full disk (or a closed file at exit) must not stop the load
+        hold.done("guard")      # in the next second's line
 
 
 def active() -> Guard | None:

@@ -22,12 +22,13 @@ import itertools
 import json
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Generator, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 from streamquake.loadgen.histogram import SparseHistogram
+from streamquake.loadgen.holds import run_through
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 
@@ -39,6 +40,9 @@ SECOND_SIG_FIGS = 2
 SECOND_GRACE_S = 3.0      # a second is sent off this long after it ended (seconds_sink)
 SERIES_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms",
                                    "output_tokens_per_s")
+_SEP = (",", ":")
+_PENDING_STEP = 4       # records scored per step after a checkpoint
+Steps = Generator[None, None, str]
 
 
 class WindowLike(Protocol):
@@ -96,7 +100,7 @@ def attribute(s: RequestSample, windows: Sequence[WindowLike],
         return True
     here.add_sent(s)
     if s.scheduled is not None:
-        if s.sent <= home.end:
+        if s.started <= home.end:
             here.add_queue_delay(s)
         else:
             here.add_unattributed("queue_delay_ms")
@@ -208,6 +212,11 @@ def _pack(hists: dict[str, SparseHistogram]) -> dict[str, str]:
     return {m: h.pack() for m, h in hists.items() if h.total}
 
 
+def _cell_text(key: tuple[str, str], stats: Stats) -> str:
+    return json.dumps({"phase": key[0], "class": key[1], "stats": stats.to_wire()},
+                      separators=_SEP)
+
+
 class Scorecard:
     """Everything the verdicts, CDFs and timeline need, from one or many load processes."""
 
@@ -231,11 +240,17 @@ class Scorecard:
         self.outside = 0                   # records due outside every phase (before, after)
         self.processes = 1
         self._dirty: set[tuple[str, str]] = set()
-        self._wire: dict[tuple[str, str], dict[str, Any]] = {}
-        # Cells of phases long over, kept only in their wire form (a late request thaws one).
-        self._frozen: dict[tuple[str, str], dict[str, Any]] = {}
+        # Each cell's entry in the wire form, as JSON text, as of its last encoding; only
+        # cells changed since (``_dirty``) are encoded again.
+        self._text: dict[tuple[str, str], str] = {}
+        # Cells of phases long over, kept only as their text (a late request thaws one).
+        self._frozen: set[tuple[str, str]] = set()
         self._ends = {w.name: w.end for w in self.windows}
         self._sealed_below = 0
+        # While a checkpoint is taken in steps, records wait here (scored right after it), so
+        # the card it writes is one instant's, however many times it gave the hub back.
+        self._busy = False
+        self._pending: list[RequestSample | UnsentArrival] = []
 
     # -- scoring --------------------------------------------------------------------------
 
@@ -244,11 +259,23 @@ class Scorecard:
         self._dirty.add(key)
         stats = self.cells.get(key)
         if stats is None:
-            frozen = self._frozen.pop(key, None)
-            stats = self.cells[key] = Stats() if frozen is None else Stats.from_wire(frozen)
+            if key in self._frozen:
+                self._frozen.discard(key)
+                stats = Stats.from_wire(json.loads(self._text[key])["stats"])
+            else:
+                stats = Stats()
+            self.cells[key] = stats
         return stats
 
+    @property
+    def pending(self) -> int:
+        """Records waiting for a checkpoint in progress to end."""
+        return len(self._pending)
+
     def add(self, s: RequestSample) -> None:
+        if self._busy:
+            self._pending.append(s)
+            return
         self.records += 1
         if self.first_sent is None or s.sent < self.first_sent:
             self.first_sent = s.sent
@@ -258,6 +285,9 @@ class Scorecard:
             self._timeline(s)
 
     def add_unsent(self, u: UnsentArrival) -> None:
+        if self._busy:
+            self._pending.append(u)
+            return
         self.unsent += 1
         home = window_at(u.scheduled, self.windows)
         if home is None:
@@ -282,30 +312,41 @@ class Scorecard:
             second.hist(metric).record_ms(values)
 
     def seal(self, now: float) -> None:
+        """Seal what no request is likely still running for, at once (see :meth:`seal_steps`)."""
+        run_through(self.seal_steps(now))
+
+    def seal_steps(self, now: float) -> Generator[None, None, None]:
         """Seal what no request is likely still running for: seconds (a late request opens a
-        new part) and the cells of phases over (kept as their wire form only; a late request
-        thaws one). So a load process's memory holds the phases in progress, not the run."""
+        new part) and the cells of phases over (kept as their text only; a late request
+        thaws one). So a load process's memory holds the phases in progress, not the run.
+        Yields after each second and each cell: records may be scored in between."""
         if self.seconds_sink is not None:
             # Late requests only add a line of their own, so seconds leave soon after they end.
             for i in [i for i in self.seconds if i < math.floor(now - self.t0 - SECOND_GRACE_S)]:
-                second = self.seconds[i]
+                second = self.seconds.pop(i, None)
+                if second is None:
+                    continue
                 self.seconds_sink(json.dumps({"i": i, "sent": second.sent, "errors": second.errors,
-                                              "part": _pack(second.hists)},
-                                             separators=(",", ":")))
+                                              "part": _pack(second.hists)}, separators=_SEP))
                 self.seconds_lines += 1
-                del self.seconds[i]
+                yield
         below = math.floor(now - self.t0 - self.seal_after_s)
         if below > self._sealed_below:
-            for i, second in self.seconds.items():
+            for i, second in list(self.seconds.items()):
                 if i < below and second.hists:
                     second.seal()
+                    yield
             self._sealed_below = below
         over = now - self.seal_after_s
         for key in [k for k in self.cells if self._ends.get(k[0], math.inf) < over]:
-            stats = self.cells.pop(key)
-            wire = self._wire.pop(key, None)
-            self._frozen[key] = stats.to_wire() if wire is None or key in self._dirty else wire
+            stats = self.cells.pop(key, None)
+            if stats is None:
+                continue
+            if key in self._dirty or key not in self._text:
+                self._text[key] = _cell_text(key, stats)
             self._dirty.discard(key)
+            self._frozen.add(key)
+            yield
 
     # -- across processes ------------------------------------------------------------------
 
@@ -331,26 +372,57 @@ class Scorecard:
         self.processes += other.processes
 
     def to_wire(self, final: bool = False) -> dict[str, Any]:
-        for key in self._dirty:
-            self._wire[key] = self.cells[key].to_wire()
-        self._dirty.clear()
-        wires = {**self._frozen, **self._wire}
-        return {
-            "format": FORMAT,
-            "pid": os.getpid(),
-            "final": final,
-            "windows": [[w.name, w.start, w.end] for w in self.windows],
-            "first_sent": self.first_sent,
-            "records": self.records,
-            "unsent": self.unsent,
-            "outside": self.outside,
-            "seconds_lines": self.seconds_lines,
-            "cells": [{"phase": p, "class": c, "stats": wires[(p, c)]}
-                      for (p, c) in sorted(wires)],
-            "seconds": {str(i): s.to_wire() for i, s in sorted(self.seconds.items())},
-            "starts": {str(k): v for k, v in sorted(self.starts.items())},
-            "ends": {str(k): v for k, v in sorted(self.ends.items())},
-        }
+        return dict(json.loads(self.dumps(final)))
+
+    def dump_steps(self, final: bool = False) -> Steps:
+        """The card's wire form as JSON text, taken in steps (one histogram of a changed cell,
+        the rest of that cell, or one open second, a step): while they run, records wait (:attr:`pending`) and are scored after,
+        so the text is one instant's card. Returns the text."""
+        yield from self._score_pending()
+        self._busy = True
+        try:
+            for key in list(self._dirty):
+                stats = self.cells.get(key)
+                if stats is not None:
+                    for hist in stats.histograms.values():
+                        hist.encode()           # a step each (kept until it changes)
+                        yield
+                    self._text[key] = _cell_text(key, stats)
+                self._dirty.discard(key)
+                yield
+            seconds: list[str] = []
+            for i, second in sorted(self.seconds.items()):
+                seconds.append(f'"{i}":' + json.dumps(second.to_wire(), separators=_SEP))
+                yield
+            head = json.dumps({
+                "format": FORMAT,
+                "pid": os.getpid(),
+                "final": final,
+                "windows": [[w.name, w.start, w.end] for w in self.windows],
+                "first_sent": self.first_sent,
+                "records": self.records,
+                "unsent": self.unsent,
+                "outside": self.outside,
+                "seconds_lines": self.seconds_lines,
+                "starts": {str(k): v for k, v in sorted(self.starts.items())},
+                "ends": {str(k): v for k, v in sorted(self.ends.items())},
+            }, separators=_SEP)
+            text = (head[:-1] + ',"seconds":{' + ",".join(seconds) + '},"cells":['
+                    + ",".join(self._text[k] for k in sorted(self._text)) + "]}")
+        finally:
+            self._busy = False
+        yield from self._score_pending()
+        return text
+
+    def _score_pending(self) -> Generator[None, None, None]:
+        while self._pending:
+            batch, self._pending = self._pending[:_PENDING_STEP], self._pending[_PENDING_STEP:]
+            for record in batch:
+                if isinstance(record, RequestSample):
+                    self.add(record)
+                else:
+                    self.add_unsent(record)
+            yield
 
     @classmethod
     def from_wire(cls, data: dict[str, Any], cells: bool = True) -> Scorecard:
@@ -401,7 +473,8 @@ class Scorecard:
                 here.merge(second)
 
     def dumps(self, final: bool = False) -> str:
-        return json.dumps(self.to_wire(final), separators=(",", ":"))
+        """The wire form as JSON text, at once (see :meth:`dump_steps`)."""
+        return run_through(self.dump_steps(final))
 
     def write(self, path: Path, final: bool = False) -> None:
         """Replace ``path`` atomically: a reader (or a kill) never sees half a scorecard, and a

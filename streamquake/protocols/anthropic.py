@@ -140,7 +140,11 @@ class Anthropic(WireProtocol):
             block = obj.get("content_block")
             text = block.get("text") if isinstance(block, dict) else None
             return Decoded(text=text) if isinstance(text, str) and text else _NOTHING
-        return _NOTHING   # message_start, ping, content_block_stop, and types added later
+        if kind == "message_start":
+            message = obj.get("message")
+            rid = message.get("id") if isinstance(message, dict) else None
+            return Decoded(response_id=rid) if isinstance(rid, str) else _NOTHING
+        return _NOTHING   # ping, content_block_stop, and types added later
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)

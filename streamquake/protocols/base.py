@@ -53,6 +53,7 @@ class Decoded:
     usage_output_tokens: int | None = None  # the server's count of output tokens so far
     done: bool = False                      # the protocol's terminal event
     error: str | None = None                # the server reported an error in the stream
+    response_id: str | None = None          # the response's id, on events that carry it
 
 
 @dataclass(frozen=True)

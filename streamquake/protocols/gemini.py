@@ -116,7 +116,9 @@ class Gemini(WireProtocol):
         if tokens is not None and isinstance(meta, dict):
             # Thinking tokens are generated output too; Gemini counts them apart.
             tokens += int_or_none(meta.get("thoughtsTokenCount")) or 0
-        return Decoded(text="".join(texts), usage_output_tokens=tokens, done=done)
+        rid = obj.get("responseId")
+        return Decoded(text="".join(texts), usage_output_tokens=tokens, done=done,
+                       response_id=rid if isinstance(rid, str) else None)
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)

@@ -116,7 +116,9 @@ class OpenAI(WireProtocol):
                         texts.append(piece)
         usage = obj.get("usage")
         tokens = int_or_none(usage.get("completion_tokens")) if isinstance(usage, dict) else None
-        return Decoded(text="".join(texts), usage_output_tokens=tokens)
+        rid = obj.get("id")
+        return Decoded(text="".join(texts), usage_output_tokens=tokens,
+                       response_id=rid if isinstance(rid, str) else None)
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)

@@ -59,6 +59,7 @@ class GenericSSE(WireProtocol):
             usage_output_tokens=int_or_none(usage.get("output_tokens"))
             if isinstance(usage, dict) else None,
             done=obj.get("done") is True,
+            response_id=rid if isinstance(rid := obj.get("id"), str) else None,
         )
 
     def parse(self, body: object, model: str | None) -> GenRequest:

@@ -8,7 +8,12 @@ Each load process writes one line a second to ``saturation-<pid>.jsonl`` in the 
   every greenlet, each socket read among them, waited that long, whatever the CPU figure says
   (two processes sharing one core each stay near 50%);
 * a tenth of its events (p90, in a second with at least :data:`SEEN_MIN_EVENTS`) were seen
-  :data:`SEEN_P90_MS` ms or more after the kernel received them.
+  :data:`SEEN_P90_MS` ms or more after the kernel received them;
+* the hub was held :data:`HUB_HOLD_MS` ms or more at once, or for :data:`FROZEN_SHARE` of the
+  second in holds of :data:`FROZEN_LAG_MS` ms or more: a periodic freeze (a heavy checkpoint
+  every 2 s, say) moves no p90, yet every event that comes during it is dated late;
+* its own bookkeeping (``loadgen/holds.py``) held the hub for more than 10 ms of CPU time in
+  one go.
 
 Why p90 and not p99: on a shared 2-core VM an idle load process (4 streams, 5% CPU) already
 shows kernel-to-seen p99 of 2-5 ms and hub-lag maxima of 1-10 ms in some seconds (wake-up
@@ -43,6 +48,9 @@ from streamquake.run.timeline import PhaseWindow
 
 CPU_PCT = 90.0
 HUB_LAG_P90_MS = 10.0
+HUB_HOLD_MS = 50.0
+FROZEN_LAG_MS = 10.0
+FROZEN_SHARE = 0.05
 SEEN_P90_MS = 10.0
 SEEN_MIN_EVENTS = 100
 PHASE_SHARE = 0.10
@@ -82,10 +90,12 @@ class LoadSecond:
     seen_max_ms: float
     kernel_reads: int
     user_reads: int
+    # kind -> [holds, longest wall ms, longest CPU ms, total wall ms, holds over 10 ms CPU]
+    holds: dict[str, list[float]] = field(default_factory=dict)
 
     @classmethod
     def from_dict(cls, d: JsonDict) -> LoadSecond:
-        lag, seen = d.get("lag_ms"), d.get("seen")
+        lag, seen, holds = d.get("lag_ms"), d.get("seen"), d.get("holds")
         return cls(
             pid=int(str(d["pid"])), start=float(str(d["start"])), end=float(str(d["end"])),
             cpu_pct=float(str(d["cpu_pct"])),
@@ -94,7 +104,15 @@ class LoadSecond:
             seen_max_ms=float(str(d.get("seen_max_ms", 0.0))),
             kernel_reads=int(str(d.get("kernel_reads", 0))),
             user_reads=int(str(d.get("user_reads", 0))),
+            holds={str(k): [float(str(x)) for x in v][:5] for k, v in holds.items()
+                   if isinstance(v, list) and len(v) >= 5} if isinstance(holds, dict) else {},
         )
+
+    @property
+    def frozen_share(self) -> float:
+        """The share of this second the hub spent in holds of FROZEN_LAG_MS or more."""
+        frozen = sum(v for v in self.lag_ms if v >= FROZEN_LAG_MS)
+        return frozen / max(1.0, (self.end - self.start) * 1000.0)
 
     @property
     def mid(self) -> float:
@@ -115,6 +133,13 @@ class LoadSecond:
         seen = _hist_rank(self.seen, 90)
         if seen is not None and self.seen_events >= SEEN_MIN_EVENTS and seen >= SEEN_P90_MS:
             out.append(f"kernel-to-seen p90 {seen:.1f} ms")
+        if self.lag_ms and self.lag_ms[-1] >= HUB_HOLD_MS:
+            out.append(f"hub held {self.lag_ms[-1]:.0f} ms at once")
+        if (share := self.frozen_share) >= FROZEN_SHARE:
+            out.append(f"hub frozen {share:.0%} of the second")
+        for kind, (_n, _wall, cpu, _total, over) in sorted(self.holds.items()):
+            if over:
+                out.append(f"its own {kind.replace('_', ' ')} held the hub {cpu:.0f} ms")
         return out
 
 
@@ -160,6 +185,8 @@ class _Phase:
     cpu_max: float | None = None
     kernel_reads: int = 0
     user_reads: int = 0
+    frozen_share_max: float | None = None
+    holds: dict[str, list[float]] = field(default_factory=dict)   # as LoadSecond.holds
 
     def add(self, second: LoadSecond) -> None:
         self.count += 1
@@ -176,6 +203,14 @@ class _Phase:
         self.cpu_max = max(self.cpu_max or 0.0, second.cpu_pct)
         self.kernel_reads += second.kernel_reads
         self.user_reads += second.user_reads
+        self.frozen_share_max = max(self.frozen_share_max or 0.0, second.frozen_share)
+        for kind, (holds, wall, cpu, spent, over) in second.holds.items():
+            k = self.holds.setdefault(kind, [0.0, 0.0, 0.0, 0.0, 0.0])
+            k[0] += holds
+            k[1] = max(k[1], wall)
+            k[2] = max(k[2], cpu)
+            k[3] += spent
+            k[4] += over
 
 
 class SaturationGuard:
@@ -264,6 +299,11 @@ def _figures(phase: _Phase, stats: Stats | None) -> JsonDict:
         "seen_gap_p99_ms": r(_hist_rank(phase.seen, 99)),
         "seen_gap_max_ms": r(phase.seen_max_ms),
         "kernel_timed_reads": round(phase.kernel_reads / reads, 4) if reads else None,
+        "hub_frozen_share_max": r(phase.frozen_share_max),
+        # How long the load processes' own bookkeeping held the hub, per kind of work.
+        "own_holds": {kind: {"holds": int(n), "max_ms": r(wall), "max_cpu_ms": r(cpu),
+                             "total_ms": r(total), "over_10ms_cpu": int(over)}
+                      for kind, (n, wall, cpu, total, over) in sorted(phase.holds.items())},
         "client_stalls": 0 if stats is None else stats.client_stalls,
         "server_stalls": 0 if stats is None else stats.stalls,
     }

@@ -66,6 +66,7 @@ def score(scenario: Scenario, windows: Sequence[WindowLike], card: Scorecard) ->
         if w.name != "warmup":
             out.warnings += _not_sent_warning(scenario, w.name, stats)
             out.warnings += _unattributed_warning(w.name, stats)
+            out.warnings += _shared_stamp_warning(scenario, w.name, stats)
         out.phases.append(PhaseResult(
             name=w.name, start=w.start, end=w.end, stats=stats.to_dict(),
             classes={k: v.to_dict() for k, v in out.class_stats[w.name].items()},
@@ -108,6 +109,33 @@ def _unattributed_warning(phase: str, stats: Stats) -> list[str]:
             f"so they were not attributed ({', '.join(heavy)}; e2e_ms stands for requests "
             "whose end, and so outcome, fell after the phase); make the phase longer than a "
             "few request durations"]
+
+
+SHARED_MIN_GAPS = 100
+
+
+def _shared_stamp_warning(scenario: Scenario, phase: str, stats: Stats) -> list[str]:
+    """Events read together share one stamp: the gap between them reads 0 and the next one
+    holds both. A share f of such gaps can move any percentile p with min(p, 100 - p) <= 100 f
+    (the zeros fill the bottom, the doubled gaps the top); say which ones, when any."""
+    share = stats.shared_stamp_share
+    gaps = stats.count("itl_ms")
+    if share is None or gaps < SHARED_MIN_GAPS or not stats.shared_stamps:
+        return []
+    wanted = {50.0, 90.0, 95.0, 99.0}
+    wanted |= {float(s.percentile) for s in scenario.slos
+               if s.metric == "itl_ms" and s.percentile is not None}
+    for rc in scenario.load.classes:
+        wanted |= {float(s.percentile) for s in rc.slos
+                   if s.metric == "itl_ms" and s.percentile is not None}
+    bent = sorted(p for p in wanted if min(p, 100.0 - p) <= 100.0 * share)
+    if not bent:
+        return []
+    return [f"phase {phase}: {stats.shared_stamps:,} of {gaps:,} inter-token gaps ({share:.1%}) "
+            "came in one read with the event before, so they share its stamp: each reads "
+            "0 ms and the next gap holds both; that share can move itl_ms "
+            f"{', '.join(f'p{p:g}' for p in bent)}. Either the server sent those events "
+            "together or the load process read them late (see the client figures)"]
 
 
 def _late_start(windows: Sequence[WindowLike], first_sent: float | None) -> list[str]:

@@ -29,11 +29,12 @@ PHASE_ORDER: tuple[PhaseName, ...] = ("warmup", "baseline", "fault", "recovery")
 HistogramMetric = Literal[
     "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
     "queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms",     # open loop: from the schedule
+    "send_ms",                     # attempt start -> request written (pool, connect, write)
 ]
 RateMetric = Literal["error_rate", "stall_rate", "chunk_loss", "not_sent_rate"]
 Metric = Literal[
     "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
-    "queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms",
+    "queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms", "send_ms",
     "error_rate", "stall_rate", "chunk_loss", "not_sent_rate",
 ]
 # Abort conditions read the live samples (run/watch.py), which hold requests, not the arrivals

@@ -1,0 +1,134 @@
+"""How long the load process's own bookkeeping holds the gevent hub, per kind of work.
+
+While any code runs on the hub, no socket is read: an event that arrives meanwhile is read,
+and dated, when that code gives the hub back (and shares a kernel stamp with whatever else
+came in). So every piece of bookkeeping in a load process (scorecard checkpoints, the
+timeline's sealed seconds, sample lines, the relay to a master, the saturation guard's own
+lines) runs in steps of about a millisecond and yields between them, and measures each step
+here. The guard (loadgen/saturation.py) writes, every second, each kind's count, longest hold
+and total, in wall time and in this thread's CPU time: wall time is what the events waited,
+CPU time is what the work itself cost (a step preempted by another process on a shared core
+is long in wall time only), and a hold over :data:`LIMIT_S` of CPU time is counted apart.
+
+``STREAMQUAKE_TEST_FREEZE`` ("MS/EVERY_S", test-only, unset in use) makes the process hold its
+hub for MS milliseconds every EVERY_S seconds, as bookkeeping of kind ``test_freeze``: the
+tests use it to show the guard catches a periodic freeze (tests/test_hub_holds.py).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Generator
+from typing import TypeVar
+
+KINDS = ("checkpoint", "seconds", "samples", "relay", "guard", "test_freeze")
+SLICE_S = 0.0005        # a sliced task yields once a step brings its slice past this
+LIMIT_S = 0.010         # a hold of more CPU time than this is counted in ``over``
+FREEZE_ENV = "STREAMQUAKE_TEST_FREEZE"
+
+_clock = time.perf_counter
+_cpu = time.thread_time
+T = TypeVar("T")
+
+
+class Holds:
+    """Per kind: [holds, longest wall s, longest CPU s, total wall s, holds over LIMIT_S]."""
+
+    def __init__(self) -> None:
+        self._kinds: dict[str, list[float]] = {}
+
+    def add(self, kind: str, wall_s: float, cpu_s: float) -> None:
+        k = self._kinds.get(kind)
+        if k is None:
+            k = self._kinds[kind] = [0, 0.0, 0.0, 0.0, 0]
+        k[0] += 1
+        if wall_s > k[1]:
+            k[1] = wall_s
+        if cpu_s > k[2]:
+            k[2] = cpu_s
+        k[3] += wall_s
+        if cpu_s > LIMIT_S:
+            k[4] += 1
+
+    def take(self) -> dict[str, list[float]]:
+        """The holds since the last take, in ms: kind -> [n, max wall, max CPU, total wall,
+        over]."""
+        out = {kind: [int(k[0]), round(k[1] * 1e3, 3), round(k[2] * 1e3, 3),
+                      round(k[3] * 1e3, 3), int(k[4])]
+               for kind, k in self._kinds.items()}
+        self._kinds = {}
+        return out
+
+
+HOLDS = Holds()
+
+
+class Hold:
+    """Measures one synchronous stretch of bookkeeping: ``h = Hold(); ...; h.done(kind)``."""
+
+    __slots__ = ("wall", "cpu")
+
+    def __init__(self) -> None:
+        self.wall = _clock()
+        self.cpu = _cpu()
+
+    def done(self, kind: str) -> None:
+        HOLDS.add(kind, _clock() - self.wall, _cpu() - self.cpu)
+
+
+def sliced(kind: str, steps: Generator[None, None, T]) -> T:
+    """Run ``steps`` (a generator yielding between small units of work) on the hub, giving it
+    back whenever a slice has run :data:`SLICE_S`, each slice measured as a hold of ``kind``;
+    returns what ``steps`` returns. Runs under gevent only; closes ``steps`` if this greenlet
+    is killed meanwhile."""
+    import gevent
+
+    try:
+        while True:
+            hold = Hold()
+            until = hold.wall + SLICE_S
+            try:
+                while True:
+                    next(steps)
+                    if _clock() >= until:
+                        break
+            except StopIteration as finished:
+                hold.done(kind)
+                return finished.value  # type: ignore[no-any-return]
+            hold.done(kind)
+            gevent.sleep(0)
+    finally:
+        steps.close()
+
+
+def run_through(steps: Generator[None, None, T]) -> T:
+    """Run ``steps`` at once (at the end of a run, or outside gevent); returns its value."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as finished:
+            return finished.value  # type: ignore[no-any-return]
+
+
+def freeze_plan() -> tuple[float, float] | None:
+    """(hold s, every s) from ``$STREAMQUAKE_TEST_FREEZE``, or None."""
+    raw = os.environ.get(FREEZE_ENV)
+    if not raw:
+        return None
+    hold_ms, _, every_s = raw.partition("/")
+    return float(hold_ms) / 1000.0, float(every_s or 2.0)
+
+
+def test_freezes(hold_s: float, every_s: float) -> None:
+    """Test-only: hold the hub for ``hold_s`` every ``every_s`` (a busy loop, as a heavy
+    synchronous checkpoint would), measured as bookkeeping."""
+    import gevent
+
+    while True:
+        gevent.sleep(every_s)
+        hold = Hold()
+        until = hold.wall + hold_s
+        while _clock() < until:
+            pass
+        hold.done("test_freeze")
