@@ -13,6 +13,7 @@ is long in wall time only), and a hold over :data:`LIMIT_S` of CPU time is count
 ``STREAMQUAKE_TEST_FREEZE`` ("MS/EVERY_S", test-only, unset in use) makes the process hold its
 hub for MS milliseconds every EVERY_S seconds, as bookkeeping of kind ``test_freeze``: the
 tests use it to show the guard catches a periodic freeze (tests/test_hub_holds.py).
+The interpreter's garbage collections are measured too (kind ``gc``): they stop the hub alike.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import time
 from collections.abc import Generator
 from typing import TypeVar
 
-KINDS = ("checkpoint", "seconds", "samples", "relay", "guard", "test_freeze")
+KINDS = ("checkpoint", "seconds", "samples", "relay", "guard", "gc", "test_freeze")
 SLICE_S = 0.0005        # a sliced task yields once a step brings its slice past this
 LIMIT_S = 0.010         # a hold of more CPU time than this is counted in ``over``
 FREEZE_ENV = "STREAMQUAKE_TEST_FREEZE"
@@ -109,6 +110,27 @@ def run_through(steps: Generator[None, None, T]) -> T:
             next(steps)
         except StopIteration as finished:
             return finished.value  # type: ignore[no-any-return]
+
+
+_gc_started: Hold | None = None
+
+
+def _on_gc(phase: str, info: dict[str, int]) -> None:
+    global _gc_started
+    if phase == "start":
+        _gc_started = Hold()
+    elif _gc_started is not None:
+        _gc_started.done("gc")
+        _gc_started = None
+
+
+def watch_gc() -> None:
+    """Measure the interpreter's garbage collections as holds of kind ``gc``: a full one over
+    many live objects stops the hub like any other work (once per process)."""
+    import gc
+
+    if _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
 
 
 def freeze_plan() -> tuple[float, float] | None:

@@ -30,7 +30,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Any
 
-from streamquake.loadgen.holds import HOLDS, Hold
+from streamquake.loadgen.holds import HOLDS, Hold, watch_gc
 
 PROBE_S = 0.05          # the hub-lag probe's sleep: 20 wake-ups a second
 BLOCKED_S = 0.002       # a wake-up later than this marks the loop blocked over that stretch
@@ -171,6 +171,7 @@ def start(runner: object, directory: Path | None = None,
                     encoding="utf-8")
     _guard = Guard(sink)
     _greenlet = gevent.spawn(_guard.run)
+    watch_gc()
     return _guard
 
 

@@ -53,7 +53,8 @@ def read_samples(samples_dir: Path) -> list[RequestSample]:
 SAMPLE_COLUMNS = ("phase", "scored", "class", "sent_epoch_s", "t_s", "scheduled_epoch_s",
                   "ttfb_ms", "ttft_ms", "e2e_ms", "itl_n", "itl_p50_ms", "itl_max_ms",
                   "content_events", "output_tokens", "missing_events", "expected_events",
-                  "stalls", "client_stalls", "clock", "status", "error", "error_detail")
+                  "stalls", "client_stalls", "clock", "status", "error", "error_detail",
+                  "send_ms", "shared_stamps", "response_id")
 
 
 def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path: Path) -> int:
@@ -82,7 +83,8 @@ def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path:
                           s.content_events, s.output_tokens, s.missing_events, s.expected_events,
                           s.stalls, s.client_stalls, s.clock,
                           "" if s.status is None else s.status, s.error or "",
-                          s.error_detail or ""])
+                          s.error_detail or "", _num(s.send_ms), s.shared_stamps,
+                          s.response_id or ""])
             rows += 1
     return rows
 

@@ -15,11 +15,13 @@ SUMMARY_METRICS = (
     ("TTFT p95 from schedule ms", "ttft_scheduled_ms", "p95"),
     ("not attributed: TTFB/TTFT/ITL/end", "unattributed", None),
     ("errors", "error_rate", None),
+    ("send p95 ms (connect + write)", "send_ms", "p95"),
     ("TTFB p95 ms", "ttfb_ms", "p95"),
     ("TTFT p50 ms", "ttft_ms", "p50"),
     ("TTFT p95 ms", "ttft_ms", "p95"),
     ("ITL p50 ms", "itl_ms", "p50"),
     ("ITL p95 ms", "itl_ms", "p95"),
+    ("ITL gaps sharing a stamp", "shared_stamp_share", None),
     ("E2E p95 ms", "e2e_ms", "p95"),
     ("tokens/s p50", "output_tokens_per_s", "p50"),
     ("stall rate", "stall_rate", None),
@@ -28,6 +30,7 @@ SUMMARY_METRICS = (
     ("client saturated", "client_saturated", None),
     ("client CPU % max", "client", "cpu_pct_max"),
     ("client hub lag p99 ms", "client", "hub_lag_p99_ms"),
+    ("client hub held max ms", "client", "hub_lag_max_ms"),
     ("client kernel-to-seen p99 ms", "client", "seen_gap_p99_ms"),
 )
 
@@ -49,7 +52,8 @@ def fmt_value(metric: str, value: float | None) -> str:
         return "-"
     if metric == "client_saturated":
         return "yes" if value else "no"
-    if metric in ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate"):
+    if metric in ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate",
+                  "shared_stamp_share"):
         return f"{value * 100:.1f}%"
     if metric in ("requests", "sent", "not_sent", "client_stalls", "client_saturated_s"):
         return f"{int(value)}"
