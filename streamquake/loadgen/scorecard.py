@@ -376,8 +376,9 @@ class Scorecard:
 
     def dump_steps(self, final: bool = False) -> Steps:
         """The card's wire form as JSON text, taken in steps (one histogram of a changed cell,
-        the rest of that cell, or one open second, a step): while they run, records wait (:attr:`pending`) and are scored after,
-        so the text is one instant's card. Returns the text."""
+        the rest of that cell, or one open second, a step): while they run, records wait
+        (:attr:`pending`) and are scored after, so the text is one instant's card. Returns
+        the text."""
         yield from self._score_pending()
         self._busy = True
         try:
