@@ -436,8 +436,9 @@ class StreamClient:
             url,
             concurrency=concurrency,
             connection_timeout=plan.connect_timeout_s,
-            # Longer than the whole-stream deadline, so a socket timeout can only mean connect.
-            network_timeout=plan.timeout_s + 1.0,
+            # No per-read timer (gevent would arm and cancel one on every read that waits): the
+            # whole-stream deadline in measure() bounds every wait, writes included.
+            network_timeout=None,
             ssl_context_factory=_tls_context_factory(plan.verify_tls),
             insecure=not plan.verify_tls,
             block_size=_BLOCK,
