@@ -40,8 +40,9 @@ def make_plan(url: str, tmp: Path, seconds: float, **kw: Any) -> LoadPlan:
     return LoadPlan.model_validate(fields)
 
 
-def run_to_end(plan: LoadPlan, tmp: Path, **kw: Any) -> tuple[LocustRun, list[RequestSample], int]:
-    run = start_locust(plan, tmp, run_time_s=plan.end_at - time.time() + 5, **kw)
+def run_to_end(plan: LoadPlan, tmp: Path, pad_s: float = 5,
+               **kw: Any) -> tuple[LocustRun, list[RequestSample], int]:
+    run = start_locust(plan, tmp, run_time_s=plan.end_at - time.time() + pad_s, **kw)
     try:
         rc = run.wait(timeout=plan.end_at - time.time() + plan.timeout_s + 15)
     finally:
@@ -50,22 +51,34 @@ def run_to_end(plan: LoadPlan, tmp: Path, **kw: Any) -> tuple[LocustRun, list[Re
     return run, run.samples(), rc
 
 
-@pytest.mark.timeout(60)
+def _closed_loop_floor(samples: list[RequestSample], plan: LoadPlan,
+                       think_mean_s: float) -> float:
+    """Half the requests the users had time for in a closed loop: from the first send to
+    end_at, each one alternating a request (as long as they took here, on average) and a
+    think time. How slow a busy machine made them does not matter; users that stop looping
+    make far fewer."""
+    assert samples
+    window_s = plan.end_at - min(s.sent for s in samples)
+    mean_e2e_s = statistics.mean(s.e2e_ms or 0.0 for s in samples) / 1000
+    return 0.5 * plan.users * window_s / (mean_e2e_s + think_mean_s)
+
+
+@pytest.mark.timeout(120)
 def test_closed_loop_run_writes_samples_and_ends_at_end_at(fast_target: TargetProcess,
                                                             tmp_path: Path) -> None:
     plan = make_plan(
         fast_target.url, tmp_path, 5.0,
         arrival={"mode": "closed", "think_time_min_s": 0.05, "think_time_max_s": 0.15},
         classes=[{"name": "chat", "weight": 3}, {"name": "batch", "weight": 1}])
-    started = time.time()
-    run, samples, _ = run_to_end(plan, tmp_path)
-    # Locust's --run-time was padded by 5 s; the run ends at end_at instead.
-    assert time.time() - started < plan.end_at - started + 4
-    assert len(samples) >= 40, len(samples)
+    run, samples, _ = run_to_end(plan, tmp_path, pad_s=60)
+    # Locust's --run-time was padded by 60 s; the run ends at end_at instead (stopping takes
+    # a busy machine seconds, not half a minute).
+    assert time.time() < plan.end_at + 30, time.time() - plan.end_at
+    assert len(samples) >= _closed_loop_floor(samples, plan, think_mean_s=0.1), len(samples)
     assert [s.error for s in samples if s.error] == []
     assert {s.cls for s in samples} == {"chat", "batch"}
     assert sum(s.cls == "chat" for s in samples) > sum(s.cls == "batch" for s in samples)
-    assert all(s.sent <= plan.end_at and s.scheduled is None for s in samples)
+    assert all(s.started <= plan.end_at and s.scheduled is None for s in samples)
     assert all(s.content_events == 10 and s.ttft_ms is not None for s in samples)
     assert [p.name for p in (tmp_path / "samples").iterdir()] == [f"samples-{run.pids[0]}.jsonl"]
     log = (tmp_path / "locust.log").read_text()
@@ -92,7 +105,7 @@ def test_open_loop_poisson_arrivals_match_the_rate(fast_target: TargetProcess,
     assert 0.7 <= cv <= 1.3, cv             # exponential gaps; a constant process gives ~0
     delays = [s.queue_delay_ms for s in samples if s.queue_delay_ms is not None]
     assert statistics.median(delays) < 20, statistics.median(delays)
-    assert all(s.sent < plan.end_at for s in samples)
+    assert all(s.started < plan.end_at for s in samples)
 
 
 @pytest.mark.timeout(60)
@@ -110,7 +123,7 @@ def test_max_inflight_queues_client_side_and_in_flight_streams_finish(tmp_path: 
     assert overlap <= 2, overlap
     # Arrivals come 10/s, two slots serve ~3/s: the wait for a slot shows as queue delay.
     assert max(s.queue_delay_ms or 0 for s in samples) > 500
-    assert all(s.sent < plan.end_at for s in samples)
+    assert all(s.started < plan.end_at for s in samples)
     # Streams in flight at end_at were allowed to finish and were recorded.
     assert any(end > plan.end_at for _, end in spans)
 
@@ -125,7 +138,8 @@ def test_master_and_workers_each_write_their_samples(fast_target: TargetProcess,
     files = sorted((tmp_path / "samples").iterdir())
     assert sorted(f.name for f in files) == sorted(f"samples-{p}.jsonl" for p in run.pids[1:])
     assert all(f.read_text().count("\n") >= 5 for f in files)
-    assert len(samples) >= 20 and [s.error for s in samples if s.error] == []
+    assert len(samples) >= _closed_loop_floor(samples, plan, think_mean_s=0.075), len(samples)
+    assert [s.error for s in samples if s.error] == []
     assert "2 workers connected" in (tmp_path / "locust.log").read_text()
 
 
