@@ -26,6 +26,7 @@ from typing import TypeVar
 KINDS = ("checkpoint", "seconds", "samples", "relay", "guard", "gc", "test_freeze")
 SLICE_S = 0.0005        # a sliced task yields once a step brings its slice past this
 LIMIT_S = 0.010         # a hold of more CPU time than this is counted in ``over``
+_GIVE_BACK_S = 1e-6     # a sliced task's sleep between slices: the next loop iteration
 FREEZE_ENV = "STREAMQUAKE_TEST_FREEZE"
 
 _clock = time.perf_counter
@@ -80,11 +81,21 @@ class Hold:
 
 def sliced(kind: str, steps: Generator[None, None, T]) -> T:
     """Run ``steps`` (a generator yielding between small units of work) on the hub, giving it
-    back whenever a slice has run :data:`SLICE_S`, each slice measured as a hold of ``kind``;
-    returns what ``steps`` returns. Runs under gevent only; closes ``steps`` if this greenlet
-    is killed meanwhile."""
+    back whenever a slice has run :data:`SLICE_S`; returns what ``steps`` returns. A hold of
+    ``kind`` is what ran between two polls of the loop's sockets: slices that run with no poll
+    between them (a loop that resumed this greenlet at once) count as one. Runs under gevent
+    only; closes ``steps`` if this greenlet is killed meanwhile."""
     import gevent
 
+    polls = [0]
+    check = gevent.get_hub().loop.check(ref=False)   # runs once per loop iteration, after I/O
+
+    def polled() -> None:
+        polls[0] += 1
+
+    check.start(polled)
+    wall = cpu = 0.0
+    seen = polls[0]
     try:
         while True:
             hold = Hold()
@@ -95,11 +106,22 @@ def sliced(kind: str, steps: Generator[None, None, T]) -> T:
                     if _clock() >= until:
                         break
             except StopIteration as finished:
-                hold.done(kind)
                 return finished.value  # type: ignore[no-any-return]
-            hold.done(kind)
-            gevent.sleep(0)
+            finally:
+                if polls[0] != seen and wall:
+                    HOLDS.add(kind, wall, cpu)      # the slices since the last poll
+                    wall = cpu = 0.0
+                wall += _clock() - hold.wall
+                cpu += _cpu() - hold.cpu
+                seen = polls[0]
+            # Not sleep(0): that resumes this greenlet before the loop polls its sockets (up to
+            # 50 callbacks in a row), so the slices would add up to one long hold.
+            gevent.sleep(_GIVE_BACK_S)
     finally:
+        if wall:
+            HOLDS.add(kind, wall, cpu)
+        check.stop()
+        check.close()
         steps.close()
 
 
