@@ -84,11 +84,11 @@ def test_prompts_are_drawn_by_the_seeded_rng_and_full_bodies_still_stream() -> N
 def test_openai_role_usage_done_and_error_events() -> None:
     chunk = {"id": "c", "object": "chat.completion.chunk", "choices": [
         {"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}]}
-    assert decode("openai", ev(chunk)) == Decoded()
+    assert decode("openai", ev(chunk)) == Decoded(response_id="c")
     chunk["choices"][0]["delta"] = {"content": "Hello"}  # type: ignore[index]
-    assert decode("openai", ev(chunk)) == Decoded(text="Hello")
+    assert decode("openai", ev(chunk)) == Decoded(text="Hello", response_id="c")
     usage = {"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 17}}
-    assert decode("openai", ev(usage)) == Decoded(usage_output_tokens=17)
+    assert decode("openai", ev(usage)) == Decoded(usage_output_tokens=17, response_id="c")
     assert decode("openai", ev("[DONE]")) == Decoded(done=True)
     err = {"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit"}}
     assert decode("openai", ev(err)).error == "requests: Rate limit reached"

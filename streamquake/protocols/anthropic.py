@@ -45,7 +45,7 @@ _NOTHING = Decoded()
 class AnthropicEncoder(StreamEncoder):
     def __init__(self, request: GenRequest, ids: bool) -> None:
         super().__init__(request, ids)
-        self._id = f"msg_{uuid.uuid4().hex[:24]}"
+        self.response_id = self._id = f"msg_{uuid.uuid4().hex[:24]}"
         self._head, self._tail = split(
             {
                 "type": "content_block_delta",

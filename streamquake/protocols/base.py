@@ -103,6 +103,7 @@ class StreamEncoder(ABC):
         self._ids = ids
         self._seq = 0
         self.stamp_send_time = False
+        self.response_id: str | None = None    # the id this response carries, if its format has one
 
     def _event(self, data: bytes, event: bytes | None = None) -> bytes:
         eol = self._eol

@@ -37,7 +37,7 @@ class GeminiEncoder(StreamEncoder):
 
     def __init__(self, request: GenRequest, ids: bool) -> None:
         super().__init__(request, ids)
-        self._response_id = uuid.uuid4().hex[:22]
+        self.response_id = self._response_id = uuid.uuid4().hex[:22]
         self._head, self._tail = split(self._chunk(TOKEN_MARK, None))
 
     def _chunk(self, text: str, finish: Completion | None) -> dict[str, object]:

@@ -40,8 +40,9 @@ _CONTENT_KEYS = (*_DECODED_KEYS, "refusal")
 class OpenAIEncoder(StreamEncoder):
     def __init__(self, request: GenRequest, ids: bool) -> None:
         super().__init__(request, ids)
+        self.response_id = f"chatcmpl-{uuid.uuid4().hex[:24]}"
         self._base = {
-            "id": f"chatcmpl-{uuid.uuid4().hex[:24]}",
+            "id": self.response_id,
             "object": "chat.completion.chunk",
             "created": int(time.time()),
             "model": request.model,

@@ -86,6 +86,15 @@ class TargetConfig(_Frozen):
         "and the google-genai SDK, like for 'id:' lines, reads a comment as JSON and fails; "
         "conformant clients (the OpenAI and Anthropic SDKs, browsers) skip it",
     )
+    send_log: str | None = Field(
+        default=None,
+        description="a file the target appends one JSON line to per stream it served: the "
+        "response id it put in the stream (OpenAI chunk id, Anthropic message id, Gemini "
+        "responseId; none for generic sse), when the request arrived and when each write was "
+        "sent (epoch ns), and which writes carried a content event; for benchmarks that join "
+        "a client's event times to the true send times (benchmarks/truth.py). A relative path "
+        "is relative to the target process's working directory. Off by default",
+    )
     tls_cert: str | None = None
     tls_key: str | None = None
 

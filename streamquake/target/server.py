@@ -7,15 +7,17 @@ import functools
 import json
 import socket
 import ssl
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import IO, Any
 
 from aiohttp import web
 
 from streamquake import protocols
 from streamquake.errors import TargetError
 from streamquake.protocols import BadRequest, Completion, StreamEncoder, WireProtocol, stamp
+from streamquake.protocols.base import STAMP_SLOT
 from streamquake.target.config import TargetConfig
 from streamquake.target.formats import TOKEN_JSON
 from streamquake.target.timing import DelaySampler, ResponsePlan, plan_response
@@ -28,6 +30,58 @@ SSE_HEADERS = {
 }
 
 
+class SendLog:
+    """The ``send_log`` file: one JSON line per stream served, appended when the stream ends.
+
+    Lines go through a 64 KiB buffer (a stream's line is a few hundred bytes to a few KiB), so
+    the per-event cost is two list appends and the file sees one write per buffer; whatever is
+    buffered is written when the target stops (SIGTERM or SIGINT: the app's cleanup closes it).
+    """
+
+    def __init__(self, path: str) -> None:
+        try:
+            self._file: IO[str] = open(path, "a", encoding="utf-8", buffering=1 << 16)  # noqa: SIM115
+        except OSError as exc:
+            raise TargetError(f"cannot open the send log {path!r}: {exc}") from exc
+
+    def write(self, record: StreamRecord) -> None:
+        if not self._file.closed:   # a handler cancelled at shutdown may end after the close
+            self._file.write(record.line())
+
+    def close(self) -> None:
+        self._file.close()
+
+
+@dataclass(slots=True)
+class StreamRecord:
+    """What one stream's ``send_log`` line says: the response id in its events, when the request
+    arrived (handler entry) and was admitted (a capacity slot), and per write, in order, its
+    epoch-ns send time (taken right before the write, the same value a ``stamp_send_time``
+    comment carries) and whether it carried a content event (a token)."""
+
+    index: int
+    protocol: str
+    arrived_ns: int
+    admitted_ns: int | None = None
+    response_id: str | None = None
+    sent_ns: list[int] = field(default_factory=list)
+    content: list[int] = field(default_factory=list)     # 1: the write carried a token
+    complete: bool = False                                # False: the client left mid-stream
+
+    def line(self) -> str:
+        return json.dumps({
+            "id": self.response_id, "index": self.index, "protocol": self.protocol,
+            "arrived_ns": self.arrived_ns, "admitted_ns": self.admitted_ns,
+            "sent_ns": self.sent_ns, "content": self.content, "complete": self.complete,
+        }, separators=(",", ":")) + "\n"
+
+
+def _response_id(enc: StreamEncoder) -> str | None:
+    """The id ``enc`` puts in its stream: OpenAI's chunk ``id``, Anthropic's ``message.id``,
+    Gemini's ``responseId``; None for the generic format, which has none."""
+    return enc.response_id
+
+
 @dataclass
 class TargetState:
     """Per-process state shared by all handlers."""
@@ -36,6 +90,7 @@ class TargetState:
     slots: asyncio.Semaphore
     scale: Callable[[], float] | None
     requests: int = 0
+    send_log: SendLog | None = None
 
     def next_index(self) -> int:
         self.requests += 1
@@ -69,12 +124,32 @@ async def _write_stamped(resp: web.StreamResponse, frame: bytes) -> None:
     await resp.write(stamp(frame))
 
 
+async def _write_logged(
+    resp: web.StreamResponse, record: StreamRecord, stamped: bool, content: int, frame: bytes
+) -> None:
+    sent = time.time_ns()
+    if stamped:
+        frame = frame.replace(STAMP_SLOT, b"%d" % sent)
+    record.sent_ns.append(sent)
+    record.content.append(content)
+    await resp.write(frame)
+
+
 async def _generate(
-    resp: web.StreamResponse, enc: StreamEncoder, plan: ResponsePlan, delays: DelaySampler
+    resp: web.StreamResponse,
+    enc: StreamEncoder,
+    plan: ResponsePlan,
+    delays: DelaySampler,
+    record: StreamRecord | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
-    write = functools.partial(_write_stamped, resp) if enc.stamp_send_time else resp.write
+    if record is None:
+        write = functools.partial(_write_stamped, resp) if enc.stamp_send_time else resp.write
+        write_token = write
+    else:
+        write = functools.partial(_write_logged, resp, record, enc.stamp_send_time, 0)
+        write_token = functools.partial(_write_logged, resp, record, enc.stamp_send_time, 1)
     opening = enc.opening()
     if opening:
         await write(opening)
@@ -86,13 +161,14 @@ async def _generate(
         wait = deadline - loop.time()
         if wait > 0:
             await asyncio.sleep(wait)
-        await write(enc.token(TOKEN_JSON[tok]))
+        await write_token(enc.token(TOKEN_JSON[tok]))
     await write(enc.closing(Completion(len(plan.tokens), plan.truncated)))
     await resp.write_eof()
 
 
 async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) -> web.StreamResponse:
     state = request.app[STATE_KEY]
+    arrived_ns = time.time_ns() if state.send_log is not None else 0
     cfg = state.config
     try:
         gen = fmt.parse(await _read_json(request), model)
@@ -103,6 +179,7 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
     if plan.fail:
         return _json_error(fmt, 500, "simulated server error (error_rate)")
     resp = web.StreamResponse(headers={**SSE_HEADERS, "X-Streamquake-Request": str(index)})
+    record = None if state.send_log is None else StreamRecord(index, fmt.name, arrived_ns)
     try:
         await resp.prepare(request)
         # Queue wait counts toward TTFT: the clock for the first token starts at admission.
@@ -110,9 +187,18 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
             delays = DelaySampler(cfg.ttft, cfg.itl, rng, state.scale)
             enc = fmt.encoder(gen, cfg.sse_event_ids)
             enc.stamp_send_time = cfg.stamp_send_time
-            await _generate(resp, enc, plan, delays)
+            if record is not None:
+                record.admitted_ns = time.time_ns()
+                record.response_id = _response_id(enc)
+            await _generate(resp, enc, plan, delays, record)
+            if record is not None:
+                record.complete = True
     except ConnectionResetError:
         pass  # the client left mid-stream; leaving the semaphore block freed its slot
+    finally:
+        # Also when the handler is cancelled (the client hung up): what was sent is logged.
+        if record is not None and state.send_log is not None:
+            state.send_log.write(record)
     return resp
 
 
@@ -147,9 +233,17 @@ def build_app(config: TargetConfig) -> web.Application:
     """The aiohttp application serving the protocols named in ``config.protocols``."""
     app = web.Application()
     scale = _gpu_scale() if config.gpu_clock_scale else None
+    send_log = SendLog(config.send_log) if config.send_log is not None else None
     app[STATE_KEY] = TargetState(
-        config=config, slots=asyncio.Semaphore(config.capacity), scale=scale
+        config=config, slots=asyncio.Semaphore(config.capacity), scale=scale, send_log=send_log
     )
+    if send_log is not None:
+        log = send_log
+
+        async def close_send_log(app: web.Application) -> None:
+            log.close()
+
+        app.on_cleanup.append(close_send_log)
     app.router.add_get("/healthz", _healthz)
     enabled = set(config.protocols)
     if "openai" in enabled:
