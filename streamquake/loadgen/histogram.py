@@ -35,6 +35,7 @@ HIGHEST = 3_600_000_000          # one hour in microseconds; 1e6 tokens/s in mil
 _ENCODING_COOKIE = 0x1C849303
 _COMPRESSION_COOKIE = 0x1C849304
 _PAYLOAD_HEADER = ">IIIIqqd"
+_SPARSE_ENCODE_MAX = 512          # buckets up to which encode() writes the blob itself
 
 
 if array("I").itemsize != 4:     # pragma: no cover - every platform CPython supports today
@@ -151,6 +152,40 @@ class SparseHistogram:
         return self._blob
 
     def _encode(self) -> str:
+        if len(self.counts) <= _SPARSE_ENCODE_MAX:
+            return self._encode_sparse()
+        return self._encode_dense()
+
+    def _encode_sparse(self) -> str:
+        """The same V2 histoblob written from the buckets used, with no dense counts array:
+        ZigZag LEB128 counts, each run of empty buckets as one negative number (as hdrh does),
+        deflated with a small window (any inflater reads it). For a few hundred buckets this
+        is 3-100x cheaper than hdrh's encoder, whose cost follows the largest value's index."""
+        out = bytearray()
+        append = out.append
+        prev = -1
+        for index, count in sorted(self.counts.items()):
+            gap = index - prev - 1
+            if gap:
+                v = (gap << 1) - 1          # ZigZag of -gap
+                while v > 0x7F:
+                    append((v & 0x7F) | 0x80)
+                    v >>= 7
+                append(v)
+            v = count << 1
+            while v > 0x7F:
+                append((v & 0x7F) | 0x80)
+                v >>= 7
+            append(v)
+            prev = index
+        payload = struct.pack(_PAYLOAD_HEADER, _ENCODING_COOKIE | 0x10, len(out), 0,
+                              self.sig_figs, 1, HIGHEST, 1.0) + bytes(out)
+        deflate = zlib.compressobj(1, zlib.DEFLATED, 9, 1)
+        packed = deflate.compress(payload) + deflate.flush()
+        return base64.b64encode(struct.pack(">II", _COMPRESSION_COOKIE | 0x10, len(packed))
+                                + packed).decode("ascii")
+
+    def _encode_dense(self) -> str:
         layout = self._layout
         for index, n in self.counts.items():
             layout.counts[index] = n
