@@ -300,6 +300,7 @@ def _figures(phase: _Phase, stats: Stats | None) -> JsonDict:
         "seen_gap_max_ms": r(phase.seen_max_ms),
         "kernel_timed_reads": round(phase.kernel_reads / reads, 4) if reads else None,
         "hub_frozen_share_max": r(phase.frozen_share_max),
+        "own_hold_max_ms": r(max((k[1] for k in phase.holds.values()), default=None)),
         # How long the load processes' own bookkeeping held the hub, per kind of work.
         "own_holds": {kind: {"holds": int(n), "max_ms": r(wall), "max_cpu_ms": r(cpu),
                              "total_ms": r(total), "over_10ms_cpu": int(over)}
