@@ -1,10 +1,14 @@
-"""Shared test helpers: run the real CLI in a subprocess, with its own journal."""
+"""Shared test helpers: run the real CLI in a subprocess, with its own journal; adopt and reap
+the orphans of a run a test stops, to see how each one ended."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from tests.netns_fixtures import client_ns, serve, topo
 __all__ = ["client_ns", "serve", "topo"]  # fixtures for the network tests
 
 REPO = Path(__file__).resolve().parent.parent
+_PR_SET_CHILD_SUBREAPER = 36
 
 
 @pytest.fixture(autouse=True)
@@ -33,3 +38,36 @@ def run_cli(*args: str, env: dict[str, str] | None = None, timeout: float = 120,
     full_env = {**os.environ, **(env or {})}
     return subprocess.run(cli_cmd(*args), capture_output=True, text=True, timeout=timeout,
                           env=full_env, cwd=cwd or REPO)
+
+
+@pytest.fixture
+def reaper() -> Iterator[None]:
+    """This process adopts the orphans of what the test starts (PR_SET_CHILD_SUBREAPER): a
+    stopped or killed run's children that outlive it become ours, and ``reap`` tells how each
+    one ended."""
+    libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    assert libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0, ctypes.get_errno()
+    try:
+        yield
+    finally:
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
+
+
+def reap(pids: set[int] | list[int], ended: dict[int, int]) -> bool:
+    """Reap whichever of ``pids`` have ended as our (adopted) children, noting their wait
+    status in ``ended``; True once each is reaped here or gone (reaped by its own parent). For
+    polling (tests.timing.wait_until), with the ``reaper`` fixture."""
+    for pid in set(pids) - set(ended):
+        try:
+            got, status = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:       # not ours (reaped by its parent) or not yet adopted
+            continue
+        if got == pid:
+            ended[pid] = status
+    return all(not Path(f"/proc/{p}").exists() for p in set(pids) - set(ended))
+
+
+def how_ended(ended: dict[int, int]) -> dict[int, object]:
+    """pid -> the signal that ended it, or "exit N"."""
+    return {pid: (signal.Signals(os.WTERMSIG(st)) if os.WIFSIGNALED(st)
+                  else f"exit {os.WEXITSTATUS(st)}") for pid, st in ended.items()}

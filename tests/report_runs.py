@@ -150,13 +150,25 @@ def _start(run: Run, args: list[str], env: dict[str, str]) -> tuple[subprocess.P
     return proc, reader, lines
 
 
-def _interrupt_in_fault(proc: subprocess.Popen[str], lines: list[str], deadline: float) -> None:
-    while time.time() < deadline and proc.poll() is None:
-        if any("phase fault" in line for line in lines):
-            time.sleep(1.0)
-            proc.send_signal(signal.SIGINT)
-            return
-        time.sleep(0.1)
+def _wait_for_line(proc: subprocess.Popen[str], lines: list[str], text: str,
+                   timeout_s: float = 180) -> bool:
+    """Wait until the run has printed ``text`` (True) or ended (False); the deadline is for a
+    hang, however slow a busy machine starts six runs at once."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if any(text in line for line in list(lines)):
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+def _interrupt_in_fault(proc: subprocess.Popen[str], lines: list[str]) -> None:
+    # Once the fault is in place (its phase has begun, and the run said so), not a fixed time
+    # after the phase's first line.
+    if _wait_for_line(proc, lines, "fault applied"):
+        proc.send_signal(signal.SIGINT)
 
 
 @functools.cache
@@ -187,12 +199,15 @@ def report_runs() -> Runs:
         env = {**os.environ, **extra_env, "STREAMQUAKE_STATE_DIR": str(root / f"state-{name}")}
         env.pop("COLUMNS", None)   # a CI log has no COLUMNS: the reports must not need it
         if name == "b":
-            time.sleep(3.0)  # the latest run in the history store, by start time
+            # The latest run in the history store, by start time: b starts once a and a2 have
+            # started their phases (however long six CLIs take to start on a busy machine).
+            for earlier in ("a", "a2"):
+                _wait_for_line(started[earlier][0], started[earlier][2], "phase warmup")
         started[name] = _start(run, ["run", *args, "--out", str(run.out)], env)
-    _interrupt_in_fault(started["c"][0], started["c"][2], time.time() + 60)
+    _interrupt_in_fault(started["c"][0], started["c"][2])
     for name, (proc, reader, lines) in started.items():
         try:
-            proc.wait(timeout=120)
+            proc.wait(timeout=300)      # a deadline for a hang
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

@@ -109,7 +109,7 @@ def wait_gone(path: Path, timeout_s: float) -> float:
     pytest.fail(f"{path} still exists after {timeout_s} s")
 
 
-def wait_logged(log: Path, text: str, timeout_s: float = 5) -> None:
+def wait_logged(log: Path, text: str, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if text in log.read_text(errors="replace"):
@@ -179,7 +179,7 @@ def test_a_spec_travels_to_an_agent_and_validates_back_the_same() -> None:
 def test_inject_deadline_holds_after_its_shell_is_sigkilled(
         tmp_path: Path, state_dir: Path, local_agent_stopped: None) -> None:
     flag = tmp_path / "flag"
-    inject = " ".join(cli_cmd("inject", "marker_file", f"path={flag}", "--for", "3s", "--json"))
+    inject = " ".join(cli_cmd("inject", "marker_file", f"path={flag}", "--for", "4s", "--json"))
     shell = subprocess.Popen(["bash", "-c", f"{inject}; echo INJECTED; sleep 60"], cwd=REPO,
                              env={**os.environ, **FAMILY_ENV}, stdout=subprocess.PIPE,
                              text=True, start_new_session=True)
@@ -199,10 +199,13 @@ def test_inject_deadline_holds_after_its_shell_is_sigkilled(
     assert flag.exists()                            # the shell's death reverts nothing ...
     gone_at = wait_gone(flag, 10)                   # ... the lease does
     late_s = gone_at - held["expires_at"]
-    print(f"\ninject --for 3s: held {gone_at - held['applied_at']:.3f} s; reverted "
+    print(f"\ninject --for 4s: held {gone_at - held['applied_at']:.3f} s; reverted "
           f"{late_s * 1000:.0f} ms after the lease ended ({gone_at - killed_at:.2f} s after "
           "the shell was SIGKILLed)")
-    assert -0.05 < late_s < 1.0, late_s
+    # Never early; late only by how long a busy machine takes to wake the watchdog, which wakes
+    # at the lease's end: half a lease late is a lease not kept (a coarse tick, a lease counted
+    # from the wrong time), not scheduling.
+    assert -0.05 < late_s < 4 / 2, late_s
     log = state_dir / "local-agent" / "agent.log"
     wait_logged(log, "[lease expiry]")              # written once the journal is updated too
     assert "without a renewal: reverting it" in log.read_text()
@@ -262,15 +265,17 @@ def test_api_refuses_wrong_tokens_and_outside_the_allowlist_and_holds_leases(
     assert status == 409 and "a fault named flag is held here already" in str(body["error"])
     for _ in range(4):                              # 2 s of renewals: longer than the lease
         time.sleep(0.5)
+        last_renewal = time.time()                  # the agent renews no earlier than this
         status, renewed = call(url, "POST", f"/v1/faults/{held['id']}/renew", {})
         assert status == 200 and flag.exists()
-    last_renewal = time.time()
     assert renewed["renewals"] == 4
-    gone_at = wait_gone(flag, 5)
+    gone_at = wait_gone(flag, 30)
     late_s = gone_at - float(str(renewed["expires_at"]))
     print(f"\nlease 1.5 s: reverted {late_s * 1000:.0f} ms after the lease ended "
-          f"({gone_at - last_renewal:.3f} s after the last renewal)")
-    assert -0.05 < late_s < 0.5 and gone_at - last_renewal > 1.4
+          f"({gone_at - last_renewal:.3f} s after the last renewal was sent)")
+    # A whole lease after the last renewal, never less; late by less than half a lease (see
+    # the inject test above).
+    assert -0.05 < late_s < 1.5 / 2 and gone_at - last_renewal > 1.5 - 0.05
     wait_logged(agent.log, "[lease expiry]")         # done: its journal entry is gone too
     status, body = call(url, "POST", f"/v1/faults/{held['id']}/renew", {})
     assert status == 410 and "it was reverted at" in str(body["error"])
@@ -284,13 +289,16 @@ def test_api_refuses_wrong_tokens_and_outside_the_allowlist_and_holds_leases(
     bad = run_cli("inject", "tbf", "rate=1mbit", "--for", "1m", "--at", url, env=env)
     assert bad.returncode == 3 and "this agent may shape only lo" in bad.stderr
     assert not flag.exists()
+    asked = time.monotonic()
     ok = run_cli("inject", "marker_file", f"path={flag}", "--for", "1m30s", "--name", "m1",
                  "--at", url, env=env)
     assert ok.returncode == 0 and flag.exists(), ok.stderr
     assert "injected m1 (marker_file)" in ok.stdout and "held for 1m30s" in ok.stdout
     listed = run_cli("status", "--at", url, "--json", env=env)
+    since_s = time.monotonic() - asked               # two CLI runs: seconds on a busy machine
     (shown,) = json.loads(listed.stdout)["faults"]
-    assert shown["name"] == "m1" and 85 < shown["remaining_s"] <= 90
+    assert shown["name"] == "m1" and 90 - since_s - 0.05 <= shown["remaining_s"] <= 90, \
+        (shown, since_s)
     assert shown["owner"].endswith(")") and "inject" in shown["owner"]
     reverted = run_cli("revert", "m1", "--at", url, env=env)
     assert reverted.returncode == 0 and "reverted m1 (marker_file)" in reverted.stdout
@@ -458,11 +466,13 @@ def test_sigterm_reverts_everything_and_an_idle_agent_exits(
                        str(found), state=tmp_path / "idle-state")
     agents.append(idle)
     assert json.loads(found.read_text())["pid"] == idle.proc.pid
+    started = time.monotonic()                    # the lease starts no earlier than this
     assert call(idle.url, "POST", "/v1/faults", _marker(flags[0], lease=1))[0] == 201
-    started = time.monotonic()
-    assert idle.proc.wait(timeout=20) == 0        # lease 1 s, then idle 1 s: it leaves
+    # Lease 1 s, then idle 1 s: it leaves (the wait's deadline is for a hang: an agent that
+    # never found itself idle), and not before both are over.
+    assert idle.proc.wait(timeout=60) == 0
     took = time.monotonic() - started
-    assert 1.9 < took < 5, took
+    assert took >= 2.0 - 0.05, took
     assert not flags[0].exists() and not found.exists()
     assert "idle for 1 s with no fault held: exiting" in idle.text()
 

@@ -140,12 +140,14 @@ def test_controller_killed_mid_fault_each_agent_reverts_within_its_lease(
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
     killed_at = time.time()
-    after = {s.name: wait_gone(s.flag, LEASE_S + 5) - killed_at for s in sites}
+    after = {s.name: wait_gone(s.flag, 60) - killed_at for s in sites}
     print("\ncontroller SIGKILLed, lease 2 s, renewed every 0.67 s: reverted by the agents "
           + ", ".join(f"{n} {dt:.2f} s" for n, dt in after.items()) + " after the kill")
     for site in sites:
-        # Not at once (nobody asked), and no later than a lease after the last renewal.
-        assert LEASE_S / 3 < after[site.name] < LEASE_S + 1.0, after
+        # Not at once (nobody asked), and no later than a lease after the last renewal, late by
+        # less than half a lease (a busy machine wakes a watchdog late by far less; a lease not
+        # kept is late by more).
+        assert LEASE_S / 3 < after[site.name] < LEASE_S * 1.5, after
         assert "without a renewal: reverting it" in site.agent.text()
 
     # The controller's journal names both remote faults; recover settles them with the agents.
@@ -172,10 +174,10 @@ def test_partition_from_one_agent_makes_it_revert_on_lease_expiry(
     subprocess.run(["ip", "-n", client_ns, "link", "set", "dev", a1.topo.host_ifname, "down"],
                    check=True, timeout=10)
     cut_at = time.time()
-    gone_s = wait_gone(a1.flag, LEASE_S + 5) - cut_at
+    gone_s = wait_gone(a1.flag, 60) - cut_at
     print(f"\nlink to a1 cut: a1 reverted {gone_s:.2f} s later (lease 2 s); a2, still "
           "reachable, kept its fault")
-    assert LEASE_S / 3 < gone_s < LEASE_S + 1.0
+    assert LEASE_S / 3 < gone_s < LEASE_S * 1.5, gone_s      # as above
     assert a2.flag.exists()                   # renewed across its own link all along
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, rest

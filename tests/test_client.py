@@ -148,15 +148,22 @@ def measure(plan: LoadPlan, environ: dict[str, str] | None = None) -> RequestSam
 @pytest.mark.parametrize("eol", ["lf", "cr", "crlf"])
 def test_each_event_is_timed_when_it_arrives(server: str, eol: str) -> None:
     # Events 100 ms apart: a client that buffered the stream would see gaps near 0 ms. With CR
-    # line ends, an event is only complete if the CR ending a read is taken as a line end.
+    # line ends, an event is only complete if the CR ending a read is taken as a line end: a
+    # client that waited for the next byte would time each event when the next one came, and
+    # the last gap (the final event follows the fifth at once) would be near 0 ms.
     s = measure(plan_for(server, f"/s?n=5&first_ms=200&gap_ms=100&eol={eol}"))
     assert s.error is None, s.error_detail
     assert s.content_events == 5 and len(s.itl_ms) == 4
-    assert s.ttft_ms is not None and 195 <= s.ttft_ms <= 260, s.ttft_ms
-    assert all(95 <= gap <= 160 for gap in s.itl_ms), s.itl_ms
-    assert 85 <= statistics.median(s.itl_ms) <= 130, s.itl_ms
+    # Lower bounds only: the server's sleeps cannot be shorter than asked, while a busy machine
+    # can make any of them longer. A gap under 50 ms would need this client to be held up
+    # 50 ms more on one event than on the next; buffering makes it ~0.
+    assert s.ttft_ms is not None and s.ttft_ms >= 195, s.ttft_ms
+    assert all(gap >= 50 for gap in s.itl_ms), s.itl_ms
+    # Event k cannot arrive before the server sent it, 200 + 100 (k - 1) ms in.
+    arrivals = [s.ttft_ms + sum(s.itl_ms[:k]) for k in range(5)]
+    assert all(at >= 195 + 100 * k for k, at in enumerate(arrivals)), arrivals
     assert s.ttfb_ms is not None and s.ttfb_ms < s.ttft_ms - 150
-    assert s.e2e_ms is not None and s.e2e_ms >= s.ttft_ms + 4 * 95
+    assert s.e2e_ms is not None and s.e2e_ms >= arrivals[-1] >= 595
     assert (s.output_tokens, s.usage_tokens, s.status) == (5, 5, 200)
     assert (s.missing_events, s.expected_events, s.stalls) == (0, 6, 0)
 
@@ -179,18 +186,21 @@ def test_refused_port_is_a_connect_error() -> None:
     assert s.ttfb_ms is None and s.status is None
 
 
+# A timeout that fires cannot fire early; how late it fires is up to a busy machine, so the upper
+# bound is a whole timeout more (what only a hang, or a timeout not enforced, reaches).
 @pytest.mark.timeout(30)
 def test_silent_server_times_out_within_the_bound(server: str) -> None:
     s = measure(plan_for(server, "/s?hang=1", timeout_s=1.0))
     assert s.error == "timeout" and "no response headers" in (s.error_detail or "")
-    assert s.e2e_ms is not None and 990 <= s.e2e_ms <= 1400, s.e2e_ms
+    assert s.e2e_ms is not None and 990 <= s.e2e_ms < 2000, s.e2e_ms
 
 
 @pytest.mark.timeout(30)
 def test_stream_that_stalls_past_the_bound_times_out(server: str) -> None:
+    # The stall is 5 s: a timeout that restarted with each event would end at ~5 s.
     s = measure(plan_for(server, "/s?n=3&stall=2:5000", timeout_s=1.0))
     assert s.error == "timeout" and s.content_events == 1 and s.ttfb_ms is not None
-    assert s.e2e_ms is not None and 990 <= s.e2e_ms <= 1400, s.e2e_ms
+    assert s.e2e_ms is not None and 990 <= s.e2e_ms < 2000, s.e2e_ms
 
 
 @pytest.mark.timeout(30)
@@ -282,15 +292,13 @@ def test_missing_environment_variable_names_the_variable_not_a_value() -> None:
     assert "topsecret" not in message
 
 
-@pytest.mark.timeout(60)
-def test_timing_matches_the_targets_configured_delays() -> None:
-    # Fixed 200 ms TTFT and 20 ms ITL at low load (one stream at a time). Tolerances: median
-    # TTFT within +-15 ms, median ITL within 10 %; what remains is loopback and scheduling.
+def _medians(ttft: str, itl: str) -> tuple[float, float]:
+    """Median TTFT and ITL (ms) of 6 streams, one at a time, from a target with these delays."""
     from streamquake.target.config import TargetConfig
     from streamquake.target.process import start_target
 
     config = TargetConfig.model_validate(
-        {"ttft": "200ms", "itl": "20ms", "output_tokens": {"min": 20, "max": 20}})
+        {"ttft": ttft, "itl": itl, "output_tokens": {"min": 20, "max": 20}})
     with start_target(config) as target:
         client = StreamClient(LoadPlan(base_url=target.url, protocol="openai",
                                        samples_path="/nonexistent", end_at=0.0))
@@ -299,12 +307,23 @@ def test_timing_matches_the_targets_configured_delays() -> None:
         finally:
             client.close()
     assert [s.error for s in samples] == [None] * 6
-    ttft = statistics.median(s.ttft_ms for s in samples if s.ttft_ms is not None)
-    itl = statistics.median(g for s in samples for g in s.itl_ms)
-    print(f"\nconfigured TTFT 200 ms -> measured median {ttft:.1f} ms; "
-          f"configured ITL 20 ms -> measured median {itl:.2f} ms")
-    assert 185 <= ttft <= 215, ttft
-    assert 18 <= itl <= 22, itl
+    return (statistics.median(s.ttft_ms for s in samples if s.ttft_ms is not None),
+            statistics.median(g for s in samples for g in s.itl_ms))
+
+
+@pytest.mark.timeout(60)
+def test_timing_matches_the_targets_configured_delays() -> None:
+    # Fixed 200 ms TTFT and 20 ms ITL at low load (one stream at a time). Below: what a sleep
+    # to an absolute deadline allows. Above: what the same target with 50 ms and 5 ms adds
+    # over its own configured delays, measured right here (loopback, HTTP, and how late this
+    # machine wakes a sleeper now, which a busy host makes longer for both alike), plus 15 ms
+    # on the median TTFT and 10 % of the median ITL.
+    ttft_50, itl_5 = _medians("50ms", "5ms")
+    ttft, itl = _medians("200ms", "20ms")
+    print(f"\nconfigured TTFT 200 ms -> measured median {ttft:.1f} ms; configured ITL 20 ms "
+          f"-> {itl:.2f} ms (with 50 ms and 5 ms: {ttft_50:.1f} ms, {itl_5:.2f} ms)")
+    assert 185 <= ttft <= 215 + max(0.0, ttft_50 - 50), (ttft, ttft_50)
+    assert 18 <= itl <= 22 + max(0.0, itl_5 - 5), (itl, itl_5)
 
 
 @pytest.mark.timeout(10)

@@ -15,6 +15,7 @@ import pytest
 
 from tests.conftest import REPO, cli_cmd
 from tests.nvml_shim import FakeGpus
+from tests.timing import cli_start_s, recover_bound_s, wait_until
 
 SCENARIO = """
 name: gpu-lifecycle
@@ -204,15 +205,22 @@ def test_the_watchdog_undoes_a_sigkilled_runs_fault_when_its_lease_lapses(
     proc.kill()
     killed = time.monotonic()
     proc.communicate(timeout=30)
-    took = _wait_unlocked(gpus, killed, LEASE_S + 10)
+    took = _wait_unlocked(gpus, killed, 60)       # a deadline for a hang
     log = _agent_log(state_dir)
     assert _unlocked(gpus, original), f"still locked {took:.1f} s after the kill:\n{log}"
-    # Nobody ran `recover`: the lock went when the lease ran out, not before (the last renewal
-    # was at most lease/5 before the kill) and not long after.
-    assert LEASE_S * 0.75 <= took <= LEASE_S + 8, f"{took:.2f} s\n{log}"
-    assert _journal(state_dir) == []
+    # Nobody ran `recover`: the lock went when the lease ran out ("lapsed", below), not at the
+    # kill (the last renewal was lease/5 before it, or somewhat more when a busy machine made
+    # the renewing thread late), and not long after: late by less than half a lease, plus
+    # what undoing the run's faults costs, the bound of `recover` itself measured here.
+    bound = LEASE_S * 1.5 + recover_bound_s(cli_start_s(_env(gpus, state_dir)))
+    assert LEASE_S * 0.5 <= took < bound, f"{took:.2f} s (bound {bound:.2f} s)\n{log}"
+    # The agent says so, and updates the journal, once the undo has returned: just after the
+    # lock went, a moment a busy machine can stretch.
+    wait_until(lambda: _journal(state_dir) == []
+               and "recovered downclock (gpu_clocks" in _agent_log(state_dir),
+               f"the agent's journal and log after the undo:\n{_agent_log(state_dir)}")
+    log = _agent_log(state_dir)
     assert "lease of run gpu-lifecycle" in log and "lapsed" in log
-    assert "recovered downclock (gpu_clocks" in log
 
 
 @pytest.mark.timeout(120)
@@ -226,7 +234,7 @@ def test_a_stopped_run_loses_its_faults_at_the_lease_and_says_so_when_it_wakes(
     os.kill(proc.pid, signal.SIGSTOP)       # hung, not dead: no renewal, owner still alive
     stopped = time.monotonic()
     try:
-        took = _wait_unlocked(gpus, stopped, LEASE_S + 10)
+        took = _wait_unlocked(gpus, stopped, 60)      # a deadline for a hang
         assert _unlocked(gpus, original), \
             f"still locked {took:.1f} s into the stop:\n{_agent_log(state_dir)}"
         assert proc.poll() is None, "the run was stopped, not killed"

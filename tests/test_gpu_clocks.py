@@ -464,6 +464,8 @@ print(json.dumps(None))
         recovered = median_itl_ms(target.url)
     print(f"median ITL ms: baseline {baseline:.1f}, at 50% clock {slowed:.1f}, "
           f"recovered {recovered:.1f}")
-    assert 17 <= baseline <= 30
+    # Lower bound only: a sleep is never short, and what a busy machine adds to the 20 ms is
+    # in the baseline that the ratios below are taken against.
+    assert baseline >= 17, baseline
     assert 1.6 <= slowed / baseline <= 2.5
     assert 0.7 <= recovered / baseline <= 1.3

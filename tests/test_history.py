@@ -87,7 +87,10 @@ def test_sigkill_mid_append_leaves_the_store_intact(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(240)
 def test_history_flags_the_run_that_got_slower(runs: Runs) -> None:
-    proc = run_cli("history", str(runs.history), "--window", "2")
+    # The injected regression is TTFT 80 -> 320 ms (+300%). What did not change (ITL) still
+    # differs between runs by what a busy machine does to runs that overlap each other (+11%
+    # seen with a busy loop on each of 2 cores): a tolerance of half tells the two apart.
+    proc = run_cli("history", str(runs.history), "--window", "2", "--tolerance", "50%")
     assert proc.returncode == 1, proc.stdout + proc.stderr
     out = proc.stdout
     assert "quick: last 3 of 3 runs" in out

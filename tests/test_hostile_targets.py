@@ -27,7 +27,9 @@ from streamquake.procs import read_listening_line, spawn, stop
 from tests.conftest import REPO, cli_cmd
 
 TIMEOUT_S = 1.5
-SLACK_MS = 1000.0       # past the timeout: scheduling on a busy 2-core machine, and teardown
+# Bounds are never passed by as much as a whole timeout more: only a hang (a bound not kept)
+# does that, however busy the machine (the old fixed 1 s of slack was not about hangs).
+HANG_MS = TIMEOUT_S * 1000
 
 
 @pytest.fixture(scope="module")
@@ -110,14 +112,14 @@ def test_each_hostile_target_is_bounded_and_counted(hostile: tuple[str, str], pa
         assert s.error is None, s.error_detail
         assert s.content_events == 2
         # Draining what follows the final event is bounded too (1 s, 1 MiB).
-        assert elapsed_ms <= 1000 + SLACK_MS, elapsed_ms
+        assert elapsed_ms < 1000 + HANG_MS, elapsed_ms
         return
     kinds = kind if isinstance(kind, tuple) else (kind,)
     assert s.error in kinds, (s.error, s.error_detail)
     assert (s.error_detail or "").startswith(reason), s.error_detail
     # Bounded: never past the whole-request timeout, even where the socket never runs dry.
-    assert s.e2e_ms is not None and s.e2e_ms <= TIMEOUT_S * 1000 + SLACK_MS, s.e2e_ms
-    assert elapsed_ms <= TIMEOUT_S * 1000 + 2 * SLACK_MS, elapsed_ms
+    assert s.e2e_ms is not None and s.e2e_ms < TIMEOUT_S * 1000 + HANG_MS, s.e2e_ms
+    assert elapsed_ms < TIMEOUT_S * 1000 + 2 * HANG_MS, elapsed_ms
     if s.error == "timeout" and "(no response headers)" not in (s.error_detail or ""):
         assert s.e2e_ms >= TIMEOUT_S * 1000 - 50          # and not cut short either
 
@@ -270,8 +272,13 @@ def test_a_run_against_a_hostile_target_finishes_with_a_report(hostile: tuple[st
     assert any(r.startswith("an SSE line longer than 1 MiB") for r in reasons["limit"]), reasons
     assert any(r.startswith("the event stream is gzip-encoded")
                for r in reasons["unsupported_encoding"]), reasons
-    # The run ended on time: 8 s of load, Locust's start and stop, the reports.
-    assert elapsed < 90, elapsed
+    # The run ended on time: after its last phase, the in-flight requests' 2 s timeout and
+    # stopping took less than that timeout twice over plus what starting took this same run
+    # (the target, Locust: on a busy machine both are slower alike).
+    started_s = report["phases"][0]["start"] - report["started_at"]
+    ending_s = report["finished_at"] - report["phases"][-1]["end"]
+    print(f"started in {started_s:.1f} s, ended {ending_s:.1f} s after the last phase")
+    assert ending_s < started_s + 2 * 2.0, (ending_s, started_s)
     assert peak < 400, peak
 
 
@@ -290,13 +297,13 @@ def test_a_stream_that_never_runs_dry_does_not_starve_other_requests(
         finally:
             client.close()
 
-    started = time.perf_counter()
     flooding = gevent.spawn(flood)
     gevent.sleep(0.2)
     normal = measure(plan_for(hostile[0], "/ok"))
-    normal_done_ms = (time.perf_counter() - started) * 1000
-    flooded = flooding.get(timeout=10)
+    normal_done = flooding.ready()
+    flooded = flooding.get(timeout=30)
     assert normal.error is None, normal.error_detail
-    assert normal_done_ms < 1500, normal_done_ms         # not after the flood's 3 s
+    assert not normal_done, "the normal request ended only after the flood's 3 s timeout"
     assert flooded.error == "timeout", flooded.error_detail
-    assert flooded.e2e_ms is not None and flooded.e2e_ms <= 3000 + SLACK_MS
+    assert flooded.e2e_ms is not None and 3000 - 50 <= flooded.e2e_ms < 3000 + 3000, \
+        flooded.e2e_ms

@@ -1,5 +1,5 @@
 """Kill trials: a run killed at the worst moments leaves nothing behind once `streamquake recover`
-has run, its children stop at once, and `recover` is quick.
+has run, its children stop at once (killed, not drained), and `recover` is quick.
 
 Faults: an SSE proxy fault, a tbf fault with the target in its own namespace (host kernel), a GPU
 clock lock (emulated driver). Kills: SIGKILL of the run, SIGKILL of its process group, SIGTERM
@@ -21,9 +21,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, cli_cmd
+from tests.conftest import REPO, cli_cmd, how_ended, reap
 from tests.nvml_shim import FakeGpus
 from tests.test_network_cli import _ours_in_kernel
+from tests.timing import recover_bound_s, timed_recover, wait_until
 
 TARGET = """
 target:
@@ -43,9 +44,8 @@ SCENARIOS = {
         "faults:\n  - {type: gpu_clocks, name: downclock, phase: fault, "
         "sm_clocks_mhz: [500, 800]}\n"),
 }
-RECOVER_BOUND_S = 5.0   # the defect was 20 s, blocked on a dying proxy; typical is well under 2 s
 REPEAT = int(os.environ.get("STREAMQUAKE_KILL_TRIALS_REPEAT", "1"))   # scripts/kill-trials
-TIMES_LOG = os.environ.get("STREAMQUAKE_KILL_TRIALS_LOG")             # recover times, one per line
+TIMES_LOG = os.environ.get("STREAMQUAKE_KILL_TRIALS_LOG")   # "took start-up" per recover
 
 
 @dataclass
@@ -65,14 +65,6 @@ def _descendants(pid: int) -> set[int]:
             child = int(stat.parent.name)
             kids |= {child} | _descendants(child)
     return kids
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state not in ("Z", "X")
 
 
 def _start(kind: str, tmp_path: Path, env: dict[str, str],
@@ -103,15 +95,26 @@ def _wait_for_fault(proc: subprocess.Popen[str]) -> None:
     pytest.fail("the run never applied its fault:\n" + "".join(seen))
 
 
-def _recover(env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], float]:
-    started = time.monotonic()
-    done = subprocess.run(cli_cmd("recover"), cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=60)
-    took = time.monotonic() - started
+def _recover_once(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(cli_cmd("recover"), cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=120)
+
+
+def _recover(env: dict[str, str], kind: str) -> subprocess.CompletedProcess[str]:
+    """`streamquake recover`, which must succeed and be quick: against the CLI's start-up
+    measured around it, here (the defect was ~20 s blocked on a dying proxy; typical is 1-3
+    start-ups); and, for the proxy, it never waited on one: its proxy was gone, so the answer
+    was a refused connection."""
+    done, took, start_s = timed_recover(lambda: _recover_once(env), env)
     if TIMES_LOG:
         with open(TIMES_LOG, "a") as log:
-            log.write(f"{took:.3f}\n")
-    return done, took
+            log.write(f"{took:.3f} {start_s:.3f}\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert took < recover_bound_s(start_s), (took, start_s, done.stdout)
+    if kind == "proxy":
+        assert "no longer answers" in done.stdout, done.stdout
+        assert "did not answer within" not in done.stdout, done.stdout
+    return done
 
 
 def _journal(state_dir: Path) -> list[dict[str, object]]:
@@ -146,11 +149,11 @@ LIVE = [("proxy", "kill"), ("proxy", "killpg"), ("proxy", "term2"),
         ] * REPEAT
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize(("kind", "how"), LIVE, ids=[f"{k}-{h}-{i}" for i, (k, h) in
                                                       enumerate(LIVE)])
 def test_a_killed_run_leaves_nothing(kind: str, how: str, tmp_path: Path, state_dir: Path,
-                                     gpus: FakeGpus) -> None:
+                                     gpus: FakeGpus, reaper: None) -> None:
     env = _env(kind, gpus, state_dir)
     before, original_gpus = _ours_in_kernel(), gpus.text()
     proc = _start(kind, tmp_path, env)
@@ -166,19 +169,19 @@ def test_a_killed_run_leaves_nothing(kind: str, how: str, tmp_path: Path, state_
         time.sleep(0.05)
         proc.send_signal(signal.SIGTERM)       # a second SIGTERM must not cut the revert short
     proc.communicate(timeout=60)
-    # Children of a dead run stop at once: no graceful drain while load keeps flowing.
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and any(_alive(c) for c in children):
-        time.sleep(0.05)
-    assert not [c for c in children if _alive(c)], "children outlived the run by 2 s"
+    # Children of a dead run stop at once: no graceful drain while load keeps flowing. Orphaned,
+    # they are adopted and reaped here: each must have died of SIGKILL (PDEATHSIG), however long
+    # a busy machine takes to get to them (the deadline is for a hang).
+    ended: dict[int, int] = {}
+    wait_until(lambda: reap(children, ended), f"children {sorted(children)} of the run to end")
     if how == "term2":
         assert proc.returncode == 143
     else:
         assert proc.returncode == -signal.SIGKILL
+        assert ended, "a SIGKILLed run's children are orphans, adopted here"
+        assert set(how_ended(ended).values()) == {signal.SIGKILL}, how_ended(ended)
         assert _journal(state_dir), "a killed run leaves its journal for recover"
-        recovered, took = _recover(env)
-        assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-        assert took < RECOVER_BOUND_S, (took, recovered.stdout)
+        _recover(env, kind)
     _check_clean(kind, gpus, original_gpus, before, state_dir)
 
 
@@ -187,7 +190,7 @@ KILL_POINTS = [("tbf", "netns.journalled"), ("tbf", "netns.created"),
                ("gpu", "gpu.journalled"), ("gpu", "gpu.set")] * REPEAT
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(180)
 @pytest.mark.parametrize(("kind", "point"), KILL_POINTS,
                          ids=[f"{p}-{i}" for i, (_, p) in enumerate(KILL_POINTS)])
 def test_a_kill_between_journal_and_change_is_recovered(
@@ -198,9 +201,7 @@ def test_a_kill_between_journal_and_change_is_recovered(
     out, _ = proc.communicate(timeout=90)
     assert proc.returncode == -signal.SIGKILL, out   # it died at the point, nowhere else
     assert _journal(state_dir), out
-    recovered, took = _recover(env)
-    assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    assert took < RECOVER_BOUND_S, (took, recovered.stdout)
+    _recover(env, kind)
     _check_clean(kind, gpus, original_gpus, before, state_dir)
-    again, _ = _recover(env)
+    again = _recover_once(env)
     assert again.returncode == 0 and "nothing to recover" in again.stdout

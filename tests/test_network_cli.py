@@ -13,6 +13,7 @@ import pytest
 
 from streamquake.faults.tc.probe import kernel_features
 from tests.conftest import REPO, cli_cmd, run_cli
+from tests.timing import wait_until
 
 TBF_SCENARIO = """
 name: tbf-namespace
@@ -28,6 +29,26 @@ faults:
 slos:
   - {{metric: error_rate, max: 0%}}
 """
+
+
+def _descendants(pid: int) -> set[int]:
+    kids: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            child = int(stat.parent.name)
+            kids |= {child} | _descendants(child)
+    return kids
+
+
+def _running(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "ZX"
+    except OSError:
+        return False
 
 
 def _ours_in_kernel() -> set[str]:
@@ -101,9 +122,12 @@ def test_sigkill_mid_fault_then_recover_leaves_no_namespace_link_or_qdisc(
         if not lines[-1] and proc.poll() is not None:
             break
     assert "fault applied" in lines[-1], "".join(lines)
+    children = _descendants(proc.pid)
     proc.kill()
     proc.communicate(timeout=10)
-    time.sleep(1.0)       # the target (in the namespace) gets SIGTERM from PDEATHSIG and exits
+    # The target (in the namespace) is killed by PDEATHSIG: until it has gone, the namespace
+    # and its veth pair are still in use. Polled for; the deadline is for a hang.
+    wait_until(lambda: not any(_running(c) for c in children), "the run's children to end")
 
     journal = json.loads((state_dir / "journal.json").read_text())
     assert sorted(e["type"] for e in journal) == ["netns", "tbf"]

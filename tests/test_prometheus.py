@@ -6,6 +6,7 @@ example Grafana dashboard asks only for metrics that exist."""
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections import defaultdict
 from pathlib import Path
@@ -43,14 +44,16 @@ def test_metrics_are_served_on_loopback_while_the_run_lasts(runs: Runs) -> None:
     assert run.returncode == 0, run.stdout
     assert run.metrics_url is not None and run.metrics_url.startswith("http://127.0.0.1:")
     assert run.listening_on == ["127.0.0.1"]
-    assert len(run.scrapes) >= 20, "scraped every 0.5 s over a ~20 s run"
     parsed = [_samples(text) for _, text in run.scrapes]
     in_phase: dict[str, list[dict]] = defaultdict(list)
     for s in parsed:
         current = [dict(lab)["phase"] for (n, lab), v in s.items()
                    if n == "streamquake_phase" and v == 1]
         in_phase[current[0] if current else "before"].append(s)
-    assert {"baseline", "fault", "recovery"} <= set(in_phase)
+    # Scraped throughout: at least twice in each 5 s phase (every 0.5 s, however slowly a busy
+    # machine answers, short of a 2.5 s stall).
+    assert all(len(in_phase[p]) >= 2 for p in ("baseline", "fault", "recovery")), \
+        {p: len(v) for p, v in in_phase.items()}
     # The fault is active exactly while the run is in its phase.
     active = "streamquake_fault_active"
     assert all(_sum(s, active, fault="chunk-drop") == 1 for s in in_phase["fault"][1:])
@@ -66,11 +69,20 @@ def test_metrics_are_served_on_loopback_while_the_run_lasts(runs: Runs) -> None:
     assert abs(served - baseline["sent"]) <= 2, (served, baseline)
     ttft_count = _sum(last, "streamquake_ttft_seconds_count", phase="baseline")
     assert ttft_count == served
-    le = {dict(lab)["le"]: v for (n, lab), v in last.items()
-          if n == "streamquake_ttft_seconds_bucket" and dict(lab)["phase"] == "baseline"
-          and dict(lab)["class"] == "chat"}
-    # TTFT ~80 ms: none under 50 ms, (nearly) all under 300 ms on a busy 2-core machine.
-    assert le["0.05"] == 0 and le["0.3"] >= 0.9 * le["+Inf"] > 0, le
+    le: dict[float, float] = defaultdict(float)      # every class of the phase
+    for (name, lab), v in last.items():
+        if name == "streamquake_ttft_seconds_bucket" and dict(lab)["phase"] == "baseline":
+            le[float(dict(lab)["le"])] += v
+    # TTFT ~80 ms (the target's own delay): none under 50 ms. Above that, the buckets agree
+    # with the report's own percentiles of the same phase (however slow a busy machine made
+    # them): at least 90% at or under the bucket that holds its P90, at most half under the
+    # one below its median; the exporter counts by phase sent, hence a request or two either
+    # way (see above).
+    n, ttft = le[math.inf], baseline["ttft_ms"]
+    at_p90 = min(b for b in le if b * 1000 >= ttft["p90"])
+    below_p50 = max(b for b in le if b * 1000 < ttft["p50"])
+    assert n > 0 and le[0.05] == 0, le
+    assert le[at_p90] >= 0.9 * n - 2 and le[below_p50] <= 0.5 * n + 2, (le, ttft)
     fault_errors = _sum(last, "streamquake_request_errors_total", phase="fault",
                         kind="http_status")
     fault = next(p for p in report["phases"] if p["name"] == "fault")["stats"]

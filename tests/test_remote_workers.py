@@ -11,6 +11,7 @@ import math
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -27,6 +28,7 @@ from streamquake.run.timeline import PhaseWindow
 from streamquake.scenario.loader import load_scenario
 from tests.conftest import REPO, cli_cmd
 from tests.netns_fixtures import client_ns  # noqa: F401 - a fixture
+from tests.timing import wait_until
 
 SCENARIO = """
 name: remote
@@ -67,6 +69,15 @@ def _run(args: list[str], env: dict[str, str], netns: str | None = None
 def _samples(out: Path) -> dict[str, list[dict[str, object]]]:
     return {p.name: [json.loads(line) for line in p.read_text().splitlines() if line]
             for p in sorted((out / "run" / "samples").glob("samples-*.jsonl"))}
+
+
+def _sent_by(out: Path, worker: str) -> bool:
+    """Whether records of ``worker`` (w0, w1) have reached the master's samples."""
+    path = out / "run" / "samples" / f"samples-{worker}.jsonl"
+    try:
+        return path.stat().st_size > 0
+    except OSError:
+        return False
 
 
 def _locust_count(out: Path) -> int:
@@ -197,14 +208,22 @@ def test_a_worker_killed_mid_run_is_reported(tmp_path: Path, env: dict[str, str]
     run = _run([str(scenario), "--out", str(out), "--remote-workers", "2",
                 "--master-bind", f"127.0.0.1:{port}"], env)
     workers = [_worker(f"127.0.0.1:{port}", env) for _ in (1, 2)]
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline and not (out / "run" / "samples").is_dir():
-        time.sleep(0.1)
-    time.sleep(4)         # well into the baseline: both workers are sending
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(run.stdout or []), daemon=True)
+    reader.start()
+    # In the baseline, with both workers sending: polled for, however long a busy machine
+    # takes to get there (the deadline is for a hang).
+    wait_until(lambda: any("phase baseline" in ln for ln in list(lines))
+               and all(_sent_by(out, w) for w in ("w0", "w1")),
+               "the baseline phase with records from both workers", timeout_s=120)
     os.killpg(workers[0].pid, signal.SIGKILL)
     killed_at = time.time()
     workers[0].wait(timeout=10)
-    output, _ = run.communicate(timeout=120)
+    run.wait(timeout=180)
+    reader.join(timeout=30)
+    if run.stdout is not None:
+        run.stdout.close()
+    output = "".join(lines)
     workers[1].wait(timeout=30)
     assert run.returncode == 0, output[-3000:]
     report = json.loads((out / "report.json").read_text())

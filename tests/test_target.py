@@ -361,10 +361,10 @@ def test_error_rate_one_fails_every_request_in_its_protocol_shape() -> None:
         assert post(target.url + GEMINI, gemini_body()).json()["error"]["status"] == "INTERNAL"
 
 
-@pytest.mark.timeout(30)
-def test_fixed_ttft_and_itl_are_reproduced() -> None:
+def _reproduced(ttft: str, itl: str) -> tuple[float, float]:
+    """Median TTFT and mean ITL (ms) over 3 streams of 30 tokens from a target with these."""
     cfg = TargetConfig.model_validate(
-        {"ttft": "200ms", "itl": "20ms", "output_tokens": {"min": 30, "max": 30}}
+        {"ttft": ttft, "itl": itl, "output_tokens": {"min": 30, "max": 30}}
     )
     ttfts, itls = [], []
     with start_target(cfg) as target:
@@ -374,9 +374,19 @@ def test_fixed_ttft_and_itl_are_reproduced() -> None:
             assert len(times) == 30
             ttfts.append((times[0] - reply.sent) * 1000)
             itls.append((times[-1] - times[0]) / 29 * 1000)
-    # Margins: the server sleeps to absolute deadlines; the rest is a contended 2-core box.
-    assert 198 <= statistics.median(ttfts) <= 215, ttfts
-    assert 18 <= statistics.median(itls) <= 22, itls
+    return statistics.median(ttfts), statistics.median(itls)
+
+
+@pytest.mark.timeout(60)
+def test_fixed_ttft_and_itl_are_reproduced() -> None:
+    # Margins: the server sleeps to absolute deadlines (below: never short by more than 2 ms,
+    # 10 %). Above: 15 ms and 10 % on top of what the same target configured with 50 ms and
+    # 5 ms adds over those, measured right here (loopback, and how late a busy machine wakes
+    # a sleeper, alike for both).
+    ttft_50, itl_5 = _reproduced("50ms", "5ms")
+    ttft, itl = _reproduced("200ms", "20ms")
+    assert 198 <= ttft <= 215 + max(0.0, ttft_50 - 50), (ttft, ttft_50)
+    assert 18 <= itl <= 22 + max(0.0, itl_5 - 5), (itl, itl_5)
 
 
 @pytest.mark.timeout(30)
@@ -389,10 +399,12 @@ def test_capacity_queues_the_second_stream_behind_the_first() -> None:
     firsts = sorted(content_events(r, generic_text)[0][0].at - r.sent for r in replies)
     ends = sorted(r.events[-1].at - r.sent for r in replies)
     generation_s = 0.100 + 10 * 0.010
-    assert 0.095 <= firsts[0] <= 0.140, firsts
-    # The queued stream's TTFT includes the whole first generation.
-    assert generation_s + 0.095 <= firsts[1] <= generation_s + 0.160, (firsts, ends)
-    assert firsts[1] >= ends[0]
+    assert firsts[0] >= 0.095, firsts
+    # The queued stream's TTFT includes the whole first generation: it starts once the first
+    # stream has ended, and takes one TTFT from there, late by no more than the first
+    # stream's own TTFT was (what this machine adds now) and 60 ms.
+    assert firsts[1] >= generation_s + 0.095 and firsts[1] >= ends[0], (firsts, ends)
+    assert firsts[1] - ends[0] <= 0.100 + max(0.0, firsts[0] - 0.100) + 0.060, (firsts, ends)
 
 
 async def _abandon_queued_then_measure(url: str) -> float:
@@ -422,9 +434,9 @@ def test_hang_up_frees_the_slot_quietly_and_secrets_are_not_logged(tmp_path: Pat
             assert left.status == 200
         # Each abandoned stream had ~5 s to go, and the abandoned queued one would hold the
         # slot for its 300 ms TTFT if its handler were not cancelled; a freed slot answers in
-        # one TTFT.
+        # one TTFT (not before), not two (however busy the machine: 250 ms late is a hang).
         ttft = asyncio.run(_abandon_queued_then_measure(target.url + GENERIC))
-        assert 0.295 <= ttft < 0.450
+        assert 0.295 <= ttft < 2 * 0.300 - 0.050, ttft
         assert target.proc.poll() is None
     text = log.read_text()
     assert "Traceback" not in text and "Error" not in text, text
@@ -482,8 +494,10 @@ def test_gpu_clock_scale_multiplies_delays(tmp_path: Path) -> None:
     with start_target(cfg, env={"PYTHONPATH": str(tmp_path)}) as target:
         reply = post(target.url + GENERIC, generic_body())
     times = [ev.at for ev, _ in content_events(reply, generic_text)]
-    assert 0.195 <= times[0] - reply.sent <= 0.240
-    assert 0.190 <= times[-1] - times[0] <= 0.230
+    # Twice the configured delays: never less (a sleep is not short), and less than three
+    # times (a factor applied twice would make it four).
+    assert 0.195 <= times[0] - reply.sent < 0.300, times[0] - reply.sent
+    assert 0.190 <= times[-1] - times[0] < 0.300, times[-1] - times[0]
 
 
 # --- the process and its command line ----------------------------------------------------------

@@ -140,7 +140,7 @@ def test_a_stream_the_client_leaves_is_logged_as_incomplete(tmp_path: Path) -> N
                 chunk = sock.recv(65536)
                 assert chunk, seen
                 seen += chunk
-        time.sleep(0.3)          # the target notices the hang-up and ends the handler
+        # Stopping the target ends the handler if the hang-up has not yet: logged either way.
     (line,) = read_log(log)
     assert line["complete"] is False
     assert 1 <= sum(line["content"]) < TOKENS

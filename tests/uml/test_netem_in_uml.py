@@ -168,7 +168,10 @@ def test_delay_shifts_connect_and_ttfb_by_the_delay(topo: NamespaceTopology,
         ttfb = warm_ttfb_ms(client_ns, topo.target_addr, port, 15)
     assert shift_ok(base_connect, connect, 50, 0.15), (base_connect, connect)
     assert shift_ok(base_ttfb, ttfb, 50, 0.15), (base_ttfb, ttfb)
-    assert statistics.median(connect_ms(client_ns, topo.target_addr, port, 5)) < 15
+    # Reverted: back to the baseline measured above, not half the delay over it.
+    after = connect_ms(client_ns, topo.target_addr, port, 5)
+    assert statistics.median(after) < statistics.median(base_connect) + 50 / 2, \
+        (base_connect, after)
 
 
 @pytest.mark.timeout(60)
@@ -189,13 +192,17 @@ def test_netem_is_scoped_to_the_target_port_by_htb_and_u32(topo: NamespaceTopolo
                                                           client_ns: str, serve: Serve) -> None:
     shaped = serve(topo.netns, topo.target_addr, http_like)
     other = serve(topo.netns, topo.target_addr, http_like)  # an operator's SSH, say
+    base_slow = connect_ms(client_ns, topo.target_addr, shaped, 6)
+    base_fast = connect_ms(client_ns, topo.target_addr, other, 6)
     with Applied(topo, client_ns, shaped, {"delay": "40ms"}, mode="namespace") as applied:
         slow = connect_ms(client_ns, topo.target_addr, shaped, 6)
         fast = connect_ms(client_ns, topo.target_addr, other, 6)
         qdiscs = tc(client_ns, "-s", "qdisc", "show", "dev", topo.host_ifname)
         filters = tc(client_ns, "filter", "show", "dev", topo.host_ifname)
-    assert abs(statistics.median(slow) - 40) <= 0.15 * 40, slow
-    assert statistics.median(fast) < 10, fast
+    # Against the same connects before the fault (UML on a busy host is slow at both alike):
+    # the target port's shifted by the delay, the other's not by half of it.
+    assert shift_ok(base_slow, slow, 40, 0.15), (base_slow, slow)
+    assert statistics.median(fast) < statistics.median(base_fast) + 40 / 2, (base_fast, fast)
     assert "qdisc htb 5351: root" in qdiscs and "qdisc netem 5352: parent 5351:10" in qdiscs
     assert "delay 40ms" in qdiscs
     assert "flowid 5351:10" in filters and f"{shaped:04x}0000/ffff0000 at 22" in filters
@@ -234,10 +241,14 @@ def test_loss_shows_up_as_retransmission_tails(topo: NamespaceTopology, client_n
     with Applied(topo, client_ns, port, {"loss": "10%"}, mode="namespace"):
         lossy = exchanges(150)
     retrans = retransmitted() - before
-    # A lost request waits for the retransmission timer (200 ms minimum): a tail, not a shift.
+    # A lost request waits for the retransmission timer (200 ms minimum): a tail, not a shift
+    # (the median moves from that of the same exchanges without loss, measured above, by less
+    # than a quarter of that timer). Without loss, no such tail (a stall or two of a busy
+    # host aside).
     tail = [x for x in lossy if x > 150]
-    assert sum(x > 150 for x in base) == 0, sorted(base)[-5:]
-    assert statistics.median(lossy) < 10
+    assert sum(x > 150 for x in base) <= 0.02 * len(base), sorted(base)[-5:]
+    assert statistics.median(lossy) < statistics.median(base) + 200 / 4, \
+        (statistics.median(base), statistics.median(lossy))
     assert 0.04 * len(lossy) <= len(tail) <= 0.20 * len(lossy), sorted(lossy)[-25:]
     assert retrans >= len(tail) * 0.8, (retrans, len(tail))
 
@@ -246,12 +257,16 @@ def test_loss_shows_up_as_retransmission_tails(topo: NamespaceTopology, client_n
 def test_distribution_normal_is_applied_and_read_back(topo: NamespaceTopology,
                                                       client_ns: str, serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, http_like)
+    # What a connect takes here without a fault, and how much more its slower tenth takes:
+    # measured now, as UML on a busy host makes them.
+    base = sorted(connect_ms(client_ns, topo.target_addr, port, 20))
+    floor, spread = statistics.median(base), base[17] - statistics.median(base)
 
     def outside_share(fields: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         with Applied(topo, client_ns, port, fields, mode="namespace") as applied:
-            samples = connect_ms(client_ns, topo.target_addr, port, 60)
+            samples = [x - floor for x in connect_ms(client_ns, topo.target_addr, port, 60)]
         # Uniform jitter keeps every SYN within 40 +- 10 ms; a normal one (sigma 10 ms) does not.
-        return sum(x < 30 or x > 51.5 for x in samples) / len(samples), applied
+        return sum(x < 30 or x > 51.5 + spread for x in samples) / len(samples), applied
 
     uniform, _ = outside_share({"delay": "40ms", "jitter": "10ms"})
     normal, applied = outside_share({"delay": "40ms", "jitter": "10ms",
@@ -304,24 +319,31 @@ def test_every_parameter_reaches_the_kernel(topo: NamespaceTopology, client_ns: 
 def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str,
                                         serve: Serve) -> None:
     port = serve(topo.netns, topo.target_addr, http_like)
-    samples: list[float] = []
 
-    def client() -> None:
-        samples.extend(warm_ttfb_ms(client_ns, topo.target_addr, port, 40))
+    def eight_clients(n: int) -> list[float]:
+        samples: list[float] = []
 
-    with Applied(topo, client_ns, port, {"profile": "same-az"}, mode="namespace"):
+        def client() -> None:
+            samples.extend(warm_ttfb_ms(client_ns, topo.target_addr, port, n))
+
         threads = [threading.Thread(target=client) for _ in range(8)]
         for t in threads:
             t.start()
         for t in threads:
-            t.join(60)
+            t.join(120)
+        return samples
+
+    base = eight_clients(10)          # the same clients without the profile, measured now
+    with Applied(topo, client_ns, port, {"profile": "same-az"}, mode="namespace"):
+        samples = eight_clients(40)
     assert len(samples) == 320
-    # The profile's claim: TTFB median ~82 ms and P95 ~290 ms. The P95 of 320 draws from a
-    # long tail wobbles by tens of ms, so check the share of samples under 290 ms instead
-    # (binomial sd 1.2%). UML's scheduling on a busy host only adds delay, so the low side gets
-    # 4 sd (0.9125 was seen once in CI); cross-region, the other profile, would be near 0.6.
-    assert abs(statistics.median(samples) - 82) <= 0.15 * 82, statistics.median(samples)
-    under = sum(x <= 290 for x in samples) / len(samples)
+    # The profile's claim: TTFB median ~82 ms and P95 ~290 ms, over what the same clients take
+    # here without it (UML on a busy host adds to both). The P95 of 320 draws from a long
+    # tail wobbles by tens of ms, so check the share of samples under 290 ms instead (binomial
+    # sd 1.2%). Scheduling only adds delay, so the low side gets 4 sd (0.9125 was seen once in
+    # CI); cross-region, the other profile, would be near 0.6.
+    assert shift_ok(base, samples, 82, 0.15), (statistics.median(base), statistics.median(samples))
+    under = sum(x <= 290 + statistics.median(base) for x in samples) / len(samples)
     assert 0.90 <= under <= 0.985, (under, sorted(samples)[-30:])
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, cli_cmd, run_cli
+from tests.timing import recover_bound_s, timed_recover
 
 pytestmark = [
     pytest.mark.uml,
@@ -30,10 +31,10 @@ def _phase(report: dict, name: str) -> dict:
     return next(p for p in report["phases"] if p["name"] == name)["stats"]
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(300)     # 55 s of phases; the rest is for a hang (or UML on a busy host)
 def test_cross_region_jitter_scenario(tmp_path: Path, state_dir: Path) -> None:
     out = tmp_path / "out"
-    proc = run_cli("run", "scenarios/cross-region-jitter.yaml", "--out", str(out), timeout=140)
+    proc = run_cli("run", "scenarios/cross-region-jitter.yaml", "--out", str(out), timeout=290)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     report = json.loads((out / "report.json").read_text())
     base, fault, rec = (_phase(report, p) for p in ("baseline", "fault", "recovery"))
@@ -41,11 +42,12 @@ def test_cross_region_jitter_scenario(tmp_path: Path, state_dir: Path) -> None:
     # 100 ms +- 30 ms on the way to the target: every first byte waits for one delayed trip, so
     # the fault phase's median sits 70-140 ms above the baseline's of the same run.
     assert 70 <= f["p50"] - b["p50"] <= 140, (b, f)
-    # Reverted: recovery's median is back at the baseline's and even its tail is below the
-    # typical faulted request. (Not an absolute bound on baseline p95: on a slow host Locust
-    # starts late and the first request of each user, a cold connection of 40-140 ms inside UML,
-    # lands in the baseline; 12 users of about 126 requests is over 5%, hence a p95 of ~100 ms.)
-    assert r["p50"] - b["p50"] < 20 and r["p95"] < f["p50"], (b, f, r)
+    # Reverted: recovery's median is back at the baseline's (within half the 100 ms a fault
+    # left in place would add) and even its tail is below the typical faulted request. (Not
+    # an absolute bound on baseline p95: on a slow host Locust starts late and the first
+    # request of each user, a cold connection of 40-140 ms inside UML, lands in the baseline;
+    # 12 users of about 126 requests is over 5%, hence a p95 of ~100 ms.)
+    assert r["p50"] - b["p50"] < 100 / 2 and r["p95"] < f["p50"], (b, f, r)
     (record,) = report["faults"]
     kernel = json.dumps(record["applied"]["kernel"])
     assert "netem" in kernel and "htb" in kernel, kernel
@@ -67,7 +69,7 @@ faults:
 """
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 def test_sigkill_under_netem_then_recover(tmp_path: Path, state_dir: Path) -> None:
     scenario = tmp_path / "kill.yaml"
     scenario.write_text(SHORT)
@@ -75,7 +77,7 @@ def test_sigkill_under_netem_then_recover(tmp_path: Path, state_dir: Path) -> No
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     assert proc.stdout is not None
     lines: list[str] = []
-    deadline = time.monotonic() + 90
+    deadline = time.monotonic() + 180
     while time.monotonic() < deadline:
         lines.append(proc.stdout.readline())
         if "fault applied" in lines[-1] or (not lines[-1] and proc.poll() is not None):
@@ -92,7 +94,7 @@ def test_sigkill_under_netem_then_recover(tmp_path: Path, state_dir: Path) -> No
                             capture_output=True, text=True).stdout
     assert "netem" in qdiscs, qdiscs
 
-    recovered = run_cli("recover", timeout=60)
+    recovered = run_cli("recover", timeout=120)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     assert _namespaces() == set()
     gone = subprocess.run(["ip", "link", "show", topology["host_ifname"]], capture_output=True)
@@ -100,7 +102,7 @@ def test_sigkill_under_netem_then_recover(tmp_path: Path, state_dir: Path) -> No
     assert json.loads((state_dir / "journal.json").read_text()) == []
 
 
-@pytest.mark.timeout(120)
+@pytest.mark.timeout(240)
 @pytest.mark.parametrize("point", ["tc.journalled", "tc.installed"])
 def test_netem_killed_between_journal_and_qdisc_is_recovered(
         point: str, tmp_path: Path, state_dir: Path) -> None:
@@ -108,14 +110,15 @@ def test_netem_killed_between_journal_and_qdisc_is_recovered(
     scenario.write_text(SHORT)
     env = {**os.environ, "STREAMQUAKE_KILL_AT": point}
     proc = subprocess.run(cli_cmd("run", str(scenario), "--out", str(tmp_path / "out")),
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=100)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == -9, proc.stdout[-2000:] + proc.stderr[-2000:]
     journal = json.loads((state_dir / "journal.json").read_text())
     assert sorted(e["type"] for e in journal) == ["netem", "netns"]
-    started = time.monotonic()
-    recovered = run_cli("recover", timeout=60)
-    took = time.monotonic() - started
+    recovered, took, start_s = timed_recover(lambda: run_cli("recover", timeout=120))
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    assert took < 5.0, took
+    # Quick, against the CLI's own start-up measured around it (inside UML, on this host, now;
+    # 5.6 s of recover once broke an absolute 5 s bound on an idle 2-core AMD host).
+    print(f"\nrecover after a kill at {point}: {took:.2f} s; the CLI's start-up {start_s:.2f} s")
+    assert took < recover_bound_s(start_s), (took, start_s, recovered.stdout)
     assert _namespaces() == set()
     assert json.loads((state_dir / "journal.json").read_text()) == []
