@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import orjson
+
 from streamquake.protocols.base import Event, ProtocolError
 
 # Stands where a token's JSON string goes in an event template (see ``split``).
@@ -28,9 +30,10 @@ def split(template: object) -> tuple[bytes, bytes]:
 
 # Payloads are Any inside the formats: what a server sent is only known after isinstance checks.
 def json_object(event: Event) -> dict[str, Any]:
-    """The event's data as a JSON object; ProtocolError when it is not one."""
+    """The event's data as a JSON object; ProtocolError when it is not one. Read with orjson
+    (strict RFC 8259: no NaN or Infinity, no lone surrogates), the per-event path's JSON."""
     try:
-        obj = json.loads(event.data)
+        obj = orjson.loads(event.data)
     except ValueError as exc:
         raise ProtocolError(
             f"event data is not JSON: {short(event.data)!r} ({exc.args[0]})"
