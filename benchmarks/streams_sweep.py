@@ -43,7 +43,6 @@ if __name__ == "__main__" and sys.argv[1:3] == ["--client", "streamquake"]:
     monkey.patch_all()
 
 import argparse  # noqa: E402
-import contextlib  # noqa: E402
 import datetime  # noqa: E402
 import json  # noqa: E402
 import math  # noqa: E402
@@ -59,6 +58,9 @@ from array import array  # noqa: E402
 from collections.abc import Callable, Iterable  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
+
+from procstat import cpu_s as proc_cpu_s  # noqa: E402
+from procstat import run_delay_s  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -142,17 +144,6 @@ class Recorder:
             "ttft_minus_cfg_ms": quantiles(self.ttft_minus_cfg_ms),
             "itl_err_ms": quantiles([v / 1e6 for v in self.itl_err_ns]),
         }
-
-
-def run_delay_s(pid: int) -> float:
-    """Seconds the threads of ``pid`` spent runnable but waiting for a CPU (schedstat): how
-    much other work on the same core held this process back."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                total += int((task / "schedstat").read_text().split()[1])
-    return total / 1e9
 
 
 def quantiles(values: Iterable[float]) -> dict[str, float | int | None]:
@@ -343,13 +334,6 @@ def run_aiohttp(url: str, streams: int, warm_s: float, seconds: float) -> dict[s
 # --- the parent: target, clients, table ----------------------------------------------------------
 
 
-def _proc_cpu_s(pid: int) -> float:
-    """user + system CPU seconds of a live process, from /proc."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 def run_python_client(client: str, url: str, streams: int, warm_s: float, seconds: float,
                       target_pid: int) -> dict[str, Any]:
     cmd = ["taskset", "-c", LOAD_CORE, sys.executable, __file__, "--client", client,
@@ -364,7 +348,7 @@ def run_python_client(client: str, url: str, streams: int, warm_s: float, second
     try:
         for line in proc.stdout:
             if line.startswith("WINDOW"):
-                marks.append((time.monotonic(), _proc_cpu_s(target_pid),
+                marks.append((time.monotonic(), proc_cpu_s(target_pid),
                               run_delay_s(target_pid)))
             elif line.strip():
                 last = line
@@ -440,7 +424,7 @@ def run_guidellm(venv: Path, url: str, streams: int, warm_s: float, seconds: flo
         cpu_s, wait_s = _tree_cpu_s(proc)
         series.append((now, cpu_s))
         waits.append((now, wait_s))
-        target.append((now, _proc_cpu_s(target_pid)))
+        target.append((now, proc_cpu_s(target_pid)))
         target_waits.append((now, run_delay_s(target_pid)))
         time.sleep(0.2)
     log.close()

@@ -56,6 +56,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
+from procstat import cpu_s, run_delay_s
+
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
@@ -68,7 +70,6 @@ BURST_GAP_MS = 20.0     # late events closer than this (by send time) are one bu
 MAJOR_MIN = 5           # a major burst: this many late events, and a quarter of the median's
 EPISODE_MS = 250.0      # major bursts starting this soon after the last one's end: one episode
 PERIODIC_CV = 0.2       # episodes this evenly spaced (robust CV; >= 4 of them) are periodic
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 
 # --- the target's settings, and the scenario --------------------------------------------------
@@ -99,23 +100,6 @@ def scenario(streams: int, classes: int, warm_s: float, seconds: float,
 
 
 # --- processes: CPU, run-queue wait, pinning ----------------------------------------------------
-
-
-def cpu_s(pid: int) -> float:
-    """user + system CPU seconds of a live process (all its threads, dead ones included)."""
-    with open(f"/proc/{pid}/stat", encoding="ascii") as f:
-        fields = f.read().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def wait_s(pid: int) -> float:
-    """Seconds the live threads of ``pid`` were runnable but waiting for a CPU (schedstat)."""
-    total = 0
-    with contextlib.suppress(OSError):
-        for task in Path(f"/proc/{pid}/task").iterdir():
-            with contextlib.suppress(OSError, IndexError, ValueError):
-                total += int((task / "schedstat").read_text().split()[1])
-    return total / 1e9
 
 
 def pin(pid: int, core: int) -> None:
@@ -179,7 +163,7 @@ class Watch(threading.Thread):
             now = time.time()
             for role, pid in self.pids.items():
                 with contextlib.suppress(OSError, ValueError, IndexError):
-                    self.series.setdefault(role, []).append((now, cpu_s(pid), wait_s(pid)))
+                    self.series.setdefault(role, []).append((now, cpu_s(pid), run_delay_s(pid)))
             self.halt.wait(0.05 if len(self.pids) < 3 else 0.1)
 
     def stop(self) -> None:

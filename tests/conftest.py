@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from streamquake.procs import read_listening_line, spawn, stop
 from tests.netns_fixtures import client_ns, serve, topo
 
 __all__ = ["client_ns", "serve", "topo"]  # fixtures for the network tests
@@ -71,3 +72,16 @@ def how_ended(ended: dict[int, int]) -> dict[int, object]:
     """pid -> the signal that ended it, or "exit N"."""
     return {pid: (signal.Signals(os.WTERMSIG(st)) if os.WIFSIGNALED(st)
                   else f"exit {os.WEXITSTATUS(st)}") for pid, st in ended.items()}
+
+
+@pytest.fixture(scope="module")
+def echo_server() -> Iterator[str]:
+    """tests/hostile_server.py on 127.0.0.1 (its /echo-* paths echo credentials back)."""
+    proc = spawn([sys.executable, str(REPO / "tests" / "hostile_server.py")],
+                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    try:
+        yield read_listening_line(proc, 20, "hostile server")
+    finally:
+        stop(proc)
+        if proc.stdout is not None:
+            proc.stdout.close()

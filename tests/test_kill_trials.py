@@ -24,7 +24,7 @@ import pytest
 from tests.conftest import REPO, cli_cmd, how_ended, reap
 from tests.nvml_shim import FakeGpus
 from tests.test_network_cli import _ours_in_kernel
-from tests.timing import recover_bound_s, timed_recover, wait_until
+from tests.timing import descendants, recover_bound_s, timed_recover, wait_until
 
 TARGET = """
 target:
@@ -52,19 +52,6 @@ TIMES_LOG = os.environ.get("STREAMQUAKE_KILL_TRIALS_LOG")   # "took start-up" pe
 class Trial:
     proc: subprocess.Popen[str]
     output: str
-
-
-def _descendants(pid: int) -> set[int]:
-    kids: set[int] = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            child = int(stat.parent.name)
-            kids |= {child} | _descendants(child)
-    return kids
 
 
 def _start(kind: str, tmp_path: Path, env: dict[str, str],
@@ -158,7 +145,7 @@ def test_a_killed_run_leaves_nothing(kind: str, how: str, tmp_path: Path, state_
     before, original_gpus = _ours_in_kernel(), gpus.text()
     proc = _start(kind, tmp_path, env)
     _wait_for_fault(proc)
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     assert children, "the run has a target and a load generator"
     if how == "kill":
         proc.send_signal(signal.SIGKILL)

@@ -13,7 +13,7 @@ import pytest
 
 from streamquake.faults.tc.probe import kernel_features
 from tests.conftest import REPO, cli_cmd, run_cli
-from tests.timing import wait_until
+from tests.timing import descendants, wait_until
 
 TBF_SCENARIO = """
 name: tbf-namespace
@@ -29,19 +29,6 @@ faults:
 slos:
   - {{metric: error_rate, max: 0%}}
 """
-
-
-def _descendants(pid: int) -> set[int]:
-    kids: set[int] = set()
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == pid:
-            child = int(stat.parent.name)
-            kids |= {child} | _descendants(child)
-    return kids
 
 
 def _running(pid: int) -> bool:
@@ -122,7 +109,7 @@ def test_sigkill_mid_fault_then_recover_leaves_no_namespace_link_or_qdisc(
         if not lines[-1] and proc.poll() is not None:
             break
     assert "fault applied" in lines[-1], "".join(lines)
-    children = _descendants(proc.pid)
+    children = descendants(proc.pid)
     proc.kill()
     proc.communicate(timeout=10)
     # The target (in the namespace) is killed by PDEATHSIG: until it has gone, the namespace

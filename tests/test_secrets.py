@@ -9,29 +9,14 @@ import os
 import random
 import secrets
 import subprocess
-import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from streamquake.loadgen.client import REDACTED, Redactor, StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
-from streamquake.procs import read_listening_line, spawn, stop
 from tests.conftest import REPO, cli_cmd
-
-
-@pytest.fixture(scope="module")
-def echo_server() -> Iterator[str]:
-    proc = spawn([sys.executable, str(REPO / "tests" / "hostile_server.py")],
-                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        yield read_listening_line(proc, 20, "hostile server")
-    finally:
-        stop(proc)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def canaries() -> dict[str, str]:

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import random
 import re
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,11 +18,9 @@ import pytest
 from streamquake.loadgen import client as client_mod
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
-from streamquake.procs import read_listening_line, spawn, stop
 from streamquake.protocols import Protocol
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import start_target
-from tests.conftest import REPO
 from tests.test_client import measure, plan_for, start_server
 from tests.test_secrets import canaries
 
@@ -35,18 +31,6 @@ FIRST_MS = 20       # the server's own wait before its first event
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from start_server(tmp_path_factory.mktemp("sse"))
-
-
-@pytest.fixture(scope="module")
-def hostile() -> Iterator[str]:
-    proc = spawn([sys.executable, str(REPO / "tests" / "hostile_server.py")],
-                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        yield read_listening_line(proc, 20, "hostile server")
-    finally:
-        stop(proc)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 @pytest.mark.timeout(60)
@@ -101,11 +85,11 @@ def test_each_sample_keeps_the_response_id_its_server_gave(protocol: Protocol, s
 
 
 @pytest.mark.timeout(30)
-def test_a_response_id_that_echoes_the_key_is_redacted_then_cut(hostile: str) -> None:
+def test_a_response_id_that_echoes_the_key_is_redacted_then_cut(echo_server: str) -> None:
     # The key sits 110 characters into the id, across the cut: redacting after cutting would
     # keep part of it.
     env = canaries()
-    plan = LoadPlan(base_url=hostile, protocol="sse", samples_path="/x", end_at=0.0,
+    plan = LoadPlan(base_url=echo_server, protocol="sse", samples_path="/x", end_at=0.0,
                     timeout_s=5.0, path="/echo-key-id?alt=sse&key=${SQ_CANARY_QKEY}",
                     headers={"Authorization": "Bearer ${SQ_CANARY_KEY}"})
     client = StreamClient(plan, environ=env)

@@ -5,7 +5,6 @@ real target process; off by default."""
 from __future__ import annotations
 
 import json
-import re
 import socket
 import time
 from pathlib import Path
@@ -16,23 +15,12 @@ import pytest
 from streamquake.loadgen.sse import SSEParser
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import start_target
+from tests.test_target_stamps import REQUESTS, STAMP
 
 TOKENS = 12
 CONFIG = {"ttft": "20ms", "itl": "5ms", "output_tokens": {"min": TOKENS, "max": TOKENS},
           "seed": 5}
-STAMP = re.compile(rb"^: t=(\d+)\r?$", re.M)
 
-REQUESTS: dict[str, tuple[str, dict[str, object]]] = {
-    "openai": ("/v1/chat/completions", {
-        "model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True,
-        "stream_options": {"include_usage": True}}),
-    "anthropic": ("/v1/messages", {
-        "model": "m", "max_tokens": 100, "messages": [{"role": "user", "content": "hi"}],
-        "stream": True}),
-    "gemini": ("/v1beta/models/g:streamGenerateContent?alt=sse",
-               {"contents": [{"role": "user", "parts": [{"text": "hi"}]}]}),
-    "sse": ("/v1/stream", {"prompt": "hi"}),
-}
 
 
 def _request(url: str, path: str, body: dict[str, object]) -> bytes:

@@ -23,6 +23,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -90,3 +91,17 @@ def cpu_s(fn: Callable[[], T]) -> tuple[T, float]:
     started = time.process_time()
     out = fn()
     return out, time.process_time() - started
+
+
+def descendants(pid: int) -> set[int]:
+    """Every live descendant of ``pid``, from /proc."""
+    kids: set[int] = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            child = int(stat.parent.name)
+            kids |= {child} | descendants(child)
+    return kids
