@@ -155,6 +155,15 @@ def watch_gc() -> None:
         gc.callbacks.append(_on_gc)
 
 
+def unwatch_gc() -> None:
+    global _gc_started
+    import gc
+
+    if _on_gc in gc.callbacks:
+        gc.callbacks.remove(_on_gc)
+    _gc_started = None
+
+
 def freeze_plan() -> tuple[float, float] | None:
     """(hold s, every s) from ``$STREAMQUAKE_TEST_FREEZE``, or None."""
     raw = os.environ.get(FREEZE_ENV)
