@@ -264,15 +264,17 @@ def test_distribution_normal_is_applied_and_read_back(topo: NamespaceTopology,
 
     def outside_share(fields: dict[str, Any]) -> tuple[float, dict[str, Any]]:
         with Applied(topo, client_ns, port, fields, mode="namespace") as applied:
-            samples = [x - floor for x in connect_ms(client_ns, topo.target_addr, port, 60)]
+            samples = [x - floor for x in connect_ms(client_ns, topo.target_addr, port, 120)]
         # Uniform jitter keeps every SYN within 40 +- 10 ms; a normal one (sigma 10 ms) does not.
         return sum(x < 30 or x > 51.5 + spread for x in samples) / len(samples), applied
 
     uniform, _ = outside_share({"delay": "40ms", "jitter": "10ms"})
     normal, applied = outside_share({"delay": "40ms", "jitter": "10ms",
                                      "distribution": "normal"})
+    # N(40, 10) puts about 28% outside 30-51.5 ms, less as the busy host's spread widens the
+    # window (13% seen under scripts/test-stress); a table left out keeps it near uniform's.
     assert uniform <= 0.07, uniform
-    assert normal >= 0.15, normal
+    assert normal >= max(0.10, uniform + 0.05), (normal, uniform)
     table = load_table("normal")
     sent = hashlib.sha256(b"".join(v.to_bytes(2, "little", signed=True) for v in table))
     assert applied["configured"]["distribution"] == "normal"
