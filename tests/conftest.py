@@ -74,14 +74,20 @@ def how_ended(ended: dict[int, int]) -> dict[int, object]:
                   else f"exit {os.WEXITSTATUS(st)}") for pid, st in ended.items()}
 
 
-@pytest.fixture(scope="module")
-def echo_server() -> Iterator[str]:
-    """tests/hostile_server.py on 127.0.0.1 (its /echo-* paths echo credentials back)."""
-    proc = spawn([sys.executable, str(REPO / "tests" / "hostile_server.py")],
-                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+def listening(cmd: list[str], what: str) -> Iterator[str]:
+    """Start a test server that prints ``LISTENING <url>...`` once bound; yield what follows
+    LISTENING, and stop the server after."""
+    proc = spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
     try:
-        yield read_listening_line(proc, 20, "hostile server")
+        yield read_listening_line(proc, 20, what)
     finally:
         stop(proc)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.fixture(scope="module")
+def echo_server() -> Iterator[str]:
+    """tests/hostile_server.py on 127.0.0.1 (its /echo-* paths echo credentials back)."""
+    yield from listening([sys.executable, str(REPO / "tests" / "hostile_server.py")],
+                         "hostile server")

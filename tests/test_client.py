@@ -23,7 +23,7 @@ from streamquake.errors import ScenarioError
 from streamquake.loadgen.client import StreamClient, expand_headers
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
-from streamquake.procs import read_listening_line, spawn, stop
+from tests.conftest import listening
 
 SERVER_SRC = textwrap.dedent(
     r'''
@@ -98,14 +98,7 @@ SERVER_SRC = textwrap.dedent(
 def start_server(tmp: Path, *tls: str) -> Iterator[str]:
     script = tmp / "sse_server.py"
     script.write_text(SERVER_SRC)
-    proc = spawn([sys.executable, str(script), *tls], stdout=subprocess.PIPE,
-                 stderr=subprocess.DEVNULL)
-    try:
-        yield read_listening_line(proc, 20, "test SSE server")
-    finally:
-        stop(proc)
-        if proc.stdout is not None:
-            proc.stdout.close()
+    yield from listening([sys.executable, str(script), *tls], "test SSE server")
 
 
 @pytest.fixture(scope="module")

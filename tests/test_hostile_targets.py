@@ -23,8 +23,7 @@ from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
-from streamquake.procs import read_listening_line, spawn, stop
-from tests.conftest import REPO, cli_cmd
+from tests.conftest import REPO, cli_cmd, listening
 
 TIMEOUT_S = 1.5
 # Bounds are never passed by as much as a whole timeout more: only a hang (a bound not kept)
@@ -43,15 +42,10 @@ def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str
          "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
         check=True, capture_output=True, timeout=30,
     )
-    proc = spawn([sys.executable, str(REPO / "tests" / "hostile_server.py"), str(cert), str(key)],
-                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-    try:
-        http, https = read_listening_line(proc, 20, "hostile server").split()
+    for urls in listening([sys.executable, str(REPO / "tests" / "hostile_server.py"),
+                           str(cert), str(key)], "hostile server"):
+        http, https = urls.split()
         yield http, https
-    finally:
-        stop(proc)
-        if proc.stdout is not None:
-            proc.stdout.close()
 
 
 def plan_for(base_url: str, path: str, **kw: object) -> LoadPlan:

@@ -16,7 +16,20 @@ import pytest
 
 from streamquake.loadgen.client import REDACTED, Redactor, StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
+from streamquake.loadgen.samples import RequestSample
 from tests.conftest import REPO, cli_cmd
+
+
+def measure_echo(url: str, path: str, env: dict[str, str]) -> RequestSample:
+    """One request to the hostile server's ``path``, the canaries in its header and query."""
+    plan = LoadPlan(base_url=url, protocol="sse", samples_path="/x", end_at=0.0,
+                    timeout_s=5.0, path=f"{path}?alt=sse&key=${{SQ_CANARY_QKEY}}",
+                    headers={"Authorization": "Bearer ${SQ_CANARY_KEY}"})
+    client = StreamClient(plan, environ=env)
+    try:
+        return client.measure(RequestClassPlan(), random.Random(0))
+    finally:
+        client.close()
 
 
 def canaries() -> dict[str, str]:
@@ -28,14 +41,7 @@ def canaries() -> dict[str, str]:
 @pytest.mark.parametrize("path", ["/echo-key", "/echo-key-event", "/echo-key-redirect"])
 def test_the_client_redacts_what_the_target_echoes(echo_server: str, path: str) -> None:
     env = canaries()
-    plan = LoadPlan(base_url=echo_server, protocol="sse", samples_path="/x", end_at=0.0,
-                    timeout_s=5.0, path=f"{path}?alt=sse&key=${{SQ_CANARY_QKEY}}",
-                    headers={"Authorization": "Bearer ${SQ_CANARY_KEY}"})
-    client = StreamClient(plan, environ=env)
-    try:
-        sample = client.measure(RequestClassPlan(), random.Random(0))
-    finally:
-        client.close()
+    sample = measure_echo(echo_server, path, env)
     assert sample.error == "http_status", sample.error_detail
     detail = sample.error_detail or ""
     assert REDACTED in detail, detail          # the target did echo something

@@ -22,7 +22,7 @@ from streamquake.protocols import Protocol
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import start_target
 from tests.test_client import measure, plan_for, start_server
-from tests.test_secrets import canaries
+from tests.test_secrets import canaries, measure_echo
 
 HOLD_S = 1.0
 FIRST_MS = 20       # the server's own wait before its first event
@@ -89,14 +89,7 @@ def test_a_response_id_that_echoes_the_key_is_redacted_then_cut(echo_server: str
     # The key sits 110 characters into the id, across the cut: redacting after cutting would
     # keep part of it.
     env = canaries()
-    plan = LoadPlan(base_url=echo_server, protocol="sse", samples_path="/x", end_at=0.0,
-                    timeout_s=5.0, path="/echo-key-id?alt=sse&key=${SQ_CANARY_QKEY}",
-                    headers={"Authorization": "Bearer ${SQ_CANARY_KEY}"})
-    client = StreamClient(plan, environ=env)
-    try:
-        sample = client.measure(RequestClassPlan(), random.Random(0))
-    finally:
-        client.close()
+    sample = measure_echo(echo_server, "/echo-key-id", env)
     assert sample.error is None, sample.error_detail
     assert sample.response_id is not None and sample.response_id.startswith("r" * 100)
     line = sample.to_json()

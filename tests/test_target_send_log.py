@@ -15,7 +15,7 @@ import pytest
 from streamquake.loadgen.sse import SSEParser
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import start_target
-from tests.test_target_stamps import REQUESTS, STAMP
+from tests.test_target_stamps import REQUESTS, STAMP, dechunk
 
 TOKENS = 12
 CONFIG = {"ttft": "20ms", "itl": "5ms", "output_tokens": {"min": TOKENS, "max": TOKENS},
@@ -41,17 +41,6 @@ def fetch(url: str, path: str, body: dict[str, object]) -> bytes:
             raw += chunk
     assert raw.startswith(b"HTTP/1.1 200"), bytes(raw[:200])
     return bytes(raw)
-
-
-def _dechunk(raw: bytes) -> bytes:
-    out, pos = bytearray(), raw.index(b"\r\n\r\n") + 4
-    while True:
-        eol = raw.index(b"\r\n", pos)
-        size = int(raw[pos:eol].split(b";")[0], 16)
-        if size == 0:
-            return bytes(out)
-        out += raw[eol + 2:eol + 2 + size]
-        pos = eol + 2 + size + 2
 
 
 def streamed_ids(protocol: str, body: bytes) -> set[str]:
@@ -109,7 +98,7 @@ def test_one_line_per_stream_with_its_id_and_every_write_in_order(tmp_path: Path
         if protocol == "sse":
             assert line["id"] is None                       # the generic format has no id
         else:
-            assert streamed_ids(protocol, _dechunk(raw)) == {line["id"]}
+            assert streamed_ids(protocol, dechunk(raw[raw.index(b"\r\n\r\n") + 4:])) == {line["id"]}
             assert line["id"].startswith({"openai": "chatcmpl-", "anthropic": "msg_",
                                           "gemini": ""}[protocol])
 

@@ -41,7 +41,8 @@ class Wire:
     stamps: list[tuple[int, int]]    # (stamped send ns, receive ns of the read that brought it)
 
 
-def _dechunk(raw: bytes) -> bytes:
+def dechunk(raw: bytes) -> bytes:
+    """An HTTP/1.1 chunked body, de-chunked."""
     out, pos = bytearray(), 0
     while True:
         eol = raw.index(b"\r\n", pos)
@@ -71,7 +72,7 @@ def fetch(url: str, path: str, body: dict[str, object]) -> Wire:
     for m in STAMP.finditer(raw, header_end):
         received = next(t for end, t in reads if end >= m.end())
         stamps.append((int(m.group(1)), received))
-    return Wire(_dechunk(bytes(raw[header_end:])), stamps)
+    return Wire(dechunk(bytes(raw[header_end:])), stamps)
 
 
 def events(body: bytes) -> list[SSEEvent]:

@@ -77,25 +77,23 @@ def _note_written() -> None:
     setattr(gevent.getcurrent(), _WRITTEN, time.perf_counter())
 
 
-class _StampedSocket(gevent.socket.socket):  # type: ignore[misc]
-    """A pool socket that tells the greenlet writing on it when its write returned: a request
-    is dated from its last byte written, not from when the client began to send it."""
+class _WriteStamp:
+    """Tells the greenlet writing on a pool socket when its write returned: a request is dated
+    from its last byte written, not from when the client began to send it."""
 
     def sendall(self, data: Any, flags: int = 0) -> None:
         if _WRITE_HOLD_S:
             gevent.sleep(_WRITE_HOLD_S)
-        super().sendall(data, flags)
+        super().sendall(data, flags)  # type: ignore[misc]
         _note_written()
 
 
-class _StampedSSLSocket(gevent.ssl.SSLSocket):  # type: ignore[misc]
-    """:class:`_StampedSocket` for TLS (the context wraps the TCP socket in this class)."""
+class _StampedSocket(_WriteStamp, gevent.socket.socket):  # type: ignore[misc]
+    """A plain pool socket (the pool creates these)."""
 
-    def sendall(self, data: Any, flags: int = 0) -> None:
-        if _WRITE_HOLD_S:
-            gevent.sleep(_WRITE_HOLD_S)
-        super().sendall(data, flags)
-        _note_written()
+
+class _StampedSSLSocket(_WriteStamp, gevent.ssl.SSLSocket):  # type: ignore[misc]
+    """A TLS pool socket (the context wraps the TCP socket in this class)."""
 
 
 class _StreamTimeout(Exception):

@@ -23,7 +23,6 @@ import time
 from collections.abc import Generator
 from typing import TypeVar
 
-KINDS = ("checkpoint", "seconds", "samples", "relay", "guard", "gc", "test_freeze")
 SLICE_S = 0.0005        # a sliced task yields once a step brings its slice past this
 LIMIT_S = 0.010         # a hold of more CPU time than this is counted in ``over``
 _GIVE_BACK_S = 1e-6     # a sliced task's sleep between slices: the next loop iteration

@@ -150,13 +150,19 @@ def _save_card(final: bool = False) -> None:
         _Process.writing.wait(_WRITE_WAIT_S)
     card.seal(time.time())
     final = final or _Process.card_saved[2]   # a stream ending after the final save: still final
-    mark = (card.records + card.pending, card.unsent, final)
+    mark = _mark(card, final)
     if mark == _Process.card_saved:
         return
-    _send_card(card.dumps(final), final, mark, threaded=False)
+    _send_card(card.dumps(final), mark, threaded=False)
 
 
-def _send_card(text: str, final: bool, mark: tuple[int, int, bool], threaded: bool) -> None:
+def _mark(card: Scorecard, final: bool) -> tuple[int, int, bool]:
+    """What a saved card holds: records (those waiting for a checkpoint in progress too),
+    arrivals never sent, and whether it is final."""
+    return card.records + card.pending, card.unsent, final
+
+
+def _send_card(text: str, mark: tuple[int, int, bool], threaded: bool) -> None:
     if _Process.relay is not None:
         hold = holds.Hold()
         _Process.relay.send_scorecard(text)
@@ -190,11 +196,11 @@ def _checkpoints() -> None:
             continue
         try:
             holds.sliced("seconds", card.seal_steps(time.time()))
-            mark = (card.records + card.pending, card.unsent, _Process.card_saved[2])
+            final = _Process.card_saved[2]
+            mark = _mark(card, final)
             if mark == _Process.card_saved:
                 continue
-            text = holds.sliced("checkpoint", card.dump_steps(_Process.card_saved[2]))
-            _send_card(text, _Process.card_saved[2], mark, threaded=True)
+            _send_card(holds.sliced("checkpoint", card.dump_steps(final)), mark, threaded=True)
         except OSError as exc:
             logging.getLogger(__name__).error("cannot save the scorecard: %s", exc)
 

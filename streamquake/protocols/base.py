@@ -79,9 +79,10 @@ class Completion:
 STAMP_SLOT = b"\0sent\0"
 
 
-def stamp(frame: bytes) -> bytes:
-    """``frame`` (one write's events) with every ``STAMP_SLOT`` set to the epoch-ns time now."""
-    return frame.replace(STAMP_SLOT, b"%d" % time.time_ns())
+def stamp(frame: bytes, at_ns: int | None = None) -> bytes:
+    """``frame`` (one write's events) with every ``STAMP_SLOT`` set to ``at_ns`` (epoch ns;
+    default: now)."""
+    return frame.replace(STAMP_SLOT, b"%d" % (time.time_ns() if at_ns is None else at_ns))
 
 
 class StreamEncoder(ABC):

@@ -10,6 +10,7 @@ Here the (phase, class) cells become each phase's totals, its classes, and the w
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -122,12 +123,9 @@ def _shared_stamp_warning(scenario: Scenario, phase: str, stats: Stats) -> list[
     gaps = stats.count("itl_ms")
     if share is None or gaps < SHARED_MIN_GAPS or not stats.shared_stamps:
         return []
-    wanted = {50.0, 90.0, 95.0, 99.0}
-    wanted |= {float(s.percentile) for s in scenario.slos
-               if s.metric == "itl_ms" and s.percentile is not None}
-    for rc in scenario.load.classes:
-        wanted |= {float(s.percentile) for s in rc.slos
-                   if s.metric == "itl_ms" and s.percentile is not None}
+    slos = itertools.chain(scenario.slos, *(rc.slos for rc in scenario.load.classes))
+    wanted = {50.0, 90.0, 95.0, 99.0} | {float(s.percentile) for s in slos
+                                         if s.metric == "itl_ms" and s.percentile is not None}
     bent = sorted(p for p in wanted if min(p, 100.0 - p) <= 100.0 * share)
     if not bent:
         return []

@@ -17,7 +17,6 @@ from aiohttp import web
 from streamquake import protocols
 from streamquake.errors import TargetError
 from streamquake.protocols import BadRequest, Completion, StreamEncoder, WireProtocol, stamp
-from streamquake.protocols.base import STAMP_SLOT
 from streamquake.target.config import TargetConfig
 from streamquake.target.formats import TOKEN_JSON
 from streamquake.target.timing import DelaySampler, ResponsePlan, plan_response
@@ -76,12 +75,6 @@ class StreamRecord:
         }, separators=(",", ":")) + "\n"
 
 
-def _response_id(enc: StreamEncoder) -> str | None:
-    """The id ``enc`` puts in its stream: OpenAI's chunk ``id``, Anthropic's ``message.id``,
-    Gemini's ``responseId``; None for the generic format, which has none."""
-    return enc.response_id
-
-
 @dataclass
 class TargetState:
     """Per-process state shared by all handlers."""
@@ -129,7 +122,7 @@ async def _write_logged(
 ) -> None:
     sent = time.time_ns()
     if stamped:
-        frame = frame.replace(STAMP_SLOT, b"%d" % sent)
+        frame = stamp(frame, sent)
     record.sent_ns.append(sent)
     record.content.append(content)
     await resp.write(frame)
@@ -189,7 +182,7 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
             enc.stamp_send_time = cfg.stamp_send_time
             if record is not None:
                 record.admitted_ns = time.time_ns()
-                record.response_id = _response_id(enc)
+                record.response_id = enc.response_id
             await _generate(resp, enc, plan, delays, record)
             if record is not None:
                 record.complete = True
