@@ -32,7 +32,7 @@ _CONVERTERS: dict[str, Quantity] = {
 _EXAMPLES: dict[Quantity, str] = {
     "duration": "a duration: 100ms, 1.5s, 1m30s, 2h (a bare number: the field's unit)",
     "percentage": "a percentage or a fraction: 15% or 0.15",
-    "rate": "a rate: 8mbit (bits/s) or 1mbps (bytes/s)",
+    "rate": "a rate: 8mbit (bits/s), 1mbps or 1MB/s (bytes/s)",
     "size": "a size: 32kb, 1mb or a number of bytes",
 }
 ENVELOPE = ("type", "name", "phase", "at")

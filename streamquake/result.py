@@ -29,6 +29,8 @@ class Check:
     ci_high: float | None = None   #   side cannot be bounded with this many samples
     confidence: float | None = None
     inconclusive: bool = False     # the interval straddles the threshold
+    measurable: bool = True        # False: the metric cannot be measured here (``detail`` says
+                                   #   why); it gates as the scenario's verdicts.unmeasurable
 
 
 @dataclass

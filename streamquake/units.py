@@ -14,11 +14,14 @@ _DURATION_PART = re.compile(r"([0-9]+(?:\.[0-9]+)?)(h|ms|us|m|s)")
 _DURATION_ORDER = ("h", "m", "s", "ms", "us")
 _DURATION_HELP = "a duration like '100ms' or '30s'"
 _PERCENT = re.compile(rf"^\s*{_NUM}\s*%\s*$")
-_RATE = re.compile(rf"^\s*{_NUM}\s*(?P<unit>bit|kbit|mbit|gbit|bps|kbps|mbps|gbps)\s*$", re.I)
-# tc's convention: "bit" units are bits per second, "bps" units are BYTES per second.
+_RATE = re.compile(
+    rf"^\s*{_NUM}\s*(?P<unit>bit|kbit|mbit|gbit|bps|kbps|mbps|gbps|b/s|kb/s|mb/s|gb/s)\s*$", re.I)
+# tc's convention: "bit" units are bits per second, "bps" units are BYTES per second; so are
+# "B/s" units ("2kB/s").
 _RATE_SCALE_BYTES = {
     "bit": 1 / 8, "kbit": 1000 / 8, "mbit": 1e6 / 8, "gbit": 1e9 / 8,
     "bps": 1, "kbps": 1e3, "mbps": 1e6, "gbps": 1e9,
+    "b/s": 1, "kb/s": 1e3, "mb/s": 1e6, "gb/s": 1e9,
 }
 _SIZE = re.compile(rf"^\s*{_NUM}\s*(?P<unit>b|kb|k|mb|m|kib|mib)?\s*$", re.I)
 _SIZE_SCALE = {"b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1 << 20,
@@ -103,7 +106,8 @@ def parse_fraction(value: str | int | float) -> float:
 
 
 def parse_rate_bytes_per_s(value: str | int | float) -> float:
-    """``"8mbit"`` -> 1_000_000.0 bytes/s (tc units: *bit = bits/s, *bps = bytes/s)."""
+    """``"8mbit"`` -> 1_000_000.0 bytes/s (tc units: *bit = bits/s, *bps = bytes/s; and
+    ``"2kB/s"`` -> 2000.0)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         raise ValueError(f"give a unit: '8mbit' (bits/s) or '1mbps' (bytes/s), got {value!r}")
     m = _RATE.match(str(value))

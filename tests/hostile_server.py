@@ -229,7 +229,122 @@ def echo_key_redirect(req: Request) -> None:
              b"Connection: close\r\n\r\n")
 
 
+def _openai(chunks: list[dict[str, object]], done: bool = True) -> bytes:
+    body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+    return body + (b"data: [DONE]\n\n" if done else b"")
+
+
+def _chunk(delta: dict[str, object], finish: str | None = None,
+           model: str = "tiny") -> dict[str, object]:
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": model,
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish}]}
+
+
+def _usage(tokens: int) -> dict[str, object]:
+    return {"id": "chatcmpl-1", "object": "chat.completion.chunk", "model": "tiny",
+            "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": tokens}}
+
+
+def openai_served(req: Request) -> None:
+    """llama-server's shape: a role chunk with content null, content chunks, a finish chunk,
+    a usage chunk with no choices, [DONE]; it names its own model whatever was asked."""
+    stream(req, _openai([_chunk({"role": "assistant", "content": None}),
+                         *[_chunk({"content": "t"}) for _ in range(8)],
+                         _chunk({}, "length"), _usage(8)]))
+
+
+def openai_cut(req: Request) -> None:
+    """llama-cpp-python's server when another request waits: [DONE] and no finish chunk."""
+    stream(req, _openai([_chunk({"role": "assistant"}),
+                         *[_chunk({"content": "t"}) for _ in range(3)]]))
+
+
+def openai_short(req: Request) -> None:
+    """A finished stream whose usage says 8 tokens, though 6 content events came."""
+    stream(req, _openai([*[_chunk({"content": "t"}) for _ in range(6)], _chunk({}, "length"),
+                         _usage(8)]))
+
+
+def openai_no_usage(req: Request) -> None:
+    stream(req, _openai([*[_chunk({"content": "t"}) for _ in range(5)], _chunk({}, "stop")]))
+
+
+def anthropic_cut(req: Request) -> None:
+    """Anthropic's events with message_stop, but no message_delta saying why it stopped."""
+    events = [("message_start", {"type": "message_start", "message": {"id": "msg_1"}}),
+              ("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                       "delta": {"type": "text_delta", "text": "t"}}),
+              ("message_stop", {"type": "message_stop"})]
+    stream(req, b"".join(b"event: %s\ndata: %s\n\n" % (e.encode(), json.dumps(d).encode())
+                         for e, d in events))
+
+
+def fastapi_401(req: Request) -> None:
+    """FastAPI's error shape, repeating the key deep in the text (llama-cpp-python's server)."""
+    key = req.headers.get("authorization", "").removeprefix("Bearer ")
+    body = json.dumps({"detail": "x" * 230 + f" Invalid API key: {key}"}).encode()
+    req.send(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n"
+             b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+             + body)
+
+
+def plain_404(req: Request) -> None:
+    body = b"File Not Found"
+    req.send(b"HTTP/1.1 404 Not Found\r\nContent-Type: text/plain\r\nConnection: close\r\n"
+             b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def wrong_shape(req: Request) -> None:
+    """Valid JSON events of the wrong shape for OpenAI, then [DONE] (issue 20)."""
+    chunk: dict[str, object] = {"id": "c", "object": "chat.completion.chunk"}
+    kind = req.query.get("kind", "no-choices")
+    if kind == "null-choices":
+        chunk["choices"] = None
+    elif kind == "list-delta":
+        chunk["choices"] = [{"index": 0, "delta": ["t"], "finish_reason": None}]
+    stream(req, _openai([chunk, chunk, _chunk({}, "stop")]))
+
+
+def echo_key_at(req: Request) -> None:
+    """The caller's key ``offset`` characters into the text of one answer: ``how`` says which
+    (an error body of each shape, an error event, an event that is not JSON, the response's
+    id, model and finish reason, a redirect, a Retry-After)."""
+    key = req.headers.get("authorization", "").removeprefix("Bearer ")
+    text = "k" * int(req.query.get("offset", "0")) + key + " and the rest of the message"
+    how = req.query.get("how", "json")
+
+    def answer(status: str, ctype: str, body: bytes, extra: str = "") -> None:
+        req.send(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\n{extra}Connection: close\r\n"
+                 f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+
+    if how == "json":
+        answer("401 Unauthorized", "application/json",
+               json.dumps({"error": {"message": text}}).encode())
+    elif how == "detail":
+        answer("401 Unauthorized", "application/json", json.dumps({"detail": text}).encode())
+    elif how == "plain":
+        answer("500 Internal Server Error", "text/plain", text.encode())
+    elif how == "redirect":
+        answer("302 Found", "text/plain", b"", f"Location: /{text.replace(' ', '-')}\r\n")
+    elif how == "retry":
+        answer("429 Too Many Requests", "application/json", b"{}",
+               f"Retry-After: {text}\r\n")
+    elif how == "ctype":
+        answer("200 OK", f"text/html; x={text.replace(' ', '-')}", b"<html></html>")
+    elif how == "event":
+        stream(req, _openai([_chunk({"content": "t"}), {"error": {"message": text}}]))
+    elif how == "not-json":
+        stream(req, b"data: " + text.encode() + b"\n\n")
+    else:   # "id": what the answer says of itself
+        stream(req, _openai([{**_chunk({"content": "t"}, model=text), "id": text},
+                             _chunk({}, text)]))
+
+
 ROUTES: dict[str, Callable[[Request], None]] = {
+    "/wrong-shape": wrong_shape, "/echo-key-at": echo_key_at,
+    "/v1/chat/completions": openai_served, "/openai-cut": openai_cut,
+    "/openai-short": openai_short, "/openai-no-usage": openai_no_usage,
+    "/anthropic-cut": anthropic_cut, "/fastapi-401": fastapi_401, "/plain-404": plain_404,
     "/ok": ok, "/paced-forever": paced_forever, "/flood": flood, "/silent": silent,
     "/final-then-flood": final_then_flood,
     "/big-event": big_event, "/endless-line": endless_line, "/data-forever": data_forever,

@@ -26,6 +26,7 @@ from tests.conftest import REPO, cli_cmd, run_cli
 
 FAMILY_ENV = {"STREAMQUAKE_FAULT_FAMILIES": "tests.example_family"}
 TOKEN = "sq-test-token-0123456789abcdef"
+OWNER = "sq-test-owner-key-0123456789"      # the key faults are applied with
 
 
 @dataclass
@@ -86,17 +87,25 @@ def agents() -> Iterator[list[Agent]]:
 
 
 def call(url: str, method: str, path: str, body: object | None = None,
-         token: str | None = TOKEN) -> tuple[int, dict[str, object]]:
-    data = None if body is None else json.dumps(body).encode()
+         token: str | None = TOKEN, owner: str | None = OWNER,
+         raw: bytes | None = None) -> tuple[int, dict[str, object]]:
+    """One API call; ``owner``: the owner key sent (None: none), ``raw``: the body as is."""
+    data = raw if raw is not None else None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url + path, data=data, method=method)
     req.add_header("Content-Type", "application/json")
     if token is not None:
         req.add_header("Authorization", f"Bearer {token}")
+    if owner is not None:
+        req.add_header("Streamquake-Owner-Key", owner)
     try:
         with urllib.request.urlopen(req, timeout=15) as resp:
-            return resp.status, json.loads(resp.read())
+            status, text = resp.status, resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read())
+        status, text = exc.code, exc.read()
+    try:
+        return status, json.loads(text)
+    except ValueError:
+        return status, {"not json": text.decode(errors="replace")}
 
 
 def wait_gone(path: Path, timeout_s: float) -> float:
@@ -140,7 +149,7 @@ def local_agent_stopped(state_dir: Path) -> Iterator[None]:
     os.kill(pid, signal.SIGKILL)
 
 
-def _marker(path: Path, name: str = "flag", lease: str | float = "30s",
+def _marker(path: Path, name: str = "flag", lease: object = "30s",
             **extra: object) -> dict[str, object]:
     return {"fault": {"type": "marker_file", "name": name, "path": str(path)},
             "lease": lease, "owner": "test", **extra}
@@ -317,6 +326,138 @@ def test_agent_will_not_listen_beyond_loopback_without_a_token(tmp_path: Path) -
                           text=True, timeout=20)
     assert proc.returncode == 2
     assert proc.stderr.startswith("Error: refusing to listen on 0.0.0.0 without a token")
+
+
+@pytest.mark.timeout(60)
+def test_agent_takes_a_token_over_plain_http_beyond_loopback_only_when_told(
+        tmp_path: Path) -> None:
+    env = {**os.environ, **FAMILY_ENV, "STREAMQUAKE_AGENT_TOKEN": TOKEN}
+    cmd = cli_cmd("agent", "--listen", "0.0.0.0:0", "--state-dir", str(tmp_path / "s"))
+    refused = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=20)
+    assert refused.returncode == 2, refused.stderr
+    assert refused.stderr.startswith(
+        "Error: refusing to take a bearer token over plain HTTP on 0.0.0.0: anyone on the "
+        "network path could read it and apply faults; give --tls-cert and --tls-key"), \
+        refused.stderr
+    # Told so, it starts, and says so loudly on stderr and in its log. Nothing is sent to it:
+    # it is stopped once it listens.
+    out, err = tmp_path / "out.log", tmp_path / "err.log"
+    with open(out, "wb") as fo, open(err, "wb") as fe:
+        proc = subprocess.Popen([*cmd, "--insecure-http"], cwd=REPO, env=env, stdout=fo,
+                                stderr=fe)
+    try:
+        wait_logged(out, "LISTENING http://0.0.0.0:")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=20)
+    warning = ("WARNING: INSECURE: the bearer token from $STREAMQUAKE_AGENT_TOKEN travels in "
+               "clear text over plain HTTP on 0.0.0.0 (--insecure-http)")
+    assert warning in err.read_text() and warning in out.read_text()
+
+
+@pytest.mark.timeout(90)
+def test_only_a_faults_owner_renews_or_reverts_it_unless_forced(
+        tmp_path: Path, agents: list[Agent]) -> None:
+    agent = start_agent(tmp_path, "own")
+    agents.append(agent)
+    url, flag = agent.url, tmp_path / "flag"
+    other = "someone-elses-owner-key-987654321"
+    status, body = call(url, "POST", "/v1/faults", _marker(flag), owner=None)
+    assert status == 400 and "send an owner key" in str(body["error"]), body
+    status, held = call(url, "POST", "/v1/faults", _marker(flag, lease="1h"))
+    assert status == 201 and flag.exists(), held
+
+    # Another key, or none: 403 with a sentence; nothing renewed or reverted.
+    for key in (other, None):
+        for method, path in (("POST", "/v1/faults/flag/renew"), ("DELETE", "/v1/faults/flag")):
+            status, body = call(url, method, path, {} if method == "POST" else None, owner=key)
+            assert status == 403, (key, path, body)
+            assert str(body["error"]).startswith("flag belongs to another owner (test): only "
+                                                 "the owner key it was applied with"), body
+            assert "`streamquake revert flag --force`" in str(body["error"])
+    status, everything = call(url, "DELETE", "/v1/faults", owner=other)
+    assert status == 200 and everything["reverted"] == [], everything
+    assert everything["skipped"] == ["flag (owner test)"]
+    assert flag.exists()
+    status, renewed = call(url, "POST", "/v1/faults/flag/renew", {})
+    assert status == 200 and renewed["renewals"] == 1
+    # The key is a secret: never listed, never logged.
+    assert OWNER not in json.dumps(call(url, "GET", "/v1/faults")[1])
+    assert OWNER not in json.dumps(renewed) and OWNER not in agent.text()
+
+    # An operator's emergency revert: forced, and logged loudly.
+    status, done = call(url, "DELETE", "/v1/faults/flag?force=true", owner=other)
+    assert status == 200 and done["name"] == "flag" and not flag.exists(), done
+    assert f"WARNING: FORCED revert of flag (marker_file, id {held['id']}, owner test)" in \
+        agent.text()
+
+    # The CLI: each user's key flows on its own; another user needs --force.
+    alice = {**FAMILY_ENV, "STREAMQUAKE_AGENT_TOKEN": TOKEN,
+             "STREAMQUAKE_STATE_DIR": str(tmp_path / "alice")}
+    bob = {**alice, "STREAMQUAKE_STATE_DIR": str(tmp_path / "bob")}
+    ok = run_cli("inject", "marker_file", f"path={flag}", "--for", "10m", "--name", "m1",
+                 "--at", url, env=alice)
+    assert ok.returncode == 0 and flag.exists(), ok.stderr
+    for args in (["m1"], ["--all"]):
+        refused = run_cli("revert", *args, "--at", url, env=bob)
+        assert refused.returncode == 3, (args, refused.stdout, refused.stderr)
+        assert "m1 belongs to another owner" in refused.stdout + refused.stderr, refused
+        assert "--force" in refused.stderr and flag.exists()
+    forced = run_cli("revert", "m1", "--force", "--at", url, env=bob)
+    assert forced.returncode == 0 and "reverted m1 (marker_file)" in forced.stdout, forced
+    assert not flag.exists()
+    assert "WARNING: FORCED revert of m1" in agent.text()
+    again = run_cli("inject", "marker_file", f"path={flag}", "--for", "10m", "--name", "m2",
+                    "--at", url, env=alice)
+    assert again.returncode == 0, again.stderr
+    mine = run_cli("revert", "--all", "--at", url, env=alice)
+    assert mine.returncode == 0 and "reverted m2 (marker_file)" in mine.stdout, mine.stderr
+    assert not flag.exists()
+
+
+@pytest.mark.timeout(60)
+def test_a_lease_is_a_number_of_seconds_not_true_or_null(
+        tmp_path: Path, agents: list[Agent]) -> None:
+    agent = start_agent(tmp_path, "lease")
+    agents.append(agent)
+    url, flag = agent.url, tmp_path / "flag"
+    for lease in (True, False, None, "soon", [30], {"s": 30}):
+        status, body = call(url, "POST", "/v1/faults", _marker(flag, lease=lease))
+        assert status == 400, (lease, body)
+        assert body["error"] == ('lease: give seconds as a number (e.g. 30) or a duration '
+                                 f'such as "30s", not {json.dumps(lease)}'), body
+        assert body["problems"] == [body["error"]]
+    assert not flag.exists()
+    status, held = call(url, "POST", "/v1/faults", _marker(flag, lease=30))
+    assert status == 201 and held["lease_s"] == 30
+    for lease in (True, None, "soon"):
+        status, body = call(url, "POST", "/v1/faults/flag/renew", {"lease": lease})
+        assert status == 400 and str(body["error"]).startswith("lease: give seconds"), body
+    for body, lease_s in (({}, 30), ({"lease": "1m"}, 60), ({"lease": 45}, 45)):
+        status, renewed = call(url, "POST", "/v1/faults/flag/renew", body)
+        assert status == 200 and renewed["lease_s"] == lease_s, renewed
+    status, body = call(url, "POST", "/v1/runs", {"pid": 1, "journal": "/j", "lease": True})
+    assert status == 400 and str(body["error"]).startswith("lease: give seconds"), body
+
+
+@pytest.mark.timeout(60)
+def test_json_nested_too_deep_is_a_400_not_a_crash(tmp_path: Path, agents: list[Agent]) -> None:
+    agent = start_agent(tmp_path, "deep")
+    agents.append(agent)
+    url = agent.url
+    deep = b'{"fault": ' + b"[" * 100_000 + b"]" * 100_000 + b', "lease": 30}'
+    for method, path in (("POST", "/v1/faults"), ("POST", "/v1/preflight"),
+                         ("POST", "/v1/faults/flag/renew")):
+        status, body = call(url, method, path, raw=deep)
+        assert status == 400, (path, body)
+        assert body["error"] == ("the request body nests deeper than 32 levels: send the fault "
+                                 "as a scenario writes it"), body
+    # Brackets inside strings are text, not nesting.
+    flag = tmp_path / ("[{" * 40)
+    status, held = call(url, "POST", "/v1/faults", _marker(flag))
+    assert status == 201 and flag.exists(), held
+    assert call(url, "GET", "/v1/info")[0] == 200
+    assert "Traceback" not in agent.text() and "RecursionError" not in agent.text()
 
 
 # -- the agent's own death ------------------------------------------------------------------------

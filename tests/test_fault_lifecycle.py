@@ -247,3 +247,72 @@ def test_a_stopped_run_loses_its_faults_at_the_lease_and_says_so_when_it_wakes(
     assert any("removed under this run by another process" in e for e in report["errors"])
     assert _unlocked(gpus, original)
     assert _journal(state_dir) == []
+
+
+SHORT = """
+name: gpu-stopped
+target:
+  protocol: anthropic
+  embedded: {ttft: 20ms, itl: 5ms, output_tokens: {min: 10, max: 10}}
+  timeout: 10s
+load: {users: 2, think_time: {min: 50ms, max: 100ms}}
+phases: {warmup: 0.5s, baseline: 1s, fault: 1s, recovery: 1s}
+faults:
+  - {type: gpu_clocks, name: downclock, phase: fault, gpus: all, sm_clocks_mhz: [500, 800]}
+"""
+
+
+def _start_and_wait_for(args: list[str], env: dict[str, str], line: str
+                        ) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(cli_cmd(*args), env=env, cwd=REPO, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    seen = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        seen.append(proc.stdout.readline())
+        if line in seen[-1]:
+            return proc
+        if not seen[-1] and proc.poll() is not None:
+            break
+    proc.kill()
+    pytest.fail(f"the run never said {line!r}:\n" + "".join(seen))
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("stop_at", ["phase baseline", "fault applied"])
+def test_a_run_stopped_past_its_lease_and_its_end_exits_5_and_applies_nothing_late(
+        gpus: FakeGpus, tmp_path: Path, stop_at: str) -> None:
+    """Stopped just before its fault phase (or during it) and continued once both its lease
+    and every phase are over: the run must not apply a fault on the lapsed lease (the walk used
+    to apply and revert it in the same instant and exit 0), and a fault the watchdog undid is
+    put down to this run's own lease (it used to read "another process", exit 3)."""
+    state_dir, out = tmp_path / "state", tmp_path / "out"
+    (tmp_path / "short.yaml").write_text(SHORT)
+    original = gpus.text()
+    proc = _start_and_wait_for(["run", str(tmp_path / "short.yaml"), "--out", str(out),
+                                "--lease", f"{LEASE_S:g}s"], _env(gpus, state_dir), stop_at)
+    os.kill(proc.pid, signal.SIGSTOP)
+    seen = time.monotonic()
+    try:
+        # Continue once the watchdog has given up the lease and every phase's end has passed
+        # (baseline, fault, recovery: 3 s from the line at most), so no tick runs after it.
+        wait_until(lambda: "lapsed" in _agent_log(state_dir)
+                   and "run gpu-stopped:" in _agent_log(state_dir)
+                   and time.monotonic() - seen > 3.5, "the lease to lapse while stopped")
+        assert proc.poll() is None, "the run was stopped, not killed"
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+    output, _ = proc.communicate(timeout=90)
+    assert proc.returncode == 5, output     # aborted, never "ALL SLOs MET" nor "another process"
+    report = json.loads((out / "report.json").read_text())
+    assert "lease" in report["aborted"] and "lapsed" in report["aborted"], report["aborted"]
+    if stop_at == "phase baseline":
+        # Not applied: refused on the lapsed lease (or skipped, had a tick seen it first).
+        assert all(f["applied_at"] is None for f in report["faults"]), report["faults"]
+    else:
+        (fault,) = report["faults"]
+        assert "lease" in fault["error"], fault
+    assert not any("another process" in e for e in report["errors"]), report["errors"]
+    assert _unlocked(gpus, original)
+    assert _journal(state_dir) == []

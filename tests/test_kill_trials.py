@@ -55,15 +55,17 @@ class Trial:
 
 
 def _start(kind: str, tmp_path: Path, env: dict[str, str],
-           kill_at: str | None = None) -> subprocess.Popen[str]:
+           kill_at: str | None = None, lease: str | None = None) -> subprocess.Popen[str]:
     scenario = tmp_path / f"{kind}.yaml"
     scenario.write_text(SCENARIOS[kind])
     if kill_at:
         env = {**env, "STREAMQUAKE_KILL_AT": kill_at}
-    # --no-watchdog: these trials prove the journal and `recover` on their own (what is left
-    # when the watchdog itself is gone); tests/test_fault_lifecycle.py proves the lease.
+    # --no-watchdog unless a lease is asked for: these trials prove the journal and `recover`
+    # on their own (what is left when the watchdog itself is gone); tests/test_fault_lifecycle.py
+    # proves the lease, and the watchdog-first trial below that it holds before any change.
+    watchdog = ("--lease", lease) if lease else ("--no-watchdog",)
     return subprocess.Popen(cli_cmd("run", str(scenario), "--out", str(tmp_path / "out"),
-                                    "--no-watchdog"),
+                                    *watchdog),
                             cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
 
@@ -192,3 +194,25 @@ def test_a_kill_between_journal_and_change_is_recovered(
     _check_clean(kind, gpus, original_gpus, before, state_dir)
     again = _recover_once(env)
     assert again.returncode == 0 and "nothing to recover" in again.stdout
+
+
+def _agent_log(state_dir: Path) -> str:
+    path = state_dir / "local-agent" / "agent.log"
+    return path.read_text() if path.exists() else "(no local agent log)"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("point", ["netns.journalled", "netns.created"])
+def test_the_watchdog_holds_the_lease_before_the_namespace_exists(
+        point: str, tmp_path: Path, state_dir: Path, gpus: FakeGpus) -> None:
+    """A run SIGKILLed as it creates the target's namespace (journalled, or just made) leaves
+    nothing once its lease lapses, with no `recover` typed: the watchdog held the lease before
+    the first change (it used to be asked only after the parts had started)."""
+    env = _env("tbf", gpus, state_dir)
+    before = _ours_in_kernel()
+    proc = _start("tbf", tmp_path, env, kill_at=point, lease="2s")
+    out, _ = proc.communicate(timeout=90)
+    assert proc.returncode == -signal.SIGKILL, out   # it died at the point, nowhere else
+    wait_until(lambda: _journal(state_dir) == [] and _ours_in_kernel() - before == set(),
+               "the watchdog to undo the killed run's namespace")
+    assert "lapsed" in _agent_log(state_dir), _agent_log(state_dir)

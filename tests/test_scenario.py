@@ -43,9 +43,9 @@ EXPECTED = {
     "merge_key_unknown_field.yaml": [
         # A merged key is located where it is written: in the anchored mapping.
         "5:26: load.classes.0.max_tokenz: unknown field (hint: did you mean 'max_tokens'? "
-        "allowed here: body, dataset, max_tokens, name, prompt, prompts, slos, weight)",
+        "allowed here: body, dataset, max_tokens, name, prompt, prompts, read, slos, weight)",
         "5:26: load.classes.1.max_tokenz: unknown field (hint: did you mean 'max_tokens'? "
-        "allowed here: body, dataset, max_tokens, name, prompt, prompts, slos, weight)",
+        "allowed here: body, dataset, max_tokens, name, prompt, prompts, read, slos, weight)",
     ],
     "merge_not_a_mapping.yaml": [
         "4:7: '<<' merges a mapping (or a list of mappings) into this one, but this is a list "
@@ -106,8 +106,8 @@ EXPECTED = {
         "15:5: faults.0.drop: must be between 0% and 100%, got '150%'",
         "17:6: slos.0.metric: Input should be 'ttfb_ms', 'ttft_ms', 'itl_ms', 'e2e_ms', "
         "'output_tokens_per_s', 'queue_delay_ms', 'ttft_scheduled_ms', 'e2e_scheduled_ms', "
-        "'send_ms', 'error_rate', 'stall_rate', 'chunk_loss' or 'not_sent_rate' (hint: use one "
-        "of the values listed)",
+        "'send_ms', 'dns_ms', 'connect_ms', 'tls_ms', 'write_ms', 'error_rate', 'stall_rate', "
+        "'chunk_loss', 'not_sent_rate' or 'usage_deficit' (hint: use one of the values listed)",
     ],
 }
 

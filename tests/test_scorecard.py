@@ -58,7 +58,11 @@ def _requests(n: int, seed: int = 7) -> tuple[list[RequestSample], list[UnsentAr
         error = rng.choice([None] * 12 + ["truncated", "http_status", "timeout"])
         s = RequestSample(cls=cls, sent=sent, scheduled=due, ttfb_ms=ttft * 0.8, ttft_ms=ttft,
                           send_ms=rng.choice([None, rng.uniform(0.05, 3.0)]),
+                          dns_ms=rng.choice([None, 0.3]), connect_ms=rng.choice([None, 0.2]),
+                          tls_ms=rng.choice([None, 1.5]), write_ms=rng.uniform(0.01, 0.5),
                           shared_stamps=len(gaps[::7]),
+                          content_reads=len(gaps) + 1 - len(gaps[::7]),
+                          burst_events=rng.choice([0, 0, len(gaps)]),   # some in bursts
                           itl_ms=gaps, e2e_ms=ttft + sum(gaps) + rng.uniform(0, 5),
                           output_tokens=len(gaps) + 1, content_events=len(gaps) + 1,
                           stalls=sum(g > 250 for g in gaps), client_stalls=rng.randint(0, 1),

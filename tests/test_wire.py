@@ -87,6 +87,10 @@ def test_openai_role_usage_done_and_error_events() -> None:
     assert decode("openai", ev(chunk)) == Decoded(response_id="c")
     chunk["choices"][0]["delta"] = {"content": "Hello"}  # type: ignore[index]
     assert decode("openai", ev(chunk)) == Decoded(text="Hello", response_id="c")
+    chunk["choices"][0]["delta"] = {}  # type: ignore[index]
+    chunk["choices"][0]["finish_reason"] = "stop"  # type: ignore[index]
+    chunk["model"] = "tiny"
+    assert decode("openai", ev(chunk)) == Decoded(response_id="c", finish="stop", model="tiny")
     usage = {"id": "c", "choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 17}}
     assert decode("openai", ev(usage)) == Decoded(usage_output_tokens=17, response_id="c")
     assert decode("openai", ev("[DONE]")) == Decoded(done=True)
@@ -96,8 +100,9 @@ def test_openai_role_usage_done_and_error_events() -> None:
 
 @pytest.mark.timeout(10)
 def test_anthropic_events() -> None:
-    start = {"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1}}}
-    assert decode("anthropic", ev(start, "message_start")) == Decoded()
+    start = {"type": "message_start", "message": {"usage": {"input_tokens": 5, "output_tokens": 1},
+                                                  "model": "claude-x"}}
+    assert decode("anthropic", ev(start, "message_start")) == Decoded(model="claude-x")
     assert decode("anthropic", ev({"type": "ping"}, "ping")) == Decoded()
     delta = {"type": "content_block_delta", "index": 0,
              "delta": {"type": "text_delta", "text": "Hi"}}
@@ -107,7 +112,8 @@ def test_anthropic_events() -> None:
     assert decode("anthropic", ev(tool, "content_block_delta")) == Decoded()
     md = {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
           "usage": {"output_tokens": 15}}
-    assert decode("anthropic", ev(md, "message_delta")) == Decoded(usage_output_tokens=15)
+    assert decode("anthropic", ev(md, "message_delta")) == Decoded(usage_output_tokens=15,
+                                                                   finish="end_turn")
     assert decode("anthropic", ev({"type": "message_stop"}, "message_stop")).done
     err = {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}}
     assert decode("anthropic", ev(err, "error")).error == "overloaded_error: Overloaded"
@@ -123,7 +129,8 @@ def test_gemini_events() -> None:
                             "finishReason": "STOP", "index": 0}],
             "usageMetadata": {"promptTokenCount": 4, "candidatesTokenCount": 9,
                               "thoughtsTokenCount": 3, "totalTokenCount": 16}}
-    assert decode("gemini", ev(last)) == Decoded(usage_output_tokens=12, done=True)
+    assert decode("gemini", ev(last)) == Decoded(usage_output_tokens=12, done=True,
+                                                 finish="STOP")
     err = {"error": {"code": 429, "message": "Resource exhausted", "status": "RESOURCE_EXHAUSTED"}}
     assert decode("gemini", ev(err)).error == "RESOURCE_EXHAUSTED: Resource exhausted"
     blocked = {"promptFeedback": {"blockReason": "SAFETY"}}

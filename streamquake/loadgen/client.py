@@ -16,6 +16,7 @@ when our code saw them, and the sample says which clock it used (``clock``).
 from __future__ import annotations
 
 import contextlib
+import ipaddress
 import json
 import os
 import random
@@ -25,6 +26,7 @@ import ssl
 import struct
 import time
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import gevent
@@ -36,10 +38,17 @@ from geventhttpclient.url import URL
 
 from streamquake.errors import ScenarioError
 from streamquake.loadgen import saturation
-from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
+from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
 from streamquake.loadgen.samples import ErrorKind, RequestSample
 from streamquake.loadgen.sse import SSEEvent, SSELimitError, SSELimits, SSEParser
-from streamquake.loadgen.wire import ProtocolError, build_request, decode, protocol_headers
+from streamquake.loadgen.wire import (
+    ProtocolError,
+    build_request,
+    decode,
+    finish_required,
+    join_path,
+    protocol_headers,
+)
 
 _BLOCK = 64 * 1024
 _ERROR_BODY_MAX = 4096
@@ -69,6 +78,11 @@ _CMSG_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 _ID_MAX = 128           # characters of a response id kept in a sample
 # Where the writing greenlet notes when its request's last byte was written (perf_counter s).
 _WRITTEN = "sq_written"
+# Where the greenlet that asked the pool for a socket notes how it got one (a _Conn).
+_CONN = "sq_conn"
+# A slow consumer (a class's ``read.rate``) reads about this many seconds' worth at a time.
+_PACE_S = 0.05
+_PACE_MIN = 256
 # Test-only: hold every request write back this long (tests/test_send_stamp.py); unset in use.
 _WRITE_HOLD_S = float(os.environ.get("STREAMQUAKE_TEST_WRITE_HOLD_MS") or 0) / 1000.0
 
@@ -89,11 +103,105 @@ class _WriteStamp:
 
 
 class _StampedSocket(_WriteStamp, gevent.socket.socket):  # type: ignore[misc]
-    """A plain pool socket (the pool creates these)."""
+    """A plain pool socket (the pool creates these); it also notes its connect (_Conn)."""
+
+    def connect(self, address: Any) -> None:
+        conn = _conn()
+        if conn is not None and conn.connect_start is None:
+            conn.connect_start = time.perf_counter()   # the first address tried
+        super().connect(address)
+        if conn is not None:
+            conn.connected = time.perf_counter()
 
 
 class _StampedSSLSocket(_WriteStamp, gevent.ssl.SSLSocket):  # type: ignore[misc]
     """A TLS pool socket (the context wraps the TCP socket in this class)."""
+
+
+@dataclass(slots=True)
+class _Conn:
+    """How the pool got one request its socket (perf_counter s): a name resolved, a TCP connect,
+    a TLS handshake, or none of these (a pooled connection); ``ready`` when it handed it over."""
+
+    dns_s: float | None = None
+    connect_start: float | None = None
+    connected: float | None = None
+    handshaken: float | None = None
+    ready: float | None = None
+
+    def parts(self, s: RequestSample, written: float) -> None:
+        """``send_ms`` in parts, on a request whose last byte was ``written``."""
+        s.reused = self.connect_start is None
+        if self.dns_s is not None:
+            s.dns_ms = self.dns_s * 1000.0
+        if self.connect_start is not None and self.connected is not None:
+            s.connect_ms = (self.connected - self.connect_start) * 1000.0
+            if self.handshaken is not None:
+                s.tls_ms = (self.handshaken - self.connected) * 1000.0
+        if self.ready is not None:
+            s.write_ms = (written - self.ready) * 1000.0
+
+
+def _conn() -> _Conn | None:
+    conn: _Conn | None = getattr(gevent.getcurrent(), _CONN, None)
+    return conn
+
+
+def _after_connect(sock: Any) -> None:
+    """The pool's hook on each new connection, once it is connected (and its TLS handshake
+    done: the context wraps the socket with ``do_handshake_on_connect``)."""
+    enable_kernel_timestamps(sock)
+    conn = _conn()
+    if conn is not None and _is_tls(sock):
+        conn.handshaken = time.perf_counter()
+
+
+def _instrument(pool: Any, receive_buffer: int | None) -> None:
+    """Time the steps of geventhttpclient's ConnectionPool on the greenlet that asks it for a
+    socket (get_socket -> _resolve -> _create_tcp_socket -> connect -> TLS -> after_connect),
+    through the pool's own hooks and methods."""
+    get_socket, resolve = pool.get_socket, pool._resolve
+    try:
+        ipaddress.ip_address(pool._connection_host.strip("[]"))
+        named = False            # an IP address: nothing to resolve (getaddrinfo just parses it)
+    except ValueError:
+        named = True
+
+    def timed_get_socket() -> Any:
+        conn = _Conn()
+        setattr(gevent.getcurrent(), _CONN, conn)
+        sock = get_socket()
+        conn.ready = time.perf_counter()
+        return sock
+
+    def timed_resolve() -> Any:
+        start = time.perf_counter()
+        infos = resolve()
+        if named and (conn := _conn()) is not None:
+            conn.dns_s = time.perf_counter() - start
+        return infos
+
+    def create_tcp_socket(family: int, socktype: int, proto: int) -> _StampedSocket:
+        sock = _StampedSocket(family, socktype, proto)
+        if receive_buffer is not None:
+            # Before the connect: the window the handshake offers comes from it.
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, receive_buffer)
+        return sock
+
+    for name, hook in (("get_socket", timed_get_socket), ("_resolve", timed_resolve),
+                       ("_create_tcp_socket", create_tcp_socket),
+                       ("after_connect", _after_connect)):
+        setattr(pool, name, hook)
+
+
+def _traceparent() -> tuple[str, str]:
+    """A fresh W3C trace context: its trace id, and the ``traceparent`` header's value
+    (version 00, a new span id, sampled). All-zero ids are invalid, so never drawn."""
+    while True:
+        raw = os.urandom(24)
+        if any(raw[:16]) and any(raw[16:]):
+            trace_id = raw[:16].hex()
+            return trace_id, f"00-{trace_id}-{raw[16:].hex()}-01"
 
 
 class _StreamTimeout(Exception):
@@ -243,18 +351,18 @@ class Arrival:
         self.seen = time.perf_counter()
         self.kernel, self.with_headers = False, True
 
-    def recv(self, sock: Any) -> bytes:
+    def recv(self, sock: Any, size: int = _BLOCK) -> bytes:
         stamp: float | None = None
         data: bytes
         if self._plain:
-            data, ancillary, _flags, _addr = sock.recvmsg(_BLOCK, _CMSG_BYTES)
+            data, ancillary, _flags, _addr = sock.recvmsg(size, _CMSG_BYTES)
             if ancillary:       # room for one message: the stamp, when there is one
                 level, kind, raw = ancillary[0]
                 if kind == SO_TIMESTAMPNS and level == _SOL_SOCKET:
                     sec, nsec = _TIMESPEC.unpack_from(raw)
                     stamp = sec + nsec * 1e-9
         else:
-            data = sock.recv(_BLOCK)
+            data = sock.recv(size)
         seen = time.perf_counter()
         self.seen, self.with_headers = seen, False
         if stamp is None:
@@ -266,11 +374,12 @@ class Arrival:
         return data
 
 
-def _read_some(resp: HTTPSocketResponse, deadline: float, arrival: Arrival | None = None) -> bytes:
-    """Body bytes available now, after at most one ``recv`` that brings some; b"" once the body
-    has ended. Raises _StreamTimeout past ``deadline`` (perf_counter seconds) even while the
-    socket keeps delivering bytes that carry no body (chunk framing, say). ``arrival``, if
-    given, is told when the returned bytes arrived.
+def _read_some(resp: HTTPSocketResponse, deadline: float, arrival: Arrival | None = None,
+               size: int = _BLOCK) -> bytes:
+    """Body bytes available now, after at most one ``recv`` (of at most ``size`` bytes) that
+    brings some; b"" once the body has ended. Raises _StreamTimeout past ``deadline``
+    (perf_counter seconds) even while the socket keeps delivering bytes that carry no body
+    (chunk framing, say). ``arrival``, if given, is told when the returned bytes arrived.
 
     Uses the response's parser buffer and socket directly: the public ``read(n)`` waits for
     ``n`` bytes, which would hold early events back until later ones arrive.
@@ -284,7 +393,7 @@ def _read_some(resp: HTTPSocketResponse, deadline: float, arrival: Arrival | Non
         sock = resp._sock
         if sock is None:
             raise HTTPConnectionClosed("connection closed")
-        data = sock.recv(_BLOCK) if arrival is None else arrival.recv(sock)
+        data = sock.recv(size) if arrival is None else arrival.recv(sock, size)
         if not data:
             # The peer closed: that ends a body without framing, and cuts any other short.
             with contextlib.suppress(HTTPParseError):
@@ -300,24 +409,38 @@ def _read_some(resp: HTTPSocketResponse, deadline: float, arrival: Arrival | Non
     return out
 
 
+BURST_WAIT_MS = 50.0
+"""A read that brings several content events this long or longer after the stream's previous
+content brought a burst: they were held back on the way and released together, in lumps a
+reader sees (RequestSample.bunched). Events that a fast server sends sub-millisecond apart share
+reads too, but after no such wait."""
+
+
 class _Tally:
     """Folds a stream's events into a RequestSample as they arrive.
 
     A gap over the stall threshold is the server's (``stalls``) only when the bytes really came
     that late: when the kernel's stamps say they came in time, or (without stamps) the gap less
     the time the gevent hub was running late within it is under the threshold, the stall was
-    the load process's own and is counted apart (``client_stalls``).
+    the load process's own and is counted apart (``client_stalls``). So is every such gap of a
+    slow consumer (``paced``): its own pauses make them.
     """
+
+    paced = False
 
     def __init__(self, sample: RequestSample, plan: LoadPlan, t0: float,
                  max_events: int, guard: saturation.Guard | None = None) -> None:
         self.sample = sample
         self.protocol = plan.protocol
+        self.finish_required = finish_required(plan.protocol)
         self.stall_s = plan.stall_threshold_ms / 1000.0
         self.t0 = t0
         self.guard = guard
         self.last_text_at: float | None = None
         self.last_text_seen = t0
+        self.read_events = 0            # content events in the latest read that brought some
+        self.read_held = False          # ... which came after a wait of BURST_WAIT_MS or more
+        self.first_read_events = 0      # the first such read's, until a later one is a burst
         self.ids: set[int] = set()
         self.max_events = max_events
         self.events_left = max_events
@@ -334,6 +457,8 @@ class _Tally:
         s.send_ms = (written - t0) * 1000.0
         s.sent += written - t0
         self.t0 = written
+        if (conn := _conn()) is not None:
+            conn.parts(s, written)
 
     def add(self, event: SSEEvent, now: float, seen: float | None = None,
             kernel: bool = False) -> None:
@@ -357,8 +482,13 @@ class _Tally:
             s.usage_tokens = d.usage_output_tokens
         if d.response_id is not None and s.response_id is None:
             s.response_id = d.response_id
+        if d.model is not None and s.model is None:
+            s.model = d.model
+        if d.finish is not None:
+            s.finish_reason = d.finish
         if d.text:
             s.content_events += 1
+            self._count_read(now, seen)
             if self.last_text_at is None:
                 s.ttft_ms = (now - self.t0) * 1000.0
             else:
@@ -379,9 +509,45 @@ class _Tally:
             # The server gave up mid-stream in its own words (e.g. Anthropic overloaded_error).
             raise _Failed("http_status", f"error event in the stream: {d.error}")
         if d.done:
+            if self.finish_required and s.finish_reason is None:
+                # llama-cpp-python's server ends a running answer this way when another
+                # request waits: the tokens so far are not the answer asked for.
+                raise _Failed("truncated", "the stream's final event came without a finish "
+                                           "reason: the server ended the answer early")
             self.done = True
 
+    def _count_read(self, now: float, seen: float) -> None:
+        """Count the reads that brought content and the events that came in bursts. The first
+        read's wait holds the server's prompt processing: its events are a burst only once a
+        later read is one (the stream is being held)."""
+        s = self.sample
+        if now != self.last_text_at:
+            s.content_reads += 1
+            self.read_events = 1
+            self.read_held = self.last_text_at is not None and \
+                self._held(now - self.last_text_at, seen)
+        else:
+            self.read_events += 1
+            if self.read_held:
+                s.burst_events += 2 if self.read_events == 2 else 1
+                if self.first_read_events > 1:
+                    s.burst_events += self.first_read_events
+                self.first_read_events = 0
+        if s.content_reads == 1:
+            self.first_read_events = self.read_events
+
+    def _held(self, wait: float, seen: float) -> bool:
+        """The read came ``wait`` after the one before (or the request) for reasons not ours:
+        long enough, and neither our hub's lateness nor a slow consumer's pause."""
+        if self.paced or wait * 1000.0 < BURST_WAIT_MS:
+            return False
+        blocked = 0.0 if self.guard is None else \
+            self.guard.blocked_within(self.last_text_seen, seen)
+        return (wait - blocked) * 1000.0 >= BURST_WAIT_MS
+
     def _server_late(self, gap: float, seen: float) -> bool:
+        if self.paced:
+            return False
         if self.guard is None:
             return True
         return gap - self.guard.blocked_within(self.last_text_seen, seen) > self.stall_s
@@ -430,26 +596,42 @@ class StreamClient:
         self._path = expand_path(plan.path, env) if plan.path else None
         self.redact = Redactor.for_request(plan.headers, user_headers, plan.path or "",
                                            self._path or "", env)
-        self._http = HTTPClient.from_url(
-            url,
-            concurrency=concurrency,
-            connection_timeout=plan.connect_timeout_s,
+        self._url, self._concurrency = url, concurrency
+        self._http = self._pool(None)
+        # A slow consumer's connections are its own (their receive buffer is set before the
+        # connect): a pool per class ``read``, made on first use.
+        self._pools: dict[SlowRead, HTTPClient] = {}
+
+    def _pool(self, read: SlowRead | None) -> HTTPClient:
+        http = HTTPClient.from_url(
+            self._url,
+            concurrency=self._concurrency,
+            connection_timeout=self.plan.connect_timeout_s,
             # No per-read timer (gevent would arm and cancel one on every read that waits): the
             # whole-stream deadline in measure() bounds every wait, writes included.
             network_timeout=None,
-            ssl_context_factory=_tls_context_factory(plan.verify_tls),
-            insecure=not plan.verify_tls,
-            block_size=_BLOCK,
+            ssl_context_factory=_tls_context_factory(self.plan.verify_tls),
+            insecure=not self.plan.verify_tls,
+            # The response head is read in blocks of this too: a slow consumer's are small.
+            block_size=_BLOCK if read is None else _SlowReader.block(read),
         )
-        # The pool's own hook for socket options, on its every new connection: stamped from
-        # the first byte (a socket enabled later gets no stamp for bytes already queued).
-        pool = self._http._connection_pool
-        setattr(pool, "after_connect", enable_kernel_timestamps)  # noqa: B010
-        # ... and its sockets tell when a request's last byte was written (_StampedSocket).
-        setattr(pool, "_create_tcp_socket", _StampedSocket)  # noqa: B010
+        # Its sockets are stamped by the kernel from the first byte (after_connect: a socket
+        # enabled later gets no stamp for bytes already queued), tell when a request's last
+        # byte was written (_StampedSocket), and time their resolve, connect and TLS (_Conn).
+        _instrument(http._connection_pool, None if read is None else read.receive_buffer)
+        return http
+
+    def _pool_for(self, read: SlowRead | None) -> HTTPClient:
+        if read is None:
+            return self._http
+        if read not in self._pools:
+            self._pools[read] = self._pool(read)
+        return self._pools[read]
 
     def close(self) -> None:
         self._http.close()
+        for http in self._pools.values():
+            http.close()
 
     def measure(
         self, cls: RequestClassPlan, rng: random.Random, scheduled: float | None = None
@@ -460,11 +642,15 @@ class StreamClient:
         that never runs dry cannot hold it), and with any credential redacted from its reason.
         """
         path, body = build_request(self.plan.protocol, self.plan.model, cls, rng)
-        uri = self._prefix + (self._path or path)
+        uri = join_path(self._prefix, self._path or path)
         payload = json.dumps(body).encode()
-        sample = RequestSample(cls=cls.name, sent=time.time(), scheduled=scheduled)
+        trace_id, traceparent = _traceparent()     # fresh per attempt
+        headers = {**self._headers, "traceparent": traceparent}
+        sample = RequestSample(cls=cls.name, sent=time.time(), scheduled=scheduled,
+                               trace_id=trace_id)
         t0 = time.perf_counter()
         setattr(gevent.getcurrent(), _WRITTEN, None)
+        setattr(gevent.getcurrent(), _CONN, None)
         deadline_at = t0 + self.plan.timeout_s
         tally = _Tally(sample, self.plan, t0, self.max_events, saturation.active())
         resp: HTTPSocketResponse | None = None
@@ -472,8 +658,10 @@ class StreamClient:
         deadline.start()
         try:
             try:
-                resp = self._open(uri, payload, tally, deadline_at)
-                end = self._follow(resp, tally, deadline_at)
+                resp = self._open(self._pool_for(cls.read), uri, payload, headers, tally,
+                                  deadline_at)
+                slow = None if cls.read is None else _SlowReader(cls.read, tally)
+                end = self._follow(resp, tally, deadline_at, slow)
             except _Failed as exc:
                 end = time.perf_counter()
                 sample.error, sample.error_detail = exc.kind, exc.detail
@@ -495,17 +683,22 @@ class StreamClient:
                 resp.release()
         if sample.error_detail is not None:
             sample.error_detail = self.redact(sample.error_detail)[:_DETAIL_MAX]
+        # Whatever the server put in these: redacted whole, then cut.
         if sample.response_id is not None:
-            # Whatever the server put there: redacted whole, then cut.
             sample.response_id = _printable(self.redact(sample.response_id), _ID_MAX)
+        if sample.model is not None:
+            sample.model = _printable(self.redact(sample.model), _ID_MAX)
+        if sample.finish_reason is not None:
+            sample.finish_reason = _printable(self.redact(sample.finish_reason), 40)
         return tally.finish(end)
 
     def _open(
-        self, uri: str, payload: bytes, tally: _Tally, deadline: float
+        self, http: HTTPClient, uri: str, payload: bytes, headers: dict[str, str],
+        tally: _Tally, deadline: float
     ) -> HTTPSocketResponse:
         sample, t0 = tally.sample, tally.t0
         try:
-            resp = self._http.request("POST", uri, body=payload, headers=self._headers)
+            resp = http.request("POST", uri, body=payload, headers=headers)
         except (OSError, HTTPParseError) as exc:
             raise _Failed(*_before_response(exc, self.plan.connect_timeout_s)) from exc
         headers_at = time.perf_counter()
@@ -519,32 +712,37 @@ class StreamClient:
         ctype = resp.get("content-type")
         if not isinstance(ctype, str) or "text/event-stream" not in ctype.lower():
             resp.release()
-            got = f"Content-Type {_printable(ctype)}" if isinstance(ctype, str) else \
-                "no Content-Type"
+            got = (f"Content-Type {_printable(ctype, _ERROR_BODY_MAX)}"
+                   if isinstance(ctype, str) else "no Content-Type")
             raise _Failed("content_type", f"HTTP {resp.status_code} with {got}, not "
                                           "text/event-stream: the target did not stream")
         encoding = resp.get("content-encoding")
         if isinstance(encoding, str) and encoding.strip().lower() not in ("", "identity"):
             resp.release()
             raise _Failed("unsupported_encoding",
-                          f"the event stream is {_printable(encoding)}-encoded "
+                          f"the event stream is {_printable(encoding, _ERROR_BODY_MAX)}-encoded "
                           "(Content-Encoding), though the request asked for identity: "
                           "streamquake times uncompressed streams only")
         return resp
 
-    def _follow(self, resp: HTTPSocketResponse, tally: _Tally, deadline: float) -> float:
-        """Feed the stream to ``tally`` until its terminal event; return when it arrived."""
+    def _follow(self, resp: HTTPSocketResponse, tally: _Tally, deadline: float,
+                slow: _SlowReader | None = None) -> float:
+        """Feed the stream to ``tally`` until its terminal event; return when it arrived. A
+        ``slow`` consumer reads small blocks at its own pace, and times each event when it
+        read it, not when the kernel had it (that is what this consumer saw)."""
         parser = SSEParser(self.limits)
-        arrival = Arrival(resp._sock, time.perf_counter())
+        arrival = Arrival(resp._sock if slow is None else None, time.perf_counter())
+        size = _BLOCK if slow is None else slow.size
         guard = tally.guard
         kernel_reads = user_reads = 0
         next_yield = time.perf_counter() + _YIELD_S
         try:
             while True:
-                chunk = _read_some(resp, deadline, arrival)
+                chunk = _read_some(resp, deadline, arrival, size)
                 now = arrival.seen
                 if not chunk:
                     raise _Failed("truncated", "the stream ended before the protocol's final event")
+                tally.sample.body_bytes += len(chunk)
                 events = parser.feed(chunk)
                 if events and not arrival.with_headers:
                     # The stream's clock: "kernel" while every read off the socket that
@@ -563,6 +761,8 @@ class StreamClient:
                     tally.add(event, arrival.at, now, arrival.kernel)
                     if tally.done:
                         return arrival.at
+                if slow is not None:
+                    slow.pace(len(chunk), len(events))
                 # A socket that always has data never blocks, so the gevent timeout never
                 # fires: the deadline is checked here too.
                 if now > deadline:
@@ -579,6 +779,43 @@ class StreamClient:
         except HTTPParseError as exc:
             raise _Failed("protocol",
                           f"invalid HTTP framing of the body: {_parse_error_text(exc)}") from exc
+
+
+class _SlowReader:
+    """A slow consumer's pace (a class's ``read``): after each read, wait (gevent.sleep: every
+    other greenlet runs meanwhile) until its body bytes so far fit its byte rate, and pause
+    ``pause_s`` for every ``pause_every`` events read (one read of 20 events, every 10: two
+    pauses in one). Its reads are small, so a read brings about one event."""
+
+    def __init__(self, read: SlowRead, tally: _Tally) -> None:
+        self.read = read
+        self.size = self.block(read)
+        self.start = time.perf_counter()
+        self.taken = 0
+        self.events = 0
+        tally.paced = True
+
+    @staticmethod
+    def block(read: SlowRead) -> int:
+        """Bytes one read may take: about _PACE_S seconds' worth at the byte rate."""
+        if read.rate_bytes_per_s is not None:
+            return int(min(_BLOCK, max(_PACE_MIN, read.rate_bytes_per_s * _PACE_S)))
+        return _PACE_MIN if read.pause_s else _BLOCK
+
+    def pace(self, nbytes: int, events: int) -> None:
+        now = time.perf_counter()
+        until = now
+        rate = self.read.rate_bytes_per_s
+        if rate is not None:
+            self.taken += nbytes
+            until = max(now, self.start + self.taken / rate)
+        self.events += events
+        pauses, self.events = divmod(self.events, self.read.pause_every)
+        if self.read.pause_s and pauses:
+            until += pauses * self.read.pause_s
+            self.start += pauses * self.read.pause_s   # not made up for by reading faster
+        if until > now:
+            gevent.sleep(until - now)
 
 
 def _drain(resp: HTTPSocketResponse) -> None:
@@ -635,22 +872,27 @@ def _printable(text: str, limit: int = 80) -> str:
 
 
 def _status_detail(resp: HTTPSocketResponse, deadline: float) -> str:
-    """``HTTP 429 (Retry-After: 2): message``; a redirect names where it points."""
+    """``HTTP 429 (Retry-After: 2): message``; a redirect names where it points. Nothing is
+    cut short here: the caller redacts the whole reason first."""
     status = resp.status_code
     detail = f"HTTP {status}"
     retry_after = resp.get("retry-after")
     if isinstance(retry_after, str):
-        detail += f" (Retry-After: {_printable(retry_after, 40)})"
+        detail += f" (Retry-After: {_printable(retry_after, _ERROR_BODY_MAX)})"
     if 300 <= status < 400:
         location = resp.get("location")
-        where = f" to {_printable(location, 200)}" if isinstance(location, str) else ""
+        where = f" to {_printable(location, _ERROR_BODY_MAX)}" if isinstance(location, str) \
+            else ""
         return (f"{detail}: redirected{where}; streamquake does not follow redirects (give the "
                 "final URL as target.url)")
     return detail + _error_message(resp, deadline)
 
 
 def _error_message(resp: HTTPSocketResponse, deadline: float) -> str:
-    """``": message"`` from an API error body, or "" when there is none to read."""
+    """``": message"`` from an error body, or "" when there is none to read. Reads the common
+    shapes: ``{"error": {"message": ...}}`` (OpenAI, Anthropic, Gemini), ``{"error": "..."}``,
+    ``{"message": ...}``, FastAPI's ``{"detail": "..."}`` or ``{"detail": [{"msg": ...}]}``, and
+    a plain-text body. Not shortened here: the caller redacts the whole reason, then cuts it."""
     try:
         raw = b""
         while len(raw) < _ERROR_BODY_MAX:
@@ -658,10 +900,31 @@ def _error_message(resp: HTTPSocketResponse, deadline: float) -> str:
             if not chunk:
                 break
             raw += chunk
-        obj = json.loads(raw[:_ERROR_BODY_MAX])
-    except (OSError, HTTPParseError, ValueError, _StreamTimeout):
+    except (OSError, HTTPParseError, _StreamTimeout):
         # No readable message (a body that trickles past the deadline too): the status says it.
         return ""
-    err = obj.get("error", obj) if isinstance(obj, dict) else obj
-    message = err.get("message") if isinstance(err, dict) else None
-    return f": {_printable(str(message), 200)}" if message else ""
+    text = raw[:_ERROR_BODY_MAX].decode("utf-8", "replace")
+    try:
+        obj = json.loads(text)
+    except ValueError:
+        obj = None
+    message = _message_of(obj) if obj is not None else None
+    if message is None:
+        ctype = resp.get("content-type")
+        html = isinstance(ctype, str) and "html" in ctype.lower()
+        message = None if html else " ".join(text.split())   # an HTML page says nothing here
+    return f": {_printable(message, _ERROR_BODY_MAX)}" if message else ""
+
+
+def _message_of(obj: object) -> str | None:
+    if isinstance(obj, str):
+        return obj or None
+    if isinstance(obj, list):
+        parts = [m for m in map(_message_of, obj[:5]) if m]
+        return "; ".join(parts) or None
+    if not isinstance(obj, dict):
+        return None
+    for key in ("error", "message", "detail", "msg", "title"):
+        if key in obj and (found := _message_of(obj[key])):
+            return found
+    return None

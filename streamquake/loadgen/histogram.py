@@ -131,6 +131,14 @@ class SparseHistogram:
                 return self.value_at(index)
         raise AssertionError("bucket counts add up to less than the histogram's total")
 
+    def count_at_or_below(self, value: int) -> int:
+        """How many values were recorded in the buckets up to the one that holds ``value``."""
+        value = HIGHEST if value > HIGHEST else (value if value > 0 else 0)
+        mask, unit, half_magnitude, half = self._index
+        bucket = (value | mask).bit_length() - unit - half_magnitude - 1     # as in record()
+        top = ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half
+        return sum(n for index, n in self.counts.items() if index <= top)
+
     def mean(self) -> float | None:
         if not self.total:
             return None

@@ -13,6 +13,9 @@ Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution 
 * ``send_ms``: every request whose last byte was written: the attempt's start to that moment
   (a free pooled connection, or a new one's connect, then the write). TTFB, TTFT and E2E are
   timed from the write, so a slow connect or a client late to write shows here, not in them.
+* ``dns_ms``, ``connect_ms``, ``tls_ms``: the requests that opened a connection and resolved a
+  name, connected, or shook hands for it (a reused connection has none); ``write_ms``: every
+  request written, its connection ready to its last byte written.
 * ``ttft_scheduled_ms``, ``e2e_scheduled_ms``: open loop, TTFT and E2E timed from when the
   request was due rather than sent (queue delay + TTFT), so a client that falls behind cannot
   hide the wait (coordinated omission; wrk2's and k6's corrected latency).
@@ -31,14 +34,16 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamquake.loadgen.histogram import SparseHistogram
-from streamquake.loadgen.quantile_ci import normal_quantile, rank_bounds
+from streamquake.loadgen.quantile_ci import BATCHES, effective_samples, normal_quantile, rank_bounds
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
 
 HISTOGRAM_METRICS: tuple[str, ...] = (
     "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s", "queue_delay_ms",
-    "ttft_scheduled_ms", "e2e_scheduled_ms", "send_ms",
+    "ttft_scheduled_ms", "e2e_scheduled_ms", "send_ms", "dns_ms", "connect_ms", "tls_ms",
+    "write_ms",
 )
-RATE_METRICS: tuple[str, ...] = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate")
+RATE_METRICS: tuple[str, ...] = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate",
+                                  "usage_deficit")
 # What a measurement is counted as when it cannot be attributed to one phase (run/scoring.py):
 # ``e2e_ms`` stands for the request's end, and with it its outcome, stalls and chunks.
 UNATTRIBUTED: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "queue_delay_ms")
@@ -48,11 +53,35 @@ _SPANNED_AS = {"ttfb_ms": "ttfb_ms", "ttft_ms": "ttft_ms", "ttft_scheduled_ms": 
                "itl_ms": "itl_ms", "e2e_ms": "e2e_ms", "e2e_scheduled_ms": "e2e_ms",
                "output_tokens_per_s": "e2e_ms", "queue_delay_ms": "queue_delay_ms"}
 SUMMARY_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
+# The parts of send_ms that only a new connection has, and why a phase may have none.
+_OPENING = {"dns_ms": "resolved a name (the target is an IP address, or every connection "
+                      "was a pooled one)",
+            "connect_ms": "opened a connection (every one went out on a pooled connection)",
+            "tls_ms": "shook hands for TLS (plain HTTP, or every connection was a pooled one)"}
 
+NOT_MEASURABLE = "not measurable"     # how ``Stats.unavailable`` opens such a reason
 _SIG_FIGS = 4
+BATCH_SIG_FIGS = 2                # a time batch's histograms: buckets under 1% wide
 _SCALE = 1000.0                   # ms -> us, and tokens/s -> milli-tokens/s
 _REASONS_PER_KIND = 8
 _OTHER_REASONS = "(other reasons)"
+
+
+@dataclass(frozen=True)
+class BatchGrid:
+    """A phase cut into :data:`BATCHES` equal stretches of time, by when requests were due:
+    the batches whose spread makes the intervals hold for samples that depend on each other
+    (loadgen/quantile_ci.py). Built from the phase window, so every load process cuts alike."""
+
+    start: float
+    width: float
+
+    @classmethod
+    def over(cls, start: float, end: float) -> BatchGrid | None:
+        return cls(start, (end - start) / BATCHES) if end > start else None
+
+    def index(self, t: float) -> int:
+        return min(BATCHES - 1, max(0, int((t - self.start) // self.width)))
 
 
 @dataclass
@@ -76,8 +105,28 @@ class Stats:
     stalls: int = 0                   # server stalls in the requests counted here
     client_stalls: int = 0            # gaps that were the load process's own lateness
     shared_stamps: int = 0            # inter-token gaps of events read with the one before
+    # Streams that arrived in bursts (RequestSample.bunched), of those with enough content
+    # events to say; and over the bunched ones: those whose first token came with the end
+    # (one read), their content reads and content events.
+    bunch_judged: int = 0
+    bunched: int = 0
+    bunched_first_with_end: int = 0
+    bunched_reads: int = 0
+    bunched_events: int = 0
+    # Output tokens, where they came from: the server's usage, or (without usage) counted as
+    # content events, which a proxy that drops chunks makes fewer.
+    usage_tokens: int = 0             # what usage said, over successful requests that had it
+    usage_unseen: int = 0             # ... less the content events that arrived, where fewer
+    usage_short: int = 0              # successful requests with fewer events than usage tokens
+    tokens_counted: int = 0           # successful requests with no usage: tokens counted
+    answered_models: dict[str, int] = field(default_factory=dict)   # the answers' model names
     # Created on first use (closed loop never fills three of them); sparse, sized by use.
     histograms: dict[str, SparseHistogram] = field(default_factory=dict)
+    # With a grid, each measurement is also counted in its time batch (a Stats of its own,
+    # with coarse histograms): what the intervals measure dependence from.
+    grid: BatchGrid | None = None
+    batches: dict[int, Stats] = field(default_factory=dict)
+    sig_figs: int = _SIG_FIGS
 
     @classmethod
     def from_samples(cls, samples: Iterable[RequestSample]) -> Stats:
@@ -95,7 +144,7 @@ class Stats:
         self.add_queue_delay(s)
         self.add_first_byte(s)
         self.add_first_token(s)
-        self.add_gaps(s.itl_ms)
+        self.add_gaps(s.itl_ms, self._due(s))
         self.add_outcome(s)
 
     def add_retried(self, s: RequestSample) -> None:
@@ -105,32 +154,48 @@ class Stats:
         self.retried_attempts[kind] = self.retried_attempts.get(kind, 0) + 1
 
     def add_sent(self, s: RequestSample) -> None:
+        if (batch := self._batch(self._due(s))) is not None:
+            batch.add_sent(s)
         self.sent += 1
         self.retries += s.attempt - 1
-        if s.send_ms is not None:
-            self._put("send_ms", s.send_ms)
+        for metric, ms in (("send_ms", s.send_ms), ("dns_ms", s.dns_ms),
+                           ("connect_ms", s.connect_ms), ("tls_ms", s.tls_ms),
+                           ("write_ms", s.write_ms)):
+            if ms is not None:
+                self._put(metric, ms)
 
-    def add_not_sent(self) -> None:
+    def add_not_sent(self, due: float | None = None) -> None:
+        if (batch := self._batch(due)) is not None:
+            batch.add_not_sent()
         self.not_sent += 1
 
     def add_unattributed(self, metric: str, n: int = 1) -> None:
         self.unattributed[metric] = self.unattributed.get(metric, 0) + n
 
     def add_queue_delay(self, s: RequestSample) -> None:
+        if (batch := self._batch(self._due(s))) is not None:
+            batch.add_queue_delay(s)
         if (queue := s.queue_delay_ms) is not None:
             self._put("queue_delay_ms", queue)
 
     def add_first_byte(self, s: RequestSample) -> None:
+        if (batch := self._batch(self._due(s))) is not None:
+            batch.add_first_byte(s)
         if s.ttfb_ms is not None:
             self._put("ttfb_ms", s.ttfb_ms)
 
     def add_first_token(self, s: RequestSample) -> None:
+        if (batch := self._batch(self._due(s))) is not None:
+            batch.add_first_token(s)
         if s.ttft_ms is not None:
             self._put("ttft_ms", s.ttft_ms)
         if (due := s.ttft_scheduled_ms) is not None:
             self._put("ttft_scheduled_ms", due)
 
-    def add_gaps(self, gaps_ms: list[float]) -> None:
+    def add_gaps(self, gaps_ms: list[float], at: float | None = None) -> None:
+        """Inter-token gaps; ``at`` (epoch s) places them in a time batch."""
+        if (batch := self._batch(at)) is not None:
+            batch.add_gaps(gaps_ms)
         if gaps_ms:
             self._hist_for("itl_ms").record_ms(gaps_ms)
             # A gap of exactly 0: its event shared one stamp (one read) with the one before.
@@ -143,9 +208,24 @@ class Stats:
         n = self.count("itl_ms")
         return min(1.0, self.shared_stamps / n) if n else None
 
+    @property
+    def bunched_share(self) -> float | None:
+        """Of the streams that could say, the share that arrived in bursts."""
+        return self.bunched / self.bunch_judged if self.bunch_judged else None
+
     def add_outcome(self, s: RequestSample) -> None:
-        """The request's end: counted as a request, its error or success, E2E, stalls, chunks."""
+        """The request's end: counted as a request, its error or success, E2E, stalls, chunks,
+        how its stream arrived."""
+        if (batch := self._batch(self._due(s))) is not None:
+            batch.add_outcome(s)
         self.requests += 1
+        if (bunched := s.bunched) is not None:
+            self.bunch_judged += 1
+            if bunched:
+                self.bunched += 1
+                self.bunched_first_with_end += s.content_reads == 1
+                self.bunched_reads += s.content_reads
+                self.bunched_events += s.content_events
         self.missing_events += s.missing_events
         self.expected_events += s.expected_events
         self.stalls += s.stalls
@@ -160,6 +240,18 @@ class Stats:
             return
         self.successes += 1
         self.stalled += int(s.stalls > 0)
+        if s.usage_tokens is None:
+            self.tokens_counted += 1
+        else:
+            self.usage_tokens += s.usage_tokens
+            unseen = max(0, s.usage_tokens - s.content_events)
+            self.usage_unseen += unseen
+            self.usage_short += unseen > 0
+        if s.model is not None:
+            name = s.model
+            if name not in self.answered_models and len(self.answered_models) >= _REASONS_PER_KIND:
+                name = _OTHER_REASONS
+            self.answered_models[name] = self.answered_models.get(name, 0) + 1
         if s.e2e_ms is not None:
             self._put("e2e_ms", s.e2e_ms)
             if (due := s.e2e_scheduled_ms) is not None:
@@ -174,8 +266,22 @@ class Stats:
     def _hist_for(self, metric: str) -> SparseHistogram:
         hist = self.histograms.get(metric)
         if hist is None:
-            hist = self.histograms[metric] = SparseHistogram(_SIG_FIGS)
+            hist = self.histograms[metric] = SparseHistogram(self.sig_figs)
         return hist
+
+    @staticmethod
+    def _due(s: RequestSample) -> float:
+        return s.scheduled if s.scheduled is not None else s.sent
+
+    def _batch(self, at: float | None) -> Stats | None:
+        """The time batch of ``at`` (epoch s), made on first use; None without a grid."""
+        if self.grid is None or at is None:
+            return None
+        i = self.grid.index(at)
+        batch = self.batches.get(i)
+        if batch is None:
+            batch = self.batches[i] = Stats(sig_figs=BATCH_SIG_FIGS)
+        return batch
 
     @property
     def error_count(self) -> int:
@@ -214,48 +320,107 @@ class Stats:
         if metric == "not_sent_rate":
             due = self.sent + self.not_sent
             return self.not_sent / due if due else None
+        if metric == "usage_deficit":
+            return self.usage_unseen / self.usage_tokens if self.usage_tokens else None
         raise KeyError(f"unknown rate metric {metric!r}; known: {', '.join(RATE_METRICS)}")
 
     def percentile_interval(self, metric: str, p: float, confidence: float
                             ) -> tuple[float | None, float | None, int]:
         """(low, high, n): a distribution-free ``confidence`` interval for the ``p``-th
-        percentile from order statistics (loadgen/quantile_ci.py); a side no observation can
-        bound at that confidence is None."""
+        percentile from order statistics, widened to hold for samples that depend on each
+        other (the wider of the n-sample and the n*-sample intervals, n* from the time
+        batches; loadgen/quantile_ci.py); a side no observation can bound is None."""
         n = self.count(metric)
-        low_rank, high_rank = rank_bounds(n, p / 100.0, confidence)
 
-        def at_rank(rank: int | None) -> float | None:
-            # HDR finds the value at ceil(q/100 * n); half a rank below lands exactly on it.
-            return None if rank is None else self.percentile(metric, 100.0 * (rank - 0.5) / n)
+        def bounds(m: int) -> list[float | None]:
+            # The ranks for m samples as shares of the phase's n; HDR finds the value at
+            # ceil(q/100 * n), and half a rank below lands exactly on it.
+            return [None if rank is None else self.percentile(metric, 100.0 * (rank - 0.5) / m)
+                    for rank in rank_bounds(m, p / 100.0, confidence)]
 
-        return at_rank(low_rank), at_rank(high_rank), n
+        low, high = bounds(n)
+        m = self._effective(metric, p, confidence)
+        if m is not None and m < n:
+            b_low, b_high = bounds(max(1, round(m)))
+            low = None if low is None or b_low is None else min(low, b_low)
+            high = None if high is None or b_high is None else max(high, b_high)
+        return low, high, n
+
+    def trials(self, metric: str) -> tuple[int, int]:
+        """(k, n) behind a rate metric: k of n trials."""
+        return {"error_rate": (self.error_count, self.requests),
+                "stall_rate": (self.stalled, self.successes),
+                "chunk_loss": (self.missing_events, self.expected_events),
+                "not_sent_rate": (self.not_sent, self.sent + self.not_sent),
+                "usage_deficit": (self.usage_unseen, self.usage_tokens)}[metric]
 
     def rate_interval(self, metric: str, confidence: float
                       ) -> tuple[float | None, float | None, int]:
-        """(low, high, n): a Wilson score interval for a rate metric over its n trials."""
-        k, n = {"error_rate": (self.error_count, self.requests),
-                "stall_rate": (self.stalled, self.successes),
-                "chunk_loss": (self.missing_events, self.expected_events),
-                "not_sent_rate": (self.not_sent, self.sent + self.not_sent)}[metric]
+        """(low, high, n): a Wilson score interval for a rate metric over its n trials, widened
+        like :meth:`percentile_interval` (the wider of Wilson's for n and for n* trials)."""
+        k, n = self.trials(metric)
         if n == 0:
             return None, None, 0
         z = normal_quantile(confidence)
         phat = k / n
-        centre = (phat + z * z / (2 * n)) / (1 + z * z / n)
-        half = z * math.sqrt(phat * (1 - phat) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-        return max(0.0, centre - half), min(1.0, centre + half), n
+
+        def wilson(m: float) -> tuple[float, float]:
+            centre = (phat + z * z / (2 * m)) / (1 + z * z / m)
+            half = z * math.sqrt(phat * (1 - phat) / m + z * z / (4 * m * m)) / (1 + z * z / m)
+            return max(0.0, centre - half), min(1.0, centre + half)
+
+        low, high = wilson(n)
+        m = self._effective(metric, None, confidence)
+        if m is not None and m < n:
+            b_low, b_high = wilson(m)
+            low, high = min(low, b_low), max(high, b_high)
+        return low, high, n
+
+    def effective_count(self, metric: str, p: float | None, confidence: float) -> int:
+        """n*: how many independent samples the ``p``-th percentile's (None: the rate's) values
+        are worth by the spread of the time batches; the count itself when they say nothing."""
+        n = self.count(metric) if p is not None else self.trials(metric)[1]
+        m = self._effective(metric, p, confidence)
+        return n if m is None else min(n, math.floor(m))
+
+    def _effective(self, metric: str, p: float | None, confidence: float) -> float | None:
+        """n* from the batches: each one's share at or under the percentile (or its rate)."""
+        if not self.batches:
+            return None
+        batches = [self.batches.get(i) for i in range(BATCHES)]
+        if p is None:
+            pairs = [(0, 0) if b is None else b.trials(metric) for b in batches]
+        else:
+            hist = self._hist(metric)
+            estimate = None if hist is None else hist.percentile(p)
+            if estimate is None:
+                return None
+            coarse = [None if b is None else b.histograms.get(metric) for b in batches]
+            pairs = [(0, 0) if h is None else (h.count_at_or_below(estimate), h.total)
+                     for h in coarse]
+        return effective_samples(pairs, confidence)
 
     def unavailable(self, metric: str) -> str | None:
-        """Why ``metric`` has no value in these samples (None when it has one)."""
+        """Why ``metric`` has no value in these samples (None when it has one): "not
+        measurable: ..." when this target or load cannot give it (:data:`NOT_MEASURABLE`),
+        "no data: ..." when the requests that should have measured it did not."""
         if metric == "chunk_loss" and self.successes and not self.expected_events:
-            return ("not measurable: the server numbers none of its events (no SSE `id:` "
-                    "lines), so lost chunks cannot be counted; the embedded target numbers "
-                    "them with `sse_event_ids: true`")
+            estimate = self.value("usage_deficit")
+            also = (f"; its usage counted {self.usage_tokens:,} tokens, {estimate:.1%} more "
+                    "than the content events that arrived (usage_deficit)"
+                    if estimate is not None else "; nor does it send usage to compare with")
+            return (f"{NOT_MEASURABLE}: the server numbers none of its events (no SSE `id:` "
+                    "lines), so lost chunks cannot be counted" + also)
+        if metric == "usage_deficit" and self.successes and not self.usage_tokens:
+            return (f"{NOT_MEASURABLE}: the server sent no usage (output token counts) to "
+                    "compare the content events that arrived with")
         scheduled = self.not_sent or self.count("queue_delay_ms") \
             or self.unattributed.get("queue_delay_ms")
         if metric in _FROM_SCHEDULE and self.sent and not scheduled:
-            return ("no data: no request here had a schedule; this metric measures open-loop "
-                    "arrivals (load.arrival), not a closed loop (load.think_time)")
+            return (f"{NOT_MEASURABLE}: no request here had a schedule; this metric measures "
+                    "open-loop arrivals (load.arrival), not a closed loop (load.think_time)")
+        if metric in _OPENING and self.count("write_ms") and not self.count(metric):
+            return f"{NOT_MEASURABLE}: no request written here {_OPENING[metric]}"
         spanned = self.unattributed.get(_SPANNED_AS.get(metric, ""), 0)
         if spanned and not self.count(metric):
             return (f"no data: every measurement of it here ({spanned}) spanned the phase's "
@@ -285,6 +450,15 @@ class Stats:
             "requests_retried": self.retries,
             "shared_stamps": self.shared_stamps,
             "shared_stamp_share": self.shared_stamp_share,
+            "bunching": {"streams": self.bunch_judged, "bunched": self.bunched,
+                         "share": self.bunched_share,
+                         "first_with_end": self.bunched_first_with_end,
+                         "reads": self.bunched_reads, "events": self.bunched_events},
+            "usage_tokens": self.usage_tokens,
+            "usage_unseen": self.usage_unseen,
+            "usage_short": self.usage_short,
+            "tokens_counted": self.tokens_counted,
+            "answered_models": dict(self.answered_models),
             "errors": dict(self.errors),
             "error_reasons": {kind: dict(sorted(r.items(), key=lambda kv: -kv[1]))
                               for kind, r in self.error_reasons.items()},
@@ -316,20 +490,46 @@ class Stats:
                 mine[reason] = mine.get(reason, 0) + n
         for metric, hist in other.histograms.items():
             if metric not in self.histograms:
-                self.histograms[metric] = SparseHistogram(_SIG_FIGS)
+                self.histograms[metric] = SparseHistogram(self.sig_figs)
             self.histograms[metric].merge(hist)
+        self._merge_batches(other)
+
+    def _merge_batches(self, other: Stats) -> None:
+        # Batches add up on one grid (one phase, cut alike in every process); stats without a
+        # grid or batches yet take the other's. Any other mix has no time batches left.
+        if self.grid is None and not self.batches:
+            self.grid = other.grid
+        if other.grid != self.grid:
+            self.grid, self.batches = None, {}
+            return
+        for i, batch in other.batches.items():
+            mine = self.batches.get(i)
+            if mine is None:
+                mine = self.batches[i] = Stats(sig_figs=BATCH_SIG_FIGS)
+            mine.merge(batch)
+
+    def histograms_to_encode(self) -> Iterable[SparseHistogram]:
+        """Every histogram the wire form holds, the batches' included."""
+        yield from self.histograms.values()
+        for batch in self.batches.values():
+            yield from batch.histograms.values()
 
     def to_wire(self) -> dict[str, Any]:
-        """Counts as numbers, histograms as standard HdrHistogram V2 histoblobs."""
+        """Counts as numbers, histograms as standard HdrHistogram V2 histoblobs; a time
+        batch's, only what is not zero."""
         out: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS}
         out.update({table: dict(getattr(self, table)) for table in _TABLES})
         out["error_reasons"] = {k: dict(v) for k, v in self.error_reasons.items()}
         out["histograms"] = {m: h.encode() for m, h in self.histograms.items() if h.total}
+        if self.grid is not None:
+            out["grid"] = [self.grid.start, self.grid.width]
+            out["batches"] = {str(i): _nonzero(b.to_wire())
+                              for i, b in sorted(self.batches.items())}
         return out
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any]) -> Stats:
-        stats = cls()
+    def from_wire(cls, data: dict[str, Any], sig_figs: int = _SIG_FIGS) -> Stats:
+        stats = cls(sig_figs=sig_figs)
         for name in _COUNTERS:
             setattr(stats, name, int(data.get(name, 0)))
         for table in _TABLES:
@@ -339,10 +539,28 @@ class Stats:
         for metric, blob in data.get("histograms", {}).items():
             if metric not in HISTOGRAM_METRICS:
                 raise ValueError(f"unknown metric {metric!r} in a scorecard")
-            stats.histograms[metric] = SparseHistogram.decode(blob, _SIG_FIGS)
+            stats.histograms[metric] = SparseHistogram.decode(blob, sig_figs)
+        if (grid := data.get("grid")) is not None:
+            stats.grid = BatchGrid(float(grid[0]), float(grid[1]))
+            stats.batches = {int(i): cls.from_wire(b, BATCH_SIG_FIGS)
+                             for i, b in data.get("batches", {}).items()}
         return stats
 
 
 _COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries",
-             "missing_events", "expected_events", "stalls", "client_stalls", "shared_stamps")
-_TABLES = ("unattributed", "errors", "retried_attempts")
+             "missing_events", "expected_events", "stalls", "client_stalls", "shared_stamps",
+             "usage_tokens", "usage_unseen", "usage_short", "tokens_counted",
+             "bunch_judged", "bunched", "bunched_first_with_end", "bunched_reads",
+             "bunched_events")
+_TABLES = ("unattributed", "errors", "retried_attempts", "answered_models")
+
+
+def _nonzero(wire: dict[str, Any]) -> dict[str, Any]:
+    """A wire form without its zeros (a time batch's: most of its counts are)."""
+    out = {}
+    for key, value in wire.items():
+        if key in _TABLES:
+            value = {k: n for k, n in value.items() if n}
+        if value:
+            out[key] = value
+    return out

@@ -17,6 +17,18 @@ class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SlowRead(_Frozen):
+    """A slow consumer (a request class's ``read``): it reads its stream no faster than
+    ``rate_bytes_per_s`` body bytes a second, and/or pauses ``pause_s`` after every
+    ``pause_every`` events, on connections whose receive buffer (SO_RCVBUF, set before the
+    connect) is ``receive_buffer`` bytes: the server's sends back up onto it."""
+
+    rate_bytes_per_s: float | None = None
+    pause_s: float = 0.0
+    pause_every: int = 1
+    receive_buffer: int | None = None
+
+
 class RequestClassPlan(_Frozen):
     name: str = "default"
     weight: float = 1.0
@@ -25,6 +37,7 @@ class RequestClassPlan(_Frozen):
     prompt_max_tokens: list[int] | None = None
     max_tokens: int = 64
     body: dict[str, Any] | None = None     # full request body; overrides prompts/max_tokens
+    read: SlowRead | None = None           # a slow consumer; None reads as fast as it can
 
 
 class ClosedLoop(_Frozen):

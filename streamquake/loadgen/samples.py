@@ -23,6 +23,8 @@ ErrorKind = Literal[
 ]
 ERROR_KINDS: tuple[str, ...] = typing.get_args(ErrorKind)
 
+BUNCH_MIN_EVENTS = 8    # content events a stream needs for ``bunched`` to say anything
+
 
 @dataclass
 class RequestSample:
@@ -34,6 +36,15 @@ class RequestSample:
     scheduled: float | None = None        # epoch s it was due (open loop); None in closed loop
     send_ms: float | None = None          # attempt start -> last byte written (pool wait,
                                           #   connect, write); None if never written
+    # send_ms in parts (None: not part of this request, or never written); what they leave
+    # of send_ms is the wait for a pooled connection (and the pool's own work).
+    dns_ms: float | None = None           # name resolution (none for an IP or a reused socket)
+    connect_ms: float | None = None       # TCP connect (first attempt to established)
+    tls_ms: float | None = None           # TLS handshake
+    write_ms: float | None = None         # connection ready -> last byte written
+    reused: bool = False                  # sent on a pooled connection (no DNS/connect/TLS)
+    trace_id: str | None = None           # W3C trace id of the ``traceparent`` it was sent with
+    body_bytes: int = 0                   # event-stream bytes read (HTTP chunk framing aside)
     ttfb_ms: float | None = None          # sent -> first response byte
     ttft_ms: float | None = None          # sent -> first event carrying generated text
     e2e_ms: float | None = None           # sent -> end of stream (or error)
@@ -41,9 +52,15 @@ class RequestSample:
     content_events: int = 0               # events that carried generated text
     shared_stamps: int = 0                # content events dated with the stamp of the one
                                           #   before (read together): their gap reads as 0
+    content_reads: int = 0                # reads that brought content events
+    burst_events: int = 0                 # content events that came several to a read after
+                                          #   a wait of BURST_WAIT_MS or more (loadgen/client.py)
     response_id: str | None = None        # the response's own id (OpenAI/Anthropic id, Gemini
                                           #   responseId), to find it in the server's logs
+    model: str | None = None              # the model the answer named (first event naming one)
+    finish_reason: str | None = None      # why the server said generation ended (its words)
     output_tokens: int = 0                # server usage when present, else content_events
+                                          #   (usage_tokens None says it was counted)
     usage_tokens: int | None = None       # what the server's usage said, if it said
     missing_events: int = 0               # gaps in SSE ``id:`` sequence numbers (chunk loss)
     expected_events: int = 0              # events the server sent, by ids/usage (0 = unknown)
@@ -82,6 +99,16 @@ class RequestSample:
         if self.scheduled is None or self.e2e_ms is None:
             return None
         return (self.queue_delay_ms or 0.0) + (self.send_ms or 0.0) + self.e2e_ms
+
+    @property
+    def bunched(self) -> bool | None:
+        """The stream arrived in bursts: at least half its content events came several to a
+        read after a long wait (held back somewhere, then released together), or all of them
+        in one read (the first token with the end); None when it had too few content events
+        to say."""
+        if self.content_events < BUNCH_MIN_EVENTS:
+            return None
+        return self.content_reads == 1 or 2 * self.burst_events >= self.content_events
 
     def to_json(self) -> str:
         # Not dataclasses.asdict: it deep-copies the gaps list, which cost more than the line.

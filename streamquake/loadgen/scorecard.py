@@ -29,7 +29,7 @@ from typing import Any, Protocol
 
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.holds import run_through
-from streamquake.loadgen.metrics import Stats
+from streamquake.loadgen.metrics import BatchGrid, Stats
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 
 FORMAT = 1
@@ -131,7 +131,7 @@ def _gaps(s: RequestSample, first_token: float | None, windows: Sequence[WindowL
     if first_token is None:
         home.add_unattributed("itl_ms", len(s.itl_ms))
         return
-    t = first_token
+    t = since = first_token
     w = window_at(t, windows)
     kept: list[float] = []
     lost = 0
@@ -139,16 +139,17 @@ def _gaps(s: RequestSample, first_token: float | None, windows: Sequence[WindowL
         end = t + gap / 1000.0
         if w is None or not w.start <= t < w.end:
             if kept and w is not None:
-                into(w.name).add_gaps(kept)
+                into(w.name).add_gaps(kept, since)
                 kept = []
             w = window_at(t, windows)
+            since = t
         if w is not None and end <= w.end:
             kept.append(gap)
         else:
             lost += 1
         t = end
     if kept and w is not None:
-        into(w.name).add_gaps(kept)
+        into(w.name).add_gaps(kept, since)
     if lost:
         home.add_unattributed("itl_ms", lost)
 
@@ -246,6 +247,7 @@ class Scorecard:
         # Cells of phases long over, kept only as their text (a late request thaws one).
         self._frozen: set[tuple[str, str]] = set()
         self._ends = {w.name: w.end for w in self.windows}
+        self._grids = {w.name: BatchGrid.over(w.start, w.end) for w in self.windows}
         self._sealed_below = 0
         # While a checkpoint is taken in steps, records wait here (scored right after it), so
         # the card it writes is one instant's, however many times it gave the hub back.
@@ -263,7 +265,7 @@ class Scorecard:
                 self._frozen.discard(key)
                 stats = Stats.from_wire(json.loads(self._text[key])["stats"])
             else:
-                stats = Stats()
+                stats = Stats(grid=self._grids.get(phase))
             self.cells[key] = stats
         return stats
 
@@ -293,7 +295,7 @@ class Scorecard:
         if home is None:
             self.outside += 1
             return
-        self.cell(home.name, u.cls).add_not_sent()
+        self.cell(home.name, u.cls).add_not_sent(u.scheduled)
 
     def _timeline(self, s: RequestSample) -> None:
         slot = max(0, math.floor(s.sent - self.t0 + 0.5))
@@ -385,7 +387,7 @@ class Scorecard:
             for key in list(self._dirty):
                 stats = self.cells.get(key)
                 if stats is not None:
-                    for hist in stats.histograms.values():
+                    for hist in stats.histograms_to_encode():
                         hist.encode()           # a step each (kept until it changes)
                         yield
                     self._text[key] = _cell_text(key, stats)

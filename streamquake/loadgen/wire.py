@@ -14,7 +14,7 @@ from streamquake.loadgen.sse import SSEEvent
 from streamquake.protocols import Decoded, Protocol, ProtocolError, get
 
 __all__ = ["Decoded", "ProtocolError", "build_request", "decode", "default_path",
-           "protocol_headers"]
+           "finish_required", "join_path", "protocol_headers"]
 
 
 def default_path(protocol: Protocol, model: str) -> str:
@@ -52,3 +52,23 @@ def build_request(
 def decode(protocol: Protocol, event: SSEEvent) -> Decoded:
     """What one SSE event of ``protocol`` carries. Raises ProtocolError on a malformed payload."""
     return get(protocol).decode(event)
+
+
+def finish_required(protocol: Protocol) -> bool:
+    """Whether ``protocol`` says why generation ended before its terminal event."""
+    return get(protocol).finish_required
+
+
+def join_path(prefix: str, path: str) -> str:
+    """The URL path of a request: the base URL's path, then the API's own ``path``, with a
+    prefix the two share written once. A base URL given the way SDKs take it
+    (``http://host:8000/v1``) and the path ``/v1/chat/completions`` make
+    ``/v1/chat/completions``, not ``/v1/v1/chat/completions``."""
+    base = prefix.rstrip("/")
+    route = path.split("?", 1)[0]
+    parts = [p for p in base.split("/") if p]
+    for k in range(len(parts), 0, -1):      # the longest end of the base that starts the path
+        shared = "/" + "/".join(parts[-k:])
+        if route == shared or route.startswith(shared + "/"):
+            return "/" + "/".join(parts[:-k]) + path if parts[:-k] else path
+    return base + path

@@ -12,7 +12,9 @@ from streamquake.protocols.base import Event, ProtocolError
 
 # Stands where a token's JSON string goes in an event template (see ``split``).
 TOKEN_MARK = "\x00TOKEN\x00"
-_DETAIL_MAX = 200
+# Payload text kept in a reason. Long, because the client redacts credentials from the whole
+# reason before it cuts it to what a sample keeps: a key cut in half here would escape that.
+_DETAIL_MAX = 4096
 
 
 def dumps(obj: object) -> bytes:
@@ -68,6 +70,14 @@ def error_text(err: object) -> str:
 
 def int_or_none(value: object) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def shape(value: object) -> str:
+    """What a JSON value is, in words: ``missing``/``null``/``a list``... for a reason."""
+    if value is None:
+        return "null or missing"
+    return {bool: "a boolean", str: "a string", list: "a list", dict: "an object",
+            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
 
 
 def nonempty_str(value: object) -> bool:

@@ -19,6 +19,8 @@ from streamquake.protocols._json import (
     json_object,
     nonempty_str,
     object_or_none,
+    shape,
+    short,
     split,
 )
 from streamquake.protocols.base import (
@@ -27,6 +29,7 @@ from streamquake.protocols.base import (
     Decoded,
     Event,
     GenRequest,
+    ProtocolError,
     StreamEncoder,
     WireProtocol,
 )
@@ -96,6 +99,8 @@ class AnthropicEncoder(StreamEncoder):
 
 class Anthropic(WireProtocol):
     name = "anthropic"
+    # message_delta carries the stop_reason before message_stop.
+    finish_required = True
 
     def path(self, model: str) -> str:
         return "/v1/messages"
@@ -123,14 +128,17 @@ class Anthropic(WireProtocol):
         if kind == "content_block_delta":
             delta = obj.get("delta")
             if not isinstance(delta, dict):
-                return _NOTHING
+                raise ProtocolError(f"a content_block_delta whose `delta` is {shape(delta)}, "
+                                    f"not an object: {short(event.data)!r}")
             piece = delta.get(_TEXT_KEYS.get(str(delta.get("type")), ""))
             return Decoded(text=piece) if isinstance(piece, str) else _NOTHING
         if kind == "message_delta":
-            usage = obj.get("usage")
+            usage, delta = obj.get("usage"), obj.get("delta")
+            reason = delta.get("stop_reason") if isinstance(delta, dict) else None
             return Decoded(
                 usage_output_tokens=int_or_none(usage.get("output_tokens"))
-                if isinstance(usage, dict) else None
+                if isinstance(usage, dict) else None,
+                finish=str(reason) if reason is not None else None,
             )
         if kind == "message_stop":
             return Decoded(done=True)
@@ -142,8 +150,12 @@ class Anthropic(WireProtocol):
             return Decoded(text=text) if isinstance(text, str) and text else _NOTHING
         if kind == "message_start":
             message = obj.get("message")
-            rid = message.get("id") if isinstance(message, dict) else None
-            return Decoded(response_id=rid) if isinstance(rid, str) else _NOTHING
+            if not isinstance(message, dict):
+                raise ProtocolError(f"a message_start whose `message` is {shape(message)}, "
+                                    f"not an object: {short(event.data)!r}")
+            rid, model = message.get("id"), message.get("model")
+            return Decoded(response_id=rid if isinstance(rid, str) else None,
+                           model=model if isinstance(model, str) else None)
         return _NOTHING   # ping, content_block_stop, and types added later
 
     def parse(self, body: object, model: str | None) -> GenRequest:

@@ -54,6 +54,9 @@ class Decoded:
     done: bool = False                      # the protocol's terminal event
     error: str | None = None                # the server reported an error in the stream
     response_id: str | None = None          # the response's id, on events that carry it
+    finish: str | None = None               # why generation ended (finish/stop reason), on the
+                                            #   event that says it
+    model: str | None = None                # the model the answer says it came from
 
 
 @dataclass(frozen=True)
@@ -140,6 +143,9 @@ class WireProtocol(ABC):
     """
 
     name: ClassVar[Protocol]
+    # The format says why generation ended (a finish or stop reason) before its terminal event,
+    # so a terminal event with no reason before it is a stream the server cut short.
+    finish_required: ClassVar[bool] = False
 
     # --- load generator: asking for a stream -------------------------------------------------
 

@@ -19,6 +19,8 @@ from streamquake.protocols._json import (
     json_object,
     nonempty_str,
     object_or_none,
+    shape,
+    short,
     split,
 )
 from streamquake.protocols.base import (
@@ -27,6 +29,7 @@ from streamquake.protocols.base import (
     Decoded,
     Event,
     GenRequest,
+    ProtocolError,
     StreamEncoder,
     WireProtocol,
 )
@@ -97,17 +100,27 @@ class Gemini(WireProtocol):
         if "error" in obj:
             return Decoded(error=error_text(obj["error"]))
         texts: list[str] = []
-        done = False
-        for cand in obj.get("candidates") or ():
-            if not isinstance(cand, dict):
-                continue
-            content = cand.get("content")
-            for part in (content.get("parts") or ()) if isinstance(content, dict) else ():
+        finish: str | None = None
+        candidates = obj.get("candidates")
+        if not isinstance(candidates, list | None) or (
+                candidates is None and not {"usageMetadata", "promptFeedback"} & obj.keys()):
+            # Usage-only and prompt-feedback chunks may have no candidates; others must.
+            raise ProtocolError(f"a chunk whose `candidates` is {shape(candidates)}, not a "
+                                f"list: {short(event.data)!r}")
+        for cand in candidates or ():
+            content = cand.get("content") if isinstance(cand, dict) else None
+            parts = content.get("parts") if isinstance(content, dict) else None
+            if not isinstance(cand, dict) or not isinstance(content, dict | None) \
+                    or not isinstance(parts, list | None):
+                raise ProtocolError("a candidate that is not an object with `content.parts` a "
+                                    f"list: {short(event.data)!r}")
+            for part in parts or ():
                 text = part.get("text") if isinstance(part, dict) else None
                 if isinstance(text, str) and text:
                     texts.append(text)
             reason = cand.get("finishReason")
-            done = done or bool(reason and reason != "FINISH_REASON_UNSPECIFIED")
+            if reason and reason != "FINISH_REASON_UNSPECIFIED":
+                finish = str(reason)
         feedback = obj.get("promptFeedback")
         if not texts and isinstance(feedback, dict) and feedback.get("blockReason"):
             return Decoded(done=True, error=f"prompt blocked: {feedback['blockReason']}")
@@ -116,9 +129,11 @@ class Gemini(WireProtocol):
         if tokens is not None and isinstance(meta, dict):
             # Thinking tokens are generated output too; Gemini counts them apart.
             tokens += int_or_none(meta.get("thoughtsTokenCount")) or 0
-        rid = obj.get("responseId")
-        return Decoded(text="".join(texts), usage_output_tokens=tokens, done=done,
-                       response_id=rid if isinstance(rid, str) else None)
+        rid, model = obj.get("responseId"), obj.get("modelVersion")
+        # The finish reason is Gemini's end of stream: it has no terminal event of its own.
+        return Decoded(text="".join(texts), usage_output_tokens=tokens, done=finish is not None,
+                       finish=finish, response_id=rid if isinstance(rid, str) else None,
+                       model=model if isinstance(model, str) else None)
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)

@@ -19,6 +19,8 @@ from streamquake.protocols._json import (
     json_object,
     nonempty_str,
     object_or_none,
+    shape,
+    short,
     split,
 )
 from streamquake.protocols.base import (
@@ -27,6 +29,7 @@ from streamquake.protocols.base import (
     Decoded,
     Event,
     GenRequest,
+    ProtocolError,
     StreamEncoder,
     WireProtocol,
 )
@@ -77,6 +80,9 @@ class OpenAIEncoder(StreamEncoder):
 
 class OpenAI(WireProtocol):
     name = "openai"
+    # Every chunk stream ends its choice with a finish_reason before [DONE]; a server that
+    # stops early (llama-cpp-python, when another request waits) sends [DONE] without one.
+    finish_required = True
 
     def path(self, model: str) -> str:
         return "/v1/chat/completions"
@@ -108,18 +114,32 @@ class OpenAI(WireProtocol):
         if "error" in obj:
             return Decoded(error=error_text(obj["error"]))
         texts: list[str] = []
-        for choice in obj.get("choices") or ():
+        finish: str | None = None
+        choices = obj.get("choices")
+        if not isinstance(choices, list) and not ("choices" not in obj and "usage" in obj):
+            # A usage-only chunk may leave choices out; any other chunk without a list of them
+            # is not a chat completion chunk, whatever else it holds.
+            raise ProtocolError(f"a chunk whose `choices` is {shape(choices)}, not a list: "
+                                f"{short(event.data)!r}")
+        for choice in choices or ():
             delta = choice.get("delta") if isinstance(choice, dict) else None
-            if isinstance(delta, dict):
+            if not isinstance(choice, dict) or not isinstance(delta, dict | None):
+                raise ProtocolError("a chunk with a choice that is not an object with an "
+                                    f"object `delta`: {short(event.data)!r}")
+            if delta is not None:
                 for key in _DECODED_KEYS:
                     piece = delta.get(key)
                     if isinstance(piece, str) and piece:
                         texts.append(piece)
+            reason = choice.get("finish_reason")
+            if reason is not None:
+                finish = str(reason)
         usage = obj.get("usage")
         tokens = int_or_none(usage.get("completion_tokens")) if isinstance(usage, dict) else None
-        rid = obj.get("id")
-        return Decoded(text="".join(texts), usage_output_tokens=tokens,
-                       response_id=rid if isinstance(rid, str) else None)
+        rid, model = obj.get("id"), obj.get("model")
+        return Decoded(text="".join(texts), usage_output_tokens=tokens, finish=finish,
+                       response_id=rid if isinstance(rid, str) else None,
+                       model=model if isinstance(model, str) else None)
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)

@@ -54,12 +54,15 @@ SAMPLE_COLUMNS = ("phase", "scored", "class", "sent_epoch_s", "t_s", "scheduled_
                   "ttfb_ms", "ttft_ms", "e2e_ms", "itl_n", "itl_p50_ms", "itl_max_ms",
                   "content_events", "output_tokens", "missing_events", "expected_events",
                   "stalls", "client_stalls", "clock", "status", "error", "error_detail",
-                  "send_ms", "shared_stamps", "response_id")
+                  "send_ms", "dns_ms", "connect_ms", "tls_ms", "write_ms", "reused",
+                  "trace_id", "body_bytes", "shared_stamps", "response_id", "usage_tokens", "model",
+                  "finish_reason", "content_reads", "burst_events", "bunched")
 
 
 def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path: Path) -> int:
     """One row per request, streamed (memory does not grow with the run): load process by load
     process, each in the order its requests ended; sort on ``sent_epoch_s`` for send order.
+    ``usage_tokens`` empty: the server sent no usage, and ``output_tokens`` counts content events.
     ``scored``: ``yes`` (its end, outcome and E2E counted in its phase), ``ended_after`` (it
     ended after its phase did: its end is counted as unattributed there, its earlier
     measurements may still count, see loadgen/scorecard.py), or ``no`` (due outside every
@@ -83,10 +86,20 @@ def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path:
                           s.content_events, s.output_tokens, s.missing_events, s.expected_events,
                           s.stalls, s.client_stalls, s.clock,
                           "" if s.status is None else s.status, s.error or "",
-                          s.error_detail or "", _num(s.send_ms), s.shared_stamps,
-                          s.response_id or ""])
+                          s.error_detail or "", _num(s.send_ms), _num(s.dns_ms),
+                          _num(s.connect_ms), _num(s.tls_ms), _num(s.write_ms),
+                          "yes" if s.reused else "no", s.trace_id or "", s.body_bytes,
+                          s.shared_stamps,
+                          s.response_id or "",
+                          "" if s.usage_tokens is None else s.usage_tokens, s.model or "",
+                          s.finish_reason or "", s.content_reads, s.burst_events,
+                          _yes_no(s.bunched)])
             rows += 1
     return rows
+
+
+def _yes_no(value: bool | None) -> str:
+    return "" if value is None else "yes" if value else "no"
 
 
 def _num(value: float | None) -> str:

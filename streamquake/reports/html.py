@@ -21,6 +21,7 @@ from streamquake.reports.table import (
     verdict_word,
 )
 from streamquake.reports.words import (
+    class_reading,
     duration,
     interruption,
     pairs,
@@ -40,7 +41,7 @@ h1{font-size:22px;margin:0 0 4px}h2{font-size:17px;margin:28px 0 8px;border-bott
 table{border-collapse:collapse;margin:6px 0;font-size:13px}
 td,th{border:1px solid #ddd;padding:3px 7px;text-align:right;vertical-align:top}
 td:first-child,th:first-child{text-align:left}.l{text-align:left}
-.met{color:#2a7d2a}.broken{color:#c0392b;font-weight:700}.ng,.nr{color:#888}
+.met{color:#2a7d2a}.broken{color:#c0392b;font-weight:700}.ng,.nr{color:#888}.nm{color:#b7791f}
 .note{background:#fff6e0;border-left:4px solid #b9770e;padding:6px 10px}
 code,pre{font:12px ui-monospace,monospace}pre{background:#f6f6f6;padding:8px;overflow:auto}
 .kv{font:12px ui-monospace,monospace;text-align:left;word-break:break-all;max-width:340px}
@@ -159,6 +160,8 @@ def _verdicts(page: _Page) -> None:
             elif not cell.gating:
                 page.add(f'<td class="ng" title="{tip}">{_t(cell.text)} '
                          f'({"met" if cell.passed else "broken"}, not gating)</td>')
+            elif not cell.measurable and cell.passed:
+                page.add(f'<td class="nm" title="{tip}">{_t(cell.text)} ⚠</td>')
             else:
                 state = "met" if cell.passed else "broken"
                 mark = "✓" if cell.passed else "✗"
@@ -244,8 +247,11 @@ def _classes(page: _Page) -> None:
     names = sorted({c for p in r.phases for c in p.classes})
     if not names:
         return
-    page.add("<h2>Per request class</h2><table><tr><th>class</th><th>phase</th><th>requests</th>"
-             "<th>errors</th><th>TTFT p95</th><th>ITL p95</th><th>E2E p95</th>"
+    # A slow consumer's figures are what it saw at its own pace; the others' show what it
+    # did to them.
+    reading = class_reading(r)
+    page.add("<h2>Per request class</h2><table><tr><th>class</th><th>reads</th><th>phase</th>"
+             "<th>requests</th><th>errors</th><th>TTFT p95</th><th>ITL p95</th><th>E2E p95</th>"
              "<th>tokens/s p50</th></tr>")
     for name in names:
         for phase in r.phases:
@@ -257,7 +263,9 @@ def _classes(page: _Page) -> None:
             cells = [value_text(m, _num(_dict(st.get(m)).get(q))) for m, q in
                      (("ttft_ms", "p95"), ("itl_ms", "p95"), ("e2e_ms", "p95"),
                       ("output_tokens_per_s", "p50"))]
-            page.add(f"<tr><td>{_t(name)}</td><td class=\"l\">{phase.name}</td>"
+            page.add(f"<tr><td>{_t(name)}</td>"
+                     f"<td class=\"l\">{_t(reading.get(name, 'as the stream comes'))}</td>"
+                     f"<td class=\"l\">{phase.name}</td>"
                      f"<td>{_t(st.get('requests'))}</td><td>{n_err}</td>",
                      *(f"<td>{_t(c)}</td>" for c in cells), "</tr>")
     page.add("</table>")

@@ -4,8 +4,9 @@ Valid against the Jenkins JUnit schema (tests/junit/jenkins-junit.xsd) that GitL
 reporters and Jenkins read. A gating check that broke is a ``failure`` whose message states what
 was observed against the limit; a check that does not gate in its phase passes, named "(not
 gating)", with the measurement in ``system-out``; a check whose phase never ran is ``skipped``
-("not run"); an interruption, a run that could not start and a fault that could not be applied
-or reverted are ``error`` cases. Each case's time is the duration of the phase it judged.
+("not run"), and so is one that cannot be measured against this target when the scenario
+lets that pass (``verdicts.unmeasurable``: warn, the default); an interruption, a run that
+could not start and a fault that could not be applied or reverted are ``error`` cases. Each case's time is the duration of the phase it judged.
 """
 
 from __future__ import annotations
@@ -29,9 +30,13 @@ def _case(suite: ET.Element, check: Check, scenario: str, seconds: float) -> str
     if not check.ran:
         ET.SubElement(case, "skipped").text = text
         return "skipped"
+    if not check.measurable and check.passed:
+        ET.SubElement(case, "skipped").text = text
+        return "skipped"
     if check.gating and not check.passed:
-        failure = ET.SubElement(case, "failure", message=f"SLO broken: {text}",
-                                type="NoData" if check.observed is None else "SLOBroken")
+        kind = "NotMeasurable" if not check.measurable else \
+            "NoData" if check.observed is None else "SLOBroken"
+        failure = ET.SubElement(case, "failure", message=f"SLO broken: {text}", type=kind)
         failure.text = text
         return "failure"
     if not check.gating:

@@ -9,12 +9,14 @@ from streamquake.reports.table import (
     PHASE_COLUMNS,
     Cell,
     error_rows,
+    fmt_value,
     status_row,
     summary_rows,
     verdict_rows,
     verdict_word,
 )
 from streamquake.reports.words import (
+    class_reading,
     duration,
     interruption,
     pairs,
@@ -32,6 +34,8 @@ def _md(cell: Cell | None) -> str:
         return "not run"
     if not cell.gating:
         return f"{cell.text} ({'met' if cell.passed else 'broken'}, not gating)"
+    if not cell.measurable and cell.passed:
+        return f"{cell.text} ⚠️"
     return f"{cell.text} ✅" if cell.passed else f"**{cell.text} ❌**"
 
 
@@ -76,6 +80,7 @@ def render_markdown(result: RunResult) -> str:
                                for kind, c in errors]
         else:
             lines.append("No request failed in any phase.")
+    lines += _slow_consumers(result, head)
     if result.checks:
         lines += ["", "### SLO verdicts", "", head]
         lines += [f"| {_esc(label)} | " + " | ".join(_md(c.get(p)) for p in PHASE_COLUMNS) + " |"
@@ -90,6 +95,27 @@ def render_markdown(result: RunResult) -> str:
     lines += ["", "Full report: `report.html` (charts), `report.json`, `timeline.csv`, "
               "`samples.csv` next to this file."]
     return "\n".join(lines) + "\n"
+
+
+def _slow_consumers(result: RunResult, head: str) -> list[str]:
+    """With a slow-consumer class: each class's TTFT and ITL p95 per phase, the slow one's at
+    its own pace and the others' as its backpressure left them."""
+    reading = class_reading(result)
+    if not reading:
+        return []
+    names = sorted({c for p in result.phases for c in p.classes})
+    lines = ["", "### Per request class (TTFT p95 / ITL p95 ms)", "", head]
+    for name in names:
+        cells = []
+        for phase in PHASE_COLUMNS:
+            st = next((p.classes.get(name) for p in result.phases if p.name == phase), None)
+            got = [v.get("p95") if isinstance(v := (st or {}).get(m), dict) else None
+                   for m in ("ttft_ms", "itl_ms")]
+            cells.append(" / ".join(fmt_value("ttft_ms", x if isinstance(x, int | float)
+                                              else None) for x in got))
+        how = f" ({_esc(reading[name])})" if name in reading else ""
+        lines.append(f"| {_esc(name)}{how} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def write_markdown(result: RunResult, path: Path) -> Path:

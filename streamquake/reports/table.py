@@ -16,17 +16,24 @@ SUMMARY_METRICS = (
     ("not attributed: TTFB/TTFT/ITL/end", "unattributed", None),
     ("errors", "error_rate", None),
     ("send p95 ms (connect + write)", "send_ms", "p95"),
+    ("send: DNS p95 ms", "dns_ms", "p95"),              # these three where some were measured
+    ("send: connect p95 ms", "connect_ms", "p95"),
+    ("send: TLS handshake p95 ms", "tls_ms", "p95"),
+    ("send: write p95 ms", "write_ms", "p95"),
     ("TTFB p95 ms", "ttfb_ms", "p95"),
     ("TTFT p50 ms", "ttft_ms", "p50"),
     ("TTFT p95 ms", "ttft_ms", "p95"),
     ("ITL p50 ms", "itl_ms", "p50"),
     ("ITL p95 ms", "itl_ms", "p95"),
     ("ITL gaps sharing a stamp", "shared_stamp_share", None),
+    ("streams arriving in bursts", "bunching", "share"),
     ("E2E p95 ms", "e2e_ms", "p95"),
     ("tokens/s p50", "output_tokens_per_s", "p50"),
     ("stall rate", "stall_rate", None),
     ("client stalls, not the server's", "client_stalls", None),   # run/saturation.py
     ("chunk loss", "chunk_loss", None),
+    ("usage tokens not seen as events", "usage_deficit", None),
+    ("tokens counted, no usage", "tokens_counted", None),
     ("client saturated", "client_saturated", None),
     ("client CPU % max", "client", "cpu_pct_max"),
     ("client hub lag p99 ms", "client", "hub_lag_p99_ms"),
@@ -42,9 +49,11 @@ class Cell:
     passed: bool | None      # None: not evaluated here
     gating: bool
     ran: bool = True         # False: the phase never ran ("not run", never a failure)
+    measurable: bool = True  # False: "not measurable" here, a warning unless it gates as failed
 
 
 OPEN_LOOP_ROWS = frozenset({"not_sent", "queue_delay_ms", "ttft_scheduled_ms"})
+NEW_CONNECTION_ROWS = frozenset({"dns_ms", "connect_ms", "tls_ms"})
 _UNATTRIBUTED = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")   # loadgen/metrics.py UNATTRIBUTED
 
 
@@ -53,10 +62,11 @@ def fmt_value(metric: str, value: float | None) -> str:
         return "-"
     if metric == "client_saturated":
         return "yes" if value else "no"
-    if metric in ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate",
-                  "shared_stamp_share"):
+    if metric in ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate", "usage_deficit",
+                  "shared_stamp_share", "bunching"):
         return f"{value * 100:.1f}%"
-    if metric in ("requests", "sent", "not_sent", "client_stalls", "client_saturated_s"):
+    if metric in ("requests", "sent", "not_sent", "client_stalls", "client_saturated_s",
+                  "tokens_counted"):
         return f"{int(value)}"
     return f"{value:.1f}"
 
@@ -87,6 +97,9 @@ def verdict_rows(result: RunResult) -> list[tuple[str, dict[str, Cell]]]:
 def _cell(check: Check) -> Cell:
     if not check.ran:
         return Cell(text="not run", passed=None, gating=check.gating, ran=False)
+    if not check.measurable:
+        return Cell(text="not measurable", passed=check.passed, gating=check.gating,
+                    measurable=False)
     # "?": the confidence interval reaches both sides of the limit (see the sentence's CI).
     mark = "?" if check.inconclusive else ""
     return Cell(text=fmt_value(check.metric, check.observed) + mark, passed=check.passed,
@@ -100,6 +113,9 @@ def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
     for label, metric, stat in SUMMARY_METRICS:
         if metric in OPEN_LOOP_ROWS and not open_loop:
             continue
+        if metric in NEW_CONNECTION_ROWS and not any(
+                _dict_of(p.stats.get(metric)).get("count") for p in result.phases):
+            continue
         cells = {}
         for phase in PHASE_COLUMNS:
             stats: JsonDict = by_phase.get(phase, {})
@@ -112,6 +128,10 @@ def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
             cells[phase] = fmt_value(metric, value if isinstance(value, int | float) else None)
         rows.append((label, cells))
     return rows
+
+
+def _dict_of(value: object) -> dict[str, object]:
+    return value if isinstance(value, dict) else {}
 
 
 def status_row(result: RunResult) -> dict[str, str]:

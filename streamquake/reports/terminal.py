@@ -31,6 +31,8 @@ def _render(cell: Cell | None) -> str:
     if not cell.gating:
         mark = "met" if cell.passed else "broken"
         return f"[dim]{cell.text} ({mark}, not gating)[/]"
+    if not cell.measurable and cell.passed:
+        return f"[yellow]{cell.text} ![/]"
     return f"[green]{cell.text} ✓[/]" if cell.passed else f"[bold red]{cell.text} ✗[/]"
 
 

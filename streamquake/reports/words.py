@@ -8,7 +8,7 @@ import datetime
 from streamquake.jsontypes import JsonValue
 from streamquake.result import Check, PhaseResult, RunResult
 
-RATE_METRICS = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate")
+RATE_METRICS = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate", "usage_deficit")
 COUNT_METRICS = ("requests", "sent", "not_sent")
 
 
@@ -39,9 +39,12 @@ def metric_label(check: Check) -> str:
 
 
 def state(check: Check) -> str:
-    """``met``, ``broken``, ``not run`` (its phase never started) or ``no data``."""
+    """``met``, ``broken``, ``not run`` (its phase never started), ``not measurable`` (this
+    target or load cannot give the metric) or ``no data``."""
     if not check.ran:
         return "not run"
+    if not check.measurable:
+        return "not measurable"
     if check.observed is None:
         return "no data"
     return "met" if check.passed else "broken"
@@ -95,6 +98,11 @@ def sentence(check: Check) -> str:
     basis = f"; {check.detail}" if check.detail and check.kind == "recovery" else ""
     if not check.ran:
         return f"not run: the run stopped before the {check.phase} phase began"
+    if not check.measurable:
+        reason = check.detail.removeprefix("not measurable").lstrip(": ")
+        gates = "" if check.passed else \
+            "; the scenario's verdicts.unmeasurable: fail makes that a failure"
+        return f"{what} is not measurable in {where}: {reason}{gates}"
     if check.observed is None:
         return f"{what}: no data in {where} (nothing in this phase measured it), so it " \
                f"cannot meet {_limit(check)}"
@@ -190,3 +198,24 @@ def interruption(result: RunResult) -> str | None:
     where = f" during {stopped[0].name}" if stopped else ""
     rest = f"; not run: {', '.join(not_run)}" if not_run else ""
     return f"{cause}{where}{rest}"
+
+
+def class_reading(result: RunResult) -> dict[str, str]:
+    """How each slow-consumer class read its streams (``load.classes[].read``), by class name:
+    ``reads at most 2.0 kB/s, pauses 200 ms every 10 events, receive buffer 4096 B``."""
+    load = result.scenario_echo.get("load")
+    classes = load.get("classes") if isinstance(load, dict) else None
+    out: dict[str, str] = {}
+    for c in classes if isinstance(classes, list) else []:
+        read = c.get("read") if isinstance(c, dict) else None
+        if not isinstance(c, dict) or not isinstance(read, dict):
+            continue
+        parts = []
+        if isinstance(rate := read.get("rate"), int | float):
+            parts.append(f"reads at most {rate / 1000:g} kB/s")
+        if isinstance(pause := read.get("pause"), int | float) and pause:
+            parts.append(f"pauses {pause * 1000:g} ms every {read.get('every')} events")
+        if isinstance(buf := read.get("receive_buffer"), int):
+            parts.append(f"receive buffer {buf} B")
+        out[str(c.get("name"))] = ", ".join(parts)
+    return out

@@ -5,7 +5,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from streamquake.loadgen.plan import ClosedLoop, LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
+from streamquake.loadgen.plan import (
+    ClosedLoop,
+    LoadPlan,
+    OpenLoop,
+    RequestClassPlan,
+    SlowRead,
+    TraceReplay,
+)
 from streamquake.loadgen.scorecard import WindowLike
 from streamquake.scenario import Scenario
 from streamquake.scenario.schema import RequestClass, TraceSpec
@@ -61,16 +68,19 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
 
 
 def _class(c: RequestClass) -> RequestClassPlan:
+    read = None if c.read is None else SlowRead(
+        rate_bytes_per_s=c.read.rate_bytes_per_s, pause_s=c.read.pause_s,
+        pause_every=c.read.every, receive_buffer=c.read.receive_buffer)
     if c.dataset is None:
         return RequestClassPlan(name=c.name, weight=c.weight, prompts=c.prompt_list,
-                                max_tokens=c.max_tokens, body=c.body)
+                                max_tokens=c.max_tokens, body=c.body, read=read)
     from streamquake.loadgen.trace import read_prompts
 
     # The rows travel in the plan, so a load process on another host needs no copy of the file.
     rows = read_prompts(c.dataset)
     return RequestClassPlan(name=c.name, weight=c.weight, prompts=[r.prompt for r in rows],
                             prompt_max_tokens=[r.max_tokens or 0 for r in rows],
-                            max_tokens=c.max_tokens, body=c.body)
+                            max_tokens=c.max_tokens, body=c.body, read=read)
 
 
 def _trace(spec: TraceSpec, start_at: float, processes: int, classes: set[str]) -> TraceReplay:

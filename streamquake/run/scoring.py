@@ -68,11 +68,16 @@ def score(scenario: Scenario, windows: Sequence[WindowLike], card: Scorecard) ->
             out.warnings += _not_sent_warning(scenario, w.name, stats)
             out.warnings += _unattributed_warning(w.name, stats)
             out.warnings += _shared_stamp_warning(scenario, w.name, stats)
+            out.warnings += _bunched_warning(w.name, stats)
+            out.warnings += _usage_warning(w.name, stats)
         out.phases.append(PhaseResult(
             name=w.name, start=w.start, end=w.end, stats=stats.to_dict(),
             classes={k: v.to_dict() for k, v in out.class_stats[w.name].items()},
         ))
     out.warnings += _late_start(windows, card.first_sent)
+    scored = [out.stats[w.name] for w in windows if w.name != "warmup"]
+    out.warnings += _counted_tokens_warning(scored)
+    out.warnings += _model_warning(scenario, scored)
     return out
 
 
@@ -134,6 +139,70 @@ def _shared_stamp_warning(scenario: Scenario, phase: str, stats: Stats) -> list[
             "0 ms and the next gap holds both; that share can move itl_ms "
             f"{', '.join(f'p{p:g}' for p in bent)}. Either the server sent those events "
             "together or the load process read them late (see the client figures)"]
+
+
+BUNCHED_WARN_SHARE = 0.1
+
+
+def _bunched_warning(phase: str, stats: Stats) -> list[str]:
+    """Streams that arrived in bursts (RequestSample.bunched): "works locally, arrives all at
+    once in production", most often a gateway that buffers or compresses the stream."""
+    share = stats.bunched_share
+    if share is None or share < BUNCHED_WARN_SHARE:
+        return []
+    return [f"phase {phase}: {stats.bunched:,} of {stats.bunch_judged:,} streams arrived in "
+            f"bursts (content in {stats.bunched_reads:,} reads for {stats.bunched_events:,} "
+            f"events; first token with the end in {stats.bunched_first_with_end:,}): an "
+            "intermediary (a proxy with buffering on, gzip, a CDN) is holding the stream back, "
+            "or the server writes its events in batches; users see the text in lumps, and TTFT "
+            "and ITL time the lumps. Behind nginx: proxy_buffering off (or the upstream's "
+            "X-Accel-Buffering: no), and no gzip on text/event-stream"]
+
+
+def _usage_warning(phase: str, stats: Stats) -> list[str]:
+    """Streams whose usage counted more output tokens than content events arrived: chunks
+    lost on the way (a proxy, a gateway), where the server numbers no events to count them."""
+    if not stats.usage_short:
+        return []
+    return [f"phase {phase}: {stats.usage_short:,} of {stats.successes:,} successful streams "
+            "brought fewer content events than their usage's output tokens "
+            f"({stats.usage_unseen:,} of {stats.usage_tokens:,} tokens, "
+            f"{stats.value('usage_deficit') or 0:.1%}, never arrived as events; usage_deficit): "
+            "chunks were lost on the way, or the server puts several tokens in one event"]
+
+
+def _counted_tokens_warning(phases: Sequence[Stats]) -> list[str]:
+    counted = sum(s.tokens_counted for s in phases)
+    if not counted:
+        return []
+    total = sum(s.successes for s in phases)
+    return [f"{counted:,} of {total:,} successful requests came without the server's usage, so "
+            "their output tokens (and tokens/s) count the content events that arrived: a "
+            "fault that drops chunks lowers them, and a server that puts several tokens in "
+            "one event is under-counted (OpenAI-compatible servers send usage when asked with "
+            "stream_options.include_usage, which streamquake asks for)"]
+
+
+def _model_warning(scenario: Scenario, phases: Sequence[Stats]) -> list[str]:
+    """The answers named another model than the one asked for: many OpenAI-compatible servers
+    answer any name with the one model they serve, so the figures may not be that model's."""
+    asked = {scenario.target.model} | {
+        m for rc in scenario.load.classes
+        if isinstance(rc.body, dict) and isinstance(m := rc.body.get("model"), str)}
+    named: dict[str, int] = {}
+    for stats in phases:
+        for name, n in stats.answered_models.items():
+            named[name] = named.get(name, 0) + n
+    # A dated or versioned name answers its family ("gpt-4o" -> "gpt-4o-2024-08-06").
+    other = {name: n for name, n in named.items()
+             if not any(name.startswith(a) or a.startswith(name) for a in asked)}
+    if not other:
+        return []
+    seen = ", ".join(f"{name!r} ({n:,})" for name, n in
+                     sorted(other.items(), key=lambda kv: -kv[1]))
+    return [f"the answers named another model than the scenario asked for "
+            f"({', '.join(map(repr, sorted(asked)))}): {seen}; the server may serve one model "
+            "whatever the request names, so these figures are that model's"]
 
 
 def _late_start(windows: Sequence[WindowLike], first_sent: float | None) -> list[str]:

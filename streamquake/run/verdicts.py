@@ -9,6 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Protocol
 
+from streamquake.loadgen.metrics import NOT_MEASURABLE
 from streamquake.result import Check
 from streamquake.scenario import HIGHER_IS_BETTER, SCORED_PHASES, RecoverySpec, Scenario, SLOSpec
 from streamquake.scenario.schema import VerdictSpec
@@ -72,6 +73,11 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
         passed = observed is not None and observed >= threshold
     low, high, n = interval(stats, slo.metric, slo.percentile, verdicts.confidence)
     certain = sure(op, threshold, low, high) if observed is not None else True
+    why = "" if observed is not None else (
+        stats.unavailable(slo.metric) or "no data: no successful request in this phase")
+    measurable = not why.startswith(NOT_MEASURABLE)
+    if not measurable:
+        passed = verdicts.unmeasurable != "fail"
     return Check(
         name=slo.label,
         kind="slo",
@@ -84,13 +90,13 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
         gating=phase in slo.phases,
         cls=cls,
         percentile=slo.percentile,
-        detail="" if observed is not None else (
-            stats.unavailable(slo.metric) or "no data: no successful request in this phase"),
+        detail=why,
         samples=n,
         ci_low=low,
         ci_high=high,
         confidence=verdicts.confidence,
         inconclusive=certain is None,
+        measurable=measurable,
     )
 
 

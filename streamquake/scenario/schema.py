@@ -21,7 +21,13 @@ from streamquake.faults.catalog import fault_types
 from streamquake.faults.envelope import FaultSpec, PhaseName
 from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.target.config import Protocol, TargetConfig
-from streamquake.units import parse_duration_ms, parse_duration_s, parse_fraction, parse_size_bytes
+from streamquake.units import (
+    parse_duration_ms,
+    parse_duration_s,
+    parse_fraction,
+    parse_rate_bytes_per_s,
+    parse_size_bytes,
+)
 
 SCORED_PHASES: tuple[PhaseName, ...] = ("baseline", "fault", "recovery")
 PHASE_ORDER: tuple[PhaseName, ...] = ("warmup", "baseline", "fault", "recovery")
@@ -30,12 +36,15 @@ HistogramMetric = Literal[
     "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
     "queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms",     # open loop: from the schedule
     "send_ms",                     # attempt start -> request written (pool, connect, write)
+    "dns_ms", "connect_ms", "tls_ms", "write_ms",                  # send_ms in parts
 ]
-RateMetric = Literal["error_rate", "stall_rate", "chunk_loss", "not_sent_rate"]
+RateMetric = Literal["error_rate", "stall_rate", "chunk_loss", "not_sent_rate", "usage_deficit"]
 Metric = Literal[
     "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
     "queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms", "send_ms",
+    "dns_ms", "connect_ms", "tls_ms", "write_ms",
     "error_rate", "stall_rate", "chunk_loss", "not_sent_rate",
+    "usage_deficit",               # usage's output tokens that never arrived as events
 ]
 # Abort conditions read the live samples (run/watch.py), which hold requests, not the arrivals
 # that were never sent, nor a schedule-based E2E: the metrics measured there.
@@ -89,6 +98,15 @@ class TargetSpec(_Model):
             for name in ENV_REF.findall(value):
                 if not _ENV_NAME.match(name):
                     raise ValueError(f"'${{{name}}}' is not an environment variable name")
+        return v
+
+    @field_validator("headers")
+    @classmethod
+    def _no_traceparent(cls, v: dict[str, str]) -> dict[str, str]:
+        if any(name.lower() == "traceparent" for name in v):
+            raise ValueError("'traceparent' is streamquake's own: every request carries a fresh "
+                             "W3C traceparent, whose trace id each sample keeps (trace_id); "
+                             "remove this header")
         return v
 
     @model_validator(mode="after")
@@ -195,10 +213,15 @@ class VerdictSpec(_Model):
     """How sure a verdict must be. Every percentile and rate comes with a ``confidence``
     interval (order statistics; Wilson for rates); a check whose interval straddles its
     threshold is *inconclusive*, and ``inconclusive`` says how that gates: ``warn`` (the
-    observed value decides, and the report says it is inconclusive), ``fail`` or ``pass``."""
+    observed value decides, and the report says it is inconclusive), ``fail`` or ``pass``.
+    An SLO whose metric cannot be measured against this target (``chunk_loss`` from a server
+    that numbers no events, an open-loop metric in a closed loop) is *not measurable*, and
+    ``unmeasurable`` says how that gates: ``warn`` (reported, not failed), ``fail`` or ``pass``.
+    A metric with no data because requests failed is not that: it fails."""
 
     confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
     inconclusive: Literal["warn", "fail", "pass"] = "warn"
+    unmeasurable: Literal["warn", "fail", "pass"] = "warn"
 
     _c = field_validator("confidence", mode="before")(lambda v: parse_fraction(v))
 
@@ -237,6 +260,42 @@ class SLOSpec(_Model):
         return f"{what} {op}"
 
 
+class ReadSpec(_Model):
+    """A slow consumer: the class reads its streams at most ``rate`` body bytes a second
+    (``2kB/s``, ``16kbit``), and/or pauses ``pause`` after every ``every`` events, on
+    connections of its own whose receive buffer is ``receive_buffer`` (SO_RCVBUF, before the
+    connect; the kernel doubles it and keeps its own minimum), so that the server's writes
+    back up (README "A slow consumer")."""
+
+    rate_bytes_per_s: float | None = Field(default=None, alias="rate", gt=0)
+    pause_s: float = Field(default=0.0, alias="pause", ge=0)
+    every: int = Field(default=1, ge=1)
+    receive_buffer: int | None = Field(default=None, ge=1)
+
+    _r = field_validator("rate_bytes_per_s", mode="before")(
+        lambda v: parse_rate_bytes_per_s(v) if isinstance(v, str) else v)
+    _p = field_validator("pause_s", mode="before")(_dur_s)
+    _b = field_validator("receive_buffer", mode="before")(
+        lambda v: parse_size_bytes(v) if isinstance(v, str) else v)
+
+    @field_validator("every", mode="before")
+    @classmethod
+    def _events(cls, v: Any) -> Any:
+        # "10 events" reads as it is meant; a bare number too.
+        if isinstance(v, str) and (m := re.fullmatch(r"\s*([0-9]+)\s*(events?)?\s*", v)):
+            return int(m[1])
+        return v
+
+    @model_validator(mode="after")
+    def _something(self) -> ReadSpec:
+        if self.rate_bytes_per_s is None and not self.pause_s and self.receive_buffer is None:
+            raise ValueError("give a 'rate' (e.g. 2kB/s), a 'pause' (with 'every' N events) "
+                             "or a 'receive_buffer' (e.g. 4KiB)")
+        if "every" in self.model_fields_set and not self.pause_s:
+            raise ValueError("'every' says how often to 'pause': give a 'pause' too")
+        return self
+
+
 class RequestClass(_Model):
     name: str = "default"
     weight: float = Field(default=1.0, gt=0)
@@ -246,6 +305,7 @@ class RequestClass(_Model):
     max_tokens: int = Field(default=64, ge=1)
     body: dict[str, Any] | None = None
     slos: list[SLOSpec] = Field(default_factory=list)
+    read: ReadSpec | None = None   # a slow consumer; none: read as fast as the stream comes
 
     @model_validator(mode="after")
     def _one_prompt(self) -> RequestClass:

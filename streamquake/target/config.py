@@ -90,7 +90,8 @@ class TargetConfig(_Frozen):
         default=None,
         description="a file the target appends one JSON line to per stream it served: the "
         "response id it put in the stream (OpenAI chunk id, Anthropic message id, Gemini "
-        "responseId; none for generic sse), when the request arrived and when each write was "
+        "responseId; none for generic sse), the trace id of the request's W3C traceparent "
+        "header, when the request arrived and when each write was "
         "sent (epoch ns), and which writes carried a content event; for benchmarks that join "
         "a client's event times to the true send times (benchmarks/truth.py). A relative path "
         "is relative to the target process's working directory. Off by default",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import re
 import socket
 import ssl
 import time
@@ -21,6 +22,7 @@ from streamquake.target.config import TargetConfig
 from streamquake.target.formats import TOKEN_JSON
 from streamquake.target.timing import DelaySampler, ResponsePlan, plan_response
 
+_TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 SSE_HEADERS = {
     "Content-Type": "text/event-stream",
     "Cache-Control": "no-cache",
@@ -63,6 +65,7 @@ class StreamRecord:
     arrived_ns: int
     admitted_ns: int | None = None
     response_id: str | None = None
+    trace_id: str | None = None         # from the request's W3C traceparent, as engines log it
     sent_ns: list[int] = field(default_factory=list)
     content: list[int] = field(default_factory=list)     # 1: the write carried a token
     complete: bool = False                                # False: the client left mid-stream
@@ -70,6 +73,7 @@ class StreamRecord:
     def line(self) -> str:
         return json.dumps({
             "id": self.response_id, "index": self.index, "protocol": self.protocol,
+            "trace_id": self.trace_id,
             "arrived_ns": self.arrived_ns, "admitted_ns": self.admitted_ns,
             "sent_ns": self.sent_ns, "content": self.content, "complete": self.complete,
         }, separators=(",", ":")) + "\n"
@@ -172,7 +176,8 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
     if plan.fail:
         return _json_error(fmt, 500, "simulated server error (error_rate)")
     resp = web.StreamResponse(headers={**SSE_HEADERS, "X-Streamquake-Request": str(index)})
-    record = None if state.send_log is None else StreamRecord(index, fmt.name, arrived_ns)
+    record = None if state.send_log is None else StreamRecord(
+        index, fmt.name, arrived_ns, trace_id=_trace_id(request.headers.get("traceparent")))
     try:
         await resp.prepare(request)
         # Queue wait counts toward TTFT: the clock for the first token starts at admission.
@@ -193,6 +198,12 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
         if record is not None and state.send_log is not None:
             state.send_log.write(record)
     return resp
+
+
+def _trace_id(traceparent: str | None) -> str | None:
+    """The trace id of a W3C ``traceparent`` (``00-<32 hex>-<16 hex>-<2 hex>``), if it is one."""
+    m = _TRACEPARENT.fullmatch(traceparent.strip()) if traceparent else None
+    return m[1] if m and m[1] != "0" * 32 else None
 
 
 def _stream_handler(fmt: WireProtocol) -> Callable[[web.Request], Any]:

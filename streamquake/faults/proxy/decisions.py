@@ -38,6 +38,10 @@ class Stats:
     resets: int = 0
     corruptions: int = 0
     upstream_errors: int = 0
+    # Errors the proxy answered itself (502/504; injected ones are not counted here), and
+    # requests sent again on a fresh connection after a pooled one was found closed.
+    proxy_errors: int = 0
+    upstream_retries: int = 0
     bytes: int = 0
 
     def as_dict(self) -> dict[str, Any]:

@@ -6,6 +6,8 @@ through the same hop as the fault phase; faults are switched on and off through 
 
 from __future__ import annotations
 
+import json
+import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
@@ -13,6 +15,8 @@ from streamquake.faults.contract import JsonDict, RunContext, Wiring
 
 if TYPE_CHECKING:
     from streamquake.faults.proxy.server import ProxyProcess
+
+_STATS_TIMEOUT_S = 2.0
 
 
 class FaultProxy:
@@ -24,6 +28,7 @@ class FaultProxy:
         self.insecure = insecure
         self.process: ProxyProcess | None = None
         self.control_url: str | None = None
+        self.totals: JsonDict | None = None
 
     @classmethod
     def attached(cls, control_url: str) -> FaultProxy:
@@ -42,9 +47,24 @@ class FaultProxy:
 
     def stop(self) -> None:
         if self.process is not None:
+            if self.totals is None and self.process.proc.poll() is None:
+                self.totals = self._read_totals()
             self.process.stop()
+
+    def _read_totals(self) -> JsonDict | None:
+        """The proxy's run-long counters (``upstream_retries``, ``proxy_errors``, ...)."""
+        try:
+            with urllib.request.urlopen(f"{self.control_url}/stats",
+                                        timeout=_STATS_TIMEOUT_S) as resp:
+                totals: JsonDict = json.loads(resp.read())["totals"]
+                return totals
+        except (OSError, ValueError, KeyError, TypeError):
+            return None  # a proxy that died or hangs: the report goes without its counters
 
     def report(self) -> JsonDict | None:
         if self.process is None:
             return None
-        return {"url": self.process.url, "control_url": self.control_url}
+        out: JsonDict = {"url": self.process.url, "control_url": self.control_url}
+        if self.totals is not None:
+            out["totals"] = self.totals
+        return out

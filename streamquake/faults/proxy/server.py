@@ -27,6 +27,7 @@ import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import aiohttp
@@ -69,6 +70,8 @@ class ProxyState:
     faults: dict[str, ActiveFault] = field(default_factory=dict)
     totals: Stats = field(default_factory=Stats)
     session: aiohttp.ClientSession | None = None
+    # No pool: a retry must not meet another connection the upstream is closing.
+    fresh_session: aiohttp.ClientSession | None = None
     _last_error_log: float = 0.0
 
     def log_upstream_error(self, message: str) -> None:
@@ -235,29 +238,82 @@ def _error(status: int, message: str, **headers: str) -> web.Response:
     return web.json_response(body, status=status, headers=headers)
 
 
+def _made_error(proxy: ProxyState, status: int, message: str, kind: str) -> web.Response:
+    """An error the proxy answers for an upstream that gave it none to pass on."""
+    proxy.totals.proxy_errors += 1
+    return _error(status, message, **{"X-Streamquake-Proxy": kind})
+
+
+@dataclass
+class _Attempt:
+    """Whether a request went out on a pooled connection (the session's trace hooks say)."""
+
+    reused: bool = False
+
+
+async def _on_reuse(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object) -> None:
+    if isinstance(ctx.trace_request_ctx, _Attempt):
+        ctx.trace_request_ctx.reused = True
+
+
+async def _on_connect(session: aiohttp.ClientSession, ctx: SimpleNamespace, params: object
+                      ) -> None:
+    if isinstance(ctx.trace_request_ctx, _Attempt):
+        ctx.trace_request_ctx.reused = False
+
+
+async def _send(proxy: ProxyState, request: web.Request, url: URL, body: bytes
+                ) -> aiohttp.ClientResponse:
+    """Send upstream; once more, on a fresh connection, if a pooled one turns out closed.
+
+    An upstream may close an idle connection as the pool hands it out (llama-server closes each
+    stream's connection while saying Keep-Alive): the request then meets EOF, or a reset, before
+    the response headers, and the upstream never took it up (RFC 9112 9.3.1; browsers retry
+    such requests alike). A fresh connection's failure, a timeout, and an EOF after part of a
+    response are the upstream's own doing, and are not retried.
+    """
+    assert proxy.session is not None and proxy.fresh_session is not None
+
+    async def send(session: aiohttp.ClientSession, attempt: _Attempt | None
+                   ) -> aiohttp.ClientResponse:
+        return await session.request(
+            request.method, url, headers=_request_headers(request), data=body or None,
+            allow_redirects=False, trace_request_ctx=attempt,
+        )
+
+    attempt = _Attempt()
+    try:
+        return await send(proxy.session, attempt)
+    except aiohttp.ServerDisconnectedError as exc:
+        # Its ``message`` is the response as far as it came, if any byte of one did.
+        if not attempt.reused or not isinstance(exc.message, str):
+            raise
+    except (aiohttp.ClientOSError, aiohttp.ClientConnectionResetError):
+        if not attempt.reused:
+            raise
+    proxy.totals.upstream_retries += 1
+    return await send(proxy.fresh_session, None)
+
+
 async def _open_upstream(request: web.Request, proxy: ProxyState
                          ) -> aiohttp.ClientResponse | web.Response:
-    assert proxy.session is not None
     body = await request.read()
     url = URL(str(proxy.upstream).rstrip("/") + request.raw_path, encoded=True)
     where = f"{request.method} {request.path}"
     try:
-        return await proxy.session.request(
-            request.method, url, headers=_request_headers(request), data=body or None,
-            allow_redirects=False,
-        )
+        return await _send(proxy, request, url, body)
     except TimeoutError as exc:
         proxy.totals.upstream_errors += 1
         message = (f"the upstream {proxy.upstream.host}:{proxy.upstream.port} did not answer "
                    f"{where} in time ({type(exc).__name__})")
         proxy.log_upstream_error(message)
-        return _error(504, message, **{"X-Streamquake-Proxy": "upstream-timeout"})
+        return _made_error(proxy, 504, message, "upstream-timeout")
     except aiohttp.ClientError as exc:
         proxy.totals.upstream_errors += 1
         message = (f"the proxy could not get {where} from the upstream "
                    f"{proxy.upstream.host}:{proxy.upstream.port}: {exc}")
         proxy.log_upstream_error(message)
-        return _error(502, message, **{"X-Streamquake-Proxy": "upstream-error"})
+        return _made_error(proxy, 502, message, "upstream-error")
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
@@ -298,8 +354,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         proxy.totals.upstream_errors += 1
         proxy.log_upstream_error(f"upstream failed during {request.method} {request.path}: {exc!r}")
         if resp is None:
-            return _error(502, f"the upstream failed: {exc!r}",
-                          **{"X-Streamquake-Proxy": "upstream-error"})
+            return _made_error(proxy, 502, f"the upstream failed: {exc!r}", "upstream-error")
         if request.transport is not None:
             request.transport.abort()
         return resp
@@ -383,17 +438,23 @@ def build_app(state: ProxyState) -> web.Application:
     app = web.Application(client_max_size=64 << 20)
     app[PROXY] = state
 
-    async def client_session(app: web.Application) -> AsyncIterator[None]:
-        connector = aiohttp.TCPConnector(limit=0, ssl=not state.insecure)
+    def session(force_close: bool) -> aiohttp.ClientSession:
+        connector = aiohttp.TCPConnector(limit=0, ssl=not state.insecure, force_close=force_close)
         timeout = aiohttp.ClientTimeout(total=None, connect=state.connect_timeout_s,
                                         sock_read=state.read_timeout_s)
-        async with aiohttp.ClientSession(
-            connector=connector, timeout=timeout, auto_decompress=True,
+        trace = aiohttp.TraceConfig()
+        trace.on_connection_reuseconn.append(_on_reuse)
+        trace.on_connection_create_start.append(_on_connect)
+        return aiohttp.ClientSession(
+            connector=connector, timeout=timeout, auto_decompress=True, trace_configs=[trace],
             skip_auto_headers=("User-Agent", "Accept-Encoding", "Accept"),
-        ) as session:
-            state.session = session
+        )
+
+    async def client_session(app: web.Application) -> AsyncIterator[None]:
+        async with session(force_close=False) as pooled, session(force_close=True) as fresh:
+            state.session, state.fresh_session = pooled, fresh
             yield
-            state.session = None
+            state.session = state.fresh_session = None
 
     app.cleanup_ctx.append(client_session)
     faults = f"{CONTROL_PREFIX}/faults"

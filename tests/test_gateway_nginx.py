@@ -1,0 +1,167 @@
+"""A real gateway in the suite: Debian's nginx (tests/gateways.py) between streamquake and the
+embedded target, configured right, with ``proxy_buffering on``, and with gzip on event streams.
+Streams that an intermediary holds back must be flagged per request (``bunched``), counted per
+phase (``bunching``) and warned about; a direct run of a fast server must not be."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import AbstractContextManager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import listening, run_cli
+from tests.gateways import Flavour, Gateway, nginx
+
+pytestmark = pytest.mark.timeout(150)
+
+TOKENS = 30
+# Real gaps between tokens (a 9-10 ms decode step, as a small model on a GPU), so that events
+# sharing a read say something; and a fast server whose events share reads on their own.
+PACED = {"ttft": "80ms", "itl": "10ms", "output_tokens": {"min": TOKENS, "max": TOKENS},
+         "seed": 3, "sse_event_ids": True}
+FAST = {**PACED, "itl": "200us"}
+
+SCENARIO = """
+name: {name}
+target:
+  protocol: openai
+  url: "{url}"
+  timeout: 20s
+  headers: {headers}
+load:
+  users: 4
+  think_time: {{min: 20ms, max: 60ms}}
+  seed: 3
+phases: {{warmup: 1s, baseline: 5s, fault: 0s, recovery: 0s}}
+slos:
+  - {{metric: error_rate, max: 100%}}
+"""
+
+
+def _target(config: dict[str, Any]) -> Iterator[str]:
+    yield from listening([sys.executable, "-m", "streamquake.target", "--config-json",
+                          json.dumps(config)], "embedded target")
+
+
+@pytest.fixture(scope="module")
+def paced_target() -> Iterator[str]:
+    yield from _target(PACED)
+
+
+@pytest.fixture(scope="module")
+def fast_target() -> Iterator[str]:
+    yield from _target(FAST)
+
+
+class Run:
+    def __init__(self, out: Path, stdout: str) -> None:
+        self.stdout = stdout
+        self.report = json.loads((out / "report.json").read_text())
+        self.stats = next(p for p in self.report["phases"] if p["name"] == "baseline")["stats"]
+        with open(out / "samples.csv", newline="", encoding="utf-8") as f:
+            self.samples = [r for r in csv.DictReader(f)
+                            if r["phase"] == "baseline" and r["scored"] == "yes"]
+        self.summary = (out / "summary.md").read_text()
+
+    @property
+    def bursts_warning(self) -> list[str]:
+        return [w for w in self.report["errors"] if "arrived in bursts" in w]   # the warnings
+
+
+def _run(tmp_path: Path, name: str, url: str, headers: dict[str, str] | None = None) -> Run:
+    scenario = tmp_path / f"{name}.yaml"
+    scenario.write_text(SCENARIO.format(name=name, url=url, headers=json.dumps(headers or {})))
+    out = tmp_path / name
+    proc = run_cli("run", str(scenario), "--out", str(out), timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = Run(out, proc.stdout)
+    assert len(run.samples) >= 8, run.stdout
+    return run
+
+
+def _gateway(tmp_path: Path, upstream: str, flavour: Flavour) -> AbstractContextManager[Gateway]:
+    return nginx(upstream, flavour, tmp_path / f"nginx-{flavour}")
+
+
+def _close(a: float, b: float, rel: float) -> bool:
+    return abs(a - b) <= rel * max(a, b)
+
+
+def test_streaming_gateway_passes_the_stream_as_a_direct_run_sees_it(
+        tmp_path: Path, paced_target: str) -> None:
+    direct = _run(tmp_path, "direct", paced_target)
+    with _gateway(tmp_path, paced_target, "streaming") as gw:
+        pid = int((gw.root / "nginx.pid").read_text())
+        proxied = _run(tmp_path, "proxied", gw.url)
+    assert not Path(f"/proc/{pid}").exists()                 # nginx is stopped with the test
+    assert "200" in (gw.root / "access.log").read_text()     # it really went through nginx
+    for run in (direct, proxied):
+        assert run.stats["errors"] == dict.fromkeys(run.stats["errors"], 0), run.stdout
+        bunching = run.stats["bunching"]
+        assert bunching["streams"] == len(run.samples) and bunching["bunched"] == 0, bunching
+        assert not run.bursts_warning, run.report["errors"]
+        assert all(s["bunched"] == "no" for s in run.samples)
+        # Each content event in a read of its own, near enough (a late wake-up joins a few).
+        own = sorted(int(s["content_reads"]) / int(s["content_events"]) for s in run.samples)
+        assert own[len(own) // 2] >= 0.8, own
+    # The gateway adds next to nothing: its figures are the direct run's.
+    for metric in ("ttft_ms", "itl_ms"):
+        a, b = direct.stats[metric]["p50"], proxied.stats[metric]["p50"]
+        assert _close(a, b, 0.25), (metric, a, b)
+    assert _close(direct.stats["e2e_ms"]["p50"], proxied.stats["e2e_ms"]["p50"], 0.15)
+
+
+def test_buffering_gateway_bunches_the_stream_and_the_run_says_so(
+        tmp_path: Path, paced_target: str) -> None:
+    with _gateway(tmp_path, paced_target, "buffered") as gw:
+        run = _run(tmp_path, "buffered", gw.url)
+    bunching = run.stats["bunching"]
+    # nginx holds each 4 KiB buffer (about 16 events here) and lets it go at once: nearly
+    # every gap reads 0 (the figure from before bunching was measured)...
+    assert run.stats["shared_stamp_share"] >= 0.8, run.stats
+    assert bunching["share"] >= 0.8, bunching
+    assert bunching["reads"] * 4 <= bunching["events"], bunching
+    flagged = [s for s in run.samples if s["bunched"] == "yes"]
+    assert len(flagged) >= 0.8 * len(run.samples)
+    for s in flagged:
+        assert int(s["content_reads"]) * 4 <= int(s["content_events"]), s
+    (warning,) = run.bursts_warning
+    assert warning.startswith(f"phase baseline: {bunching['bunched']} of "
+                              f"{bunching['streams']} streams arrived in bursts")
+    assert "proxy_buffering off" in warning
+    assert "streams arriving in bursts" in run.summary
+    assert "arrived in bursts" in run.stdout
+
+
+def test_fast_server_shares_reads_but_is_not_bunched(tmp_path: Path, fast_target: str) -> None:
+    run = _run(tmp_path, "fast", fast_target)
+    # 0.2 ms tokens: many events come in one read with the one before...
+    assert run.stats["shared_stamps"] > 0, run.stats
+    assert any(int(s["content_reads"]) < int(s["content_events"]) for s in run.samples)
+    # ... but after no wait a reader could see: that is not a stream held back. (The whole
+    # answer in one read would be, and is all a client can tell of a stream held to its end:
+    # a late wake-up may make one such, rarely.)
+    bunching = run.stats["bunching"]
+    assert bunching["streams"] == len(run.samples) and bunching["share"] <= 0.05, bunching
+    assert not run.bursts_warning, run.report["errors"]
+
+
+def test_gzip_gateway_honours_identity_and_a_gzip_stream_is_an_error(
+        tmp_path: Path, paced_target: str) -> None:
+    with _gateway(tmp_path, paced_target, "gzip") as gw:
+        # streamquake asks for identity: nginx sends the stream as it came, not bunched.
+        plain = _run(tmp_path, "identity", gw.url)
+        # A browser asks for gzip: nginx compresses each event as it passes (it flushes), but
+        # a compressed stream cannot be timed event by event: its own error kind, no crash.
+        gzipped = _run(tmp_path, "gzip", gw.url, {"Accept-Encoding": "gzip"})
+    assert plain.stats["errors"] == dict.fromkeys(plain.stats["errors"], 0), plain.stdout
+    assert plain.stats["bunching"]["bunched"] == 0 and not plain.bursts_warning
+    assert gzipped.stats["errors"]["unsupported_encoding"] == len(gzipped.samples) > 0
+    (reason,) = gzipped.stats["error_reasons"]["unsupported_encoding"]
+    assert "gzip-encoded" in reason

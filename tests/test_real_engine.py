@@ -1,0 +1,209 @@
+"""streamquake against a real serving engine: llama.cpp's ``llama-server`` on a tiny model the
+tests write (tests/engines/), through the real CLI. Every figure streamquake reports is checked,
+request by request (matched on the response id), against the engine's own ``timings`` and
+against a tap that relays and reads the same bytes independently (tests/engines/tap.py)."""
+
+from __future__ import annotations
+
+import json
+import statistics
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import gguf
+import pytest
+
+from streamquake.loadgen.samples import RequestSample
+from streamquake.reports.csv_report import iter_samples
+from tests.conftest import run_cli
+from tests.engines.llama_server import EXACT_LENGTH, LlamaServer, llama_server
+from tests.engines.model import CHAT_TEMPLATE, ModelShape, vocabulary, write_model
+from tests.engines.tap import Exchange, Tap
+
+__all__ = ["llama_server"]   # the session fixture
+
+MAX_TOKENS = 32
+PROMPT = "Explain server-sent events in one line."
+
+
+def _scenario(tmp_path: Path, url: str, phases: str, faults: str = "") -> Path:
+    body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS,
+            **EXACT_LENGTH}
+    path = tmp_path / "llama.yaml"
+    path.write_text(f"""
+name: llama-server
+target: {{protocol: openai, model: tiny-llama, url: "{url}", timeout: 30s}}
+load:
+  users: 2
+  think_time: {{min: 0ms, max: 20ms}}
+  classes: [{{name: chat, body: {json.dumps(body)}}}]
+  seed: 19
+phases: {phases}
+{faults}
+slos:
+  - {{metric: error_rate, max: 1%}}
+""")
+    return path
+
+
+def _run(tmp_path: Path, scenario: Path) -> tuple[dict[str, Any], list[RequestSample]]:
+    out = tmp_path / "out"
+    proc = run_cli("run", str(scenario), "--out", str(out), timeout=150)
+    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    return report, list(iter_samples(out / "run" / "samples"))
+
+
+@dataclass
+class Wire:
+    """One answer as the tap read it, and the engine's own account of it."""
+
+    exchange: Exchange
+    chunks: list[dict[str, Any]]          # every event but [DONE], parsed
+    content_t: list[float]                # when each content chunk came in
+    usage: dict[str, Any]
+    timings: dict[str, Any]
+
+    @property
+    def ttft_ms(self) -> float:
+        return (self.content_t[0] - self.exchange.request_t) * 1e3
+
+    @property
+    def span_ms(self) -> float:           # first content chunk to last
+        return (self.content_t[-1] - self.content_t[0]) * 1e3
+
+
+def _wire(ex: Exchange) -> Wire:
+    assert ex.status == 200 and ex.events[-1].data == "[DONE]", ex
+    chunks = [e.json for e in ex.events[:-1]]
+    role, *_, last = chunks
+    # llama-server's shapes, which streamquake must read right: a role chunk whose content is
+    # null first, a usage chunk with no choices (and the engine's timings) last.
+    assert role["choices"][0]["delta"] == {"role": "assistant", "content": None}, role
+    assert last["choices"] == [] and "timings" in last, last
+    content_t = [e.t for e, c in zip(ex.events, chunks, strict=False)
+                 if any(ch["delta"].get("content") for ch in c["choices"])]
+    return Wire(ex, chunks, content_t, last["usage"], last["timings"])
+
+
+def _by_id(tap: Tap) -> dict[str, Wire]:
+    wires = [_wire(ex) for ex in tap.exchanges()]
+    return {w.chunks[0]["id"]: w for w in wires}
+
+
+def _phase(report: dict[str, Any], name: str) -> dict[str, Any]:
+    return next(p for p in report["phases"] if p["name"] == name)
+
+
+def _samples_in(report: dict[str, Any], samples: list[RequestSample], name: str,
+                ) -> list[RequestSample]:
+    phase = _phase(report, name)
+    return [s for s in samples if phase["start"] <= s.sent and
+            s.sent + (s.e2e_ms or 0) / 1e3 <= phase["end"]]
+
+
+def test_model_reads_back_with_gguf(tmp_path: Path) -> None:
+    shape = ModelShape(layers=2, width=128, heads=4, ffn=256)
+    reader = gguf.GGUFReader(str(write_model(tmp_path / "m.gguf", shape)))
+    tokens, _, _ = vocabulary()
+
+    def field(key: str) -> Any:
+        return reader.fields[key].contents()
+
+    assert field("general.architecture") == "llama" and field("llama.block_count") == 2
+    assert field("tokenizer.ggml.tokens") == tokens and 300 <= len(tokens) <= 400
+    assert field("tokenizer.chat_template") == CHAT_TEMPLATE
+    assert "<" not in "".join(tokens[4:]), "no token may start to spell </s>"
+    shapes = {t.name: [int(d) for d in t.shape] for t in reader.tensors}
+    assert shapes["token_embd.weight"] == [128, len(tokens)]
+    assert shapes["blk.1.ffn_down.weight"] == [256, 128]
+    assert len(shapes) == 3 + 9 * shape.layers
+
+
+@pytest.mark.timeout(180)
+def test_figures_agree_with_engine_timings_and_the_wire(
+        tmp_path: Path, llama_server: LlamaServer) -> None:
+    port = int(llama_server.url.rsplit(":", 1)[1])
+    with Tap(port) as tap:
+        report, samples = _run(tmp_path, _scenario(
+            tmp_path, tap.url, "{warmup: 1s, baseline: 8s, fault: 0s, recovery: 0s}"))
+    assert report["passed"], llama_server.log_tail()
+    base = _phase(report, "baseline")["stats"]
+    assert base["requests"] >= 8 and base["error_rate"] == 0, base
+    wires = _by_id(tap)
+    scored = _samples_in(report, samples, "baseline")
+    assert len(scored) >= 8
+    for s in scored:
+        w = wires[s.response_id or ""]
+        assert w.exchange.request["ignore_eos"] is True
+        # Output tokens: streamquake's count is the engine's, and every token came as a chunk.
+        assert (s.output_tokens == s.usage_tokens == w.usage["completion_tokens"]
+                == w.timings["predicted_n"] == len(w.content_t) == s.content_events
+                == MAX_TOKENS), (s, w.usage, w.timings)
+        # TTFT holds the engine's prompt processing; E2E holds it and the whole generation.
+        assert s.ttft_ms is not None and s.e2e_ms is not None
+        assert s.ttft_ms > w.timings["prompt_ms"]
+        assert s.e2e_ms > w.timings["prompt_ms"] + w.timings["predicted_ms"]
+    # ITL: the engine's predicted_ms spans its first token to its last, as the gaps do.
+    gaps = sum(sum(s.itl_ms) for s in scored)
+    engine_ms = sum(wires[s.response_id or ""].timings["predicted_ms"] for s in scored)
+    wire_ms = sum(wires[s.response_id or ""].span_ms for s in scored)
+    assert gaps == pytest.approx(engine_ms, rel=0.1), (gaps, engine_ms)
+    assert gaps == pytest.approx(wire_ms, rel=0.05), (gaps, wire_ms)
+    per_token = statistics.mean(wires[s.response_id or ""].timings["predicted_per_token_ms"]
+                                for s in scored)
+    # predicted_per_token_ms divides by all n tokens; there are n - 1 gaps.
+    itl_mean = base["itl_ms"]["mean"]
+    assert itl_mean == pytest.approx(per_token * MAX_TOKENS / (MAX_TOKENS - 1), rel=0.1)
+    # TTFT: what the tap saw between the request and the first token, median against median.
+    ttft = statistics.median(s.ttft_ms or 0 for s in scored)
+    tap_ttft = statistics.median(wires[s.response_id or ""].ttft_ms for s in scored)
+    assert ttft == pytest.approx(tap_ttft, rel=0.25), (ttft, tap_ttft)
+    _print_figures("no fault", scored, wires, base)
+
+
+@pytest.mark.timeout(180)
+def test_chunk_drop_through_the_proxy_shows_only_in_the_fault_phase(
+        tmp_path: Path, llama_server: LlamaServer) -> None:
+    port = int(llama_server.url.rsplit(":", 1)[1])
+    with Tap(port) as tap:
+        report, samples = _run(tmp_path, _scenario(
+            tmp_path, tap.url, "{warmup: 1s, baseline: 4s, fault: 5s, recovery: 4s}",
+            "faults: [{type: sse_proxy, name: drop, phase: fault, drop: 15%, seed: 19}]"))
+    wires = _by_id(tap)
+    (fault,) = report["faults"]
+    applied, reverted = fault["applied_at"], fault["reverted_at"]
+    for name in ("baseline", "recovery"):
+        stats = _phase(report, name)["stats"]
+        assert stats["requests"] >= 4 and stats["error_rate"] == 0, (name, stats)
+    during = [s for s in samples if s.error is None and applied <= s.sent
+              and s.sent + (s.e2e_ms or 0) / 1e3 <= reverted]
+    outside = [s for s in samples if s.error is None and (
+        s.sent + (s.e2e_ms or 0) / 1e3 < applied or s.sent > reverted)]
+    assert len(during) >= 4 and len(outside) >= 8
+    for s in during + outside:
+        # The engine sent every token whatever the proxy did, and said so in its usage.
+        w = wires[s.response_id or ""]
+        assert s.usage_tokens == w.usage["completion_tokens"] == len(w.content_t) == MAX_TOKENS
+    assert all(s.content_events == MAX_TOKENS for s in outside)
+    lost = sum(MAX_TOKENS - s.content_events for s in during) / (MAX_TOKENS * len(during))
+    assert 0.08 <= lost <= 0.25, lost
+    # llama-server numbers no events (no SSE id:), so chunk_loss itself cannot be counted.
+    assert _phase(report, "fault")["stats"]["chunk_loss"] is None
+    print(f"fault phase: {lost:.1%} of content chunks lost ({len(during)} streams)")
+
+
+def _print_figures(what: str, scored: list[RequestSample], wires: dict[str, Wire],
+                   stats: dict[str, Any]) -> None:
+    """The measured figures, for the README (pytest -s shows them)."""
+    ws = [wires[s.response_id or ""] for s in scored]
+    gaps = sum(sum(s.itl_ms) for s in scored)
+    print(f"\n{what}: {len(scored)} requests; engine: per token "
+          f"{statistics.mean(w.timings['predicted_per_token_ms'] for w in ws):.2f} ms, prompt "
+          f"{statistics.mean(w.timings['prompt_ms'] for w in ws):.2f} ms; streamquake: ITL mean "
+          f"{stats['itl_ms']['mean']:.2f} ms, p50 {stats['itl_ms']['p50']:.2f} ms, TTFT p50 "
+          f"{stats['ttft_ms']['p50']:.2f} ms; tap: TTFT p50 "
+          f"{statistics.median(w.ttft_ms for w in ws):.2f} ms; sum of gaps / engine "
+          f"predicted_ms {gaps / sum(w.timings['predicted_ms'] for w in ws):.3f}, / tap span "
+          f"{gaps / sum(w.span_ms for w in ws):.3f}")
