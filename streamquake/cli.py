@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import sys
+
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -254,7 +258,8 @@ def _check_out_dir(out: Path) -> None:
         refuse(f"cannot write the reports to --out {out}: {exc.strerror or exc} (a read-only "
                "or full file system?); give another directory", EXIT_ENVIRONMENT)
     finally:
-        probe.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):      # a path under a file: nothing to remove
+            probe.unlink(missing_ok=True)
 
 
 def _record_history(path: Path, result: RunResult, out: Path) -> None:
@@ -489,8 +494,8 @@ ClientKeyOption = Annotated[
     Path | None, typer.Option("--client-key", help="The client certificate's private key.")]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print JSON instead of text.")]
 AGENT_EXIT_CODES = ("Exit codes: 0 done; 2 a wrong parameter, or no such fault; 3 the agent is "
-                    "unreachable or refused (token, allowlist, the fault's preflight); 4 a revert "
-                    "failed.")
+                    "unreachable or refused (token, allowlist, the fault's preflight, another "
+                    "owner's fault); 4 a revert failed.")
 
 
 def _complete_fault_type(incomplete: str) -> list[str]:
@@ -565,8 +570,11 @@ def status(
 def revert_cmd(
     name: Annotated[str | None, typer.Argument(metavar="NAME", help="The fault's name or id "
                                                "(see `streamquake status`).")] = None,
-    every: Annotated[bool, typer.Option("--all", help="Revert every fault the agent "
+    every: Annotated[bool, typer.Option("--all", help="Revert every fault of yours the agent "
                                         "holds.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Revert it even if it belongs to "
+                                        "another owner (an emergency; the agent logs it "
+                                        "loudly).")] = False,
     at: AtOption = None,
     token_env: TokenEnvOption = "STREAMQUAKE_AGENT_TOKEN",
     ca_cert: CaCertOption = None,
@@ -579,7 +587,7 @@ def revert_cmd(
 
     where = Where(at, token_env, ca_cert, client_cert, client_key)
     try:
-        do_revert(console, name, every, where)
+        do_revert(console, name, every, where, force)
     except StreamquakeError as exc:
         _fail(exc)
 
@@ -621,6 +629,9 @@ def agent_cmd(
     watch_runs: Annotated[Path | None, typer.Option(
         "--watch-runs", hidden=True, help="Watch local runs of this journal under leases "
         "(the local agent that `run` starts).")] = None,
+    insecure_http: Annotated[bool, typer.Option(
+        "--insecure-http", help="Take the token over plain HTTP beyond loopback (clear text on "
+        "the network; an isolated lab only). Without it, that needs --tls-cert.")] = False,
 ) -> None:
     """Hold faults under leases for controllers (`inject --at`, scenarios with `at: NAME`):
     each fault is reverted when its lease is not renewed in time."""
@@ -629,7 +640,7 @@ def agent_cmd(
     try:
         code = serve_agent(listen, token_env, allow_types, allow_interfaces, allow_gpus,
                            tls_cert, tls_key, tls_client_ca, state_dir, discovery_file,
-                           exit_when_idle, watch_runs)
+                           exit_when_idle, watch_runs, insecure_http)
     except StreamquakeError as exc:
         _fail(exc)
         return
@@ -705,4 +716,9 @@ def schema_cmd() -> None:
 
 
 def main() -> None:
+    # Arguments that are not UTF-8 arrive as surrogates (PEP 383); echoing one must not end
+    # the command in a traceback.
+    for stream in (sys.stdout, sys.stderr):
+        if isinstance(stream, io.TextIOWrapper):
+            stream.reconfigure(errors="backslashreplace")
     app()

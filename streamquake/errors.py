@@ -52,6 +52,12 @@ class InjectorError(StreamquakeError):
     exit_code = EXIT_ENVIRONMENT
 
 
+class LeaseLapsed(StreamquakeError):
+    """This run's watchdog lease lapsed: nothing more may change on it, and the run aborts."""
+
+    exit_code = EXIT_ABORTED
+
+
 class RevertError(InjectorError):
     """A fault could not be reverted: the system may still be degraded."""
 

@@ -7,6 +7,11 @@ Every entry names its owner by pid *and* the pid's start time, because the journ
 every run on the host: only an entry whose owner is gone (an orphan) may be undone by someone
 else, and a bare pid cannot tell a live owner from a new process that reused its number.
 
+Every entry also holds *claims* on what its fault changes (a GPU's power limit, an interface's
+egress, an SSE proxy), in ``claims.json`` beside the run journal, shared by every run and agent of
+this state directory: a second owner's fault on a claimed thing is refused with a sentence naming
+the holder, because its revert could not restore what the first left (``JournalEntry.claim``).
+
 Location: ``$STREAMQUAKE_STATE_DIR/journal.json`` if set, else
 ``$XDG_STATE_HOME/streamquake/journal.json`` (``~/.local/state/streamquake/journal.json``).
 """
@@ -14,18 +19,19 @@ Location: ``$STREAMQUAKE_STATE_DIR/journal.json`` if set, else
 from __future__ import annotations
 
 import contextlib
+import datetime
 import fcntl
 import json
 import os
 import socket
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from streamquake.errors import InjectorError
+from streamquake.errors import InjectorError, StreamquakeError
 
 # /proc/<pid>/stat, after the ")" that closes comm: field 3 (state) is index 0, 22 (starttime) 19.
 _STATE_IDX, _STARTTIME_IDX = 0, 19
@@ -41,6 +47,10 @@ def state_dir() -> Path:
 
 def journal_path() -> Path:
     return state_dir() / "journal.json"
+
+
+def claims_path() -> Path:
+    return state_dir() / "claims.json"
 
 
 def _proc_stat(pid: int) -> tuple[str, int] | None:
@@ -95,6 +105,30 @@ def _int_or(raw: object, default: int | None) -> int | None:
     return raw if isinstance(raw, int) and not isinstance(raw, bool) else default
 
 
+@contextlib.contextmanager
+def _locked_list(path: Path, read: Callable[[], list[dict[str, Any]]]
+                 ) -> Iterator[list[dict[str, Any]]]:
+    """A JSON list file under an exclusive lock; written back (fsynced, then renamed into place)
+    when the block ends without an exception."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        raise StreamquakeError(
+            f"cannot use the state directory {path.parent}: {exc.strerror or exc}; it holds the "
+            "journal that makes every fault undoable, so nothing was changed (set "
+            "STREAMQUAKE_STATE_DIR to a writable directory)") from None
+    with lock as lf:
+        fcntl.flock(lf, fcntl.LOCK_EX)
+        items = read()
+        yield items
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(items, indent=2))
+        with open(tmp, "rb+") as fh:
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+
+
 @dataclass(frozen=True)
 class JournalRecord:
     """One journal entry, typed; older files lack ``pid_start``/``host`` (and maybe ``pid``)."""
@@ -107,13 +141,14 @@ class JournalRecord:
     host: str
     applied_at: float
     state: dict[str, object] = field(default_factory=dict)
+    lease: str | None = None  # the agent lease it belongs to; None: the process is the owner
 
     @classmethod
     def from_json(cls, raw: dict[str, object]) -> JournalRecord:
         """Raises ValueError for an entry without a string ``id`` and ``type``."""
         if not _is_entry(raw):
             raise ValueError(f"not a journal entry: {raw!r}")
-        state = raw.get("state", {})
+        state, lease = raw.get("state", {}), raw.get("lease")
         applied_at = raw.get("applied_at")
         return cls(
             id=str(raw["id"]),
@@ -124,12 +159,13 @@ class JournalRecord:
             host=str(raw.get("host", "")),
             applied_at=float(applied_at) if isinstance(applied_at, int | float) else 0.0,
             state=dict(state) if isinstance(state, dict) else {},
+            lease=lease if isinstance(lease, str) else None,
         )
 
     def to_json(self) -> dict[str, object]:
         return {"id": self.id, "type": self.type, "name": self.name, "pid": self.pid,
                 "pid_start": self.pid_start, "host": self.host, "applied_at": self.applied_at,
-                "state": dict(self.state)}
+                "state": dict(self.state), "lease": self.lease}
 
     @property
     def owner_alive(self) -> bool:
@@ -147,6 +183,19 @@ class JournalEntry:
 
     journal: Journal
     entry_id: str
+
+    def record(self) -> JournalRecord | None:
+        with self.journal._locked() as entries:
+            found = next((e for e in entries if e["id"] == self.entry_id), None)
+        return None if found is None else JournalRecord.from_json(found)
+
+    def claim(self, things: Mapping[str, str], *, per_owner: bool = False) -> None:
+        """Hold ``things`` (key -> the thing in words: ``gpu:<uuid>:power_limit`` -> "the power
+        limit of GPU 0 (...)") for this fault until ``done``: all at once, before anything
+        changes. Raises InjectorError, one sentence naming the holder and how to end it, if
+        another owner holds one. ``per_owner``: other faults of this same owner (one run, or
+        one agent lease) share them, for a family that composes its own faults on one thing."""
+        Claims().take(self, things, per_owner)
 
     def present(self) -> bool:
         """Whether the entry is still on disk: another process may have removed it under us."""
@@ -181,17 +230,8 @@ class Journal:
 
     @contextlib.contextmanager
     def _locked(self) -> Iterator[list[dict[str, Any]]]:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        lock = self.path.with_suffix(".lock")
-        with open(lock, "a+") as lf:
-            fcntl.flock(lf, fcntl.LOCK_EX)
-            entries = self._read()
+        with _locked_list(self.path, self._read) as entries:
             yield entries
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text(json.dumps(entries, indent=2))
-            with open(tmp, "rb+") as fh:
-                os.fsync(fh.fileno())
-            os.replace(tmp, self.path)
 
     def _aside(self, kind: str, suffix: str = "") -> Path:
         # Unique per call: two damaged files in one second must not overwrite each other.
@@ -237,7 +277,9 @@ class Journal:
         return [r for r in self.records()
                 if r.owner_alive and not (exclude_self and r.pid == me)]
 
-    def add(self, fault_type: str, name: str, state: dict[str, Any] | None = None) -> JournalEntry:
+    def add(self, fault_type: str, name: str, state: dict[str, Any] | None = None,
+            lease: str | None = None) -> JournalEntry:
+        """A new entry owned by this process, or by one of its agent leases (``lease``)."""
         entry_id = uuid.uuid4().hex[:12]
         pid = os.getpid()
         with self._locked() as entries:
@@ -251,10 +293,122 @@ class Journal:
                     "host": socket.gethostname(),
                     "applied_at": time.time(),
                     "state": dict(state or {}),
+                    "lease": lease,
                 }
             )
         return JournalEntry(self, entry_id)
 
     def remove(self, entry_id: str) -> None:
+        """Forget an entry whose fault is undone, and free what it claimed."""
         with self._locked() as entries:
             entries[:] = [e for e in entries if e["id"] != entry_id]
+        Claims().release(self.path, entry_id)
+
+
+def _when(epoch: float) -> str:
+    return datetime.datetime.fromtimestamp(epoch).isoformat(timespec="seconds")
+
+
+def _same_owner(a: JournalRecord, b: JournalRecord) -> bool:
+    return (a.host, a.pid, a.pid_start, a.lease) == (b.host, b.pid, b.pid_start, b.lease)
+
+
+def _refusal(what: str, holder: JournalRecord, mine: JournalRecord, since: float) -> str:
+    if holder.lease:
+        who = f"lease {holder.lease} of the agent pid {holder.pid}"
+        how = (f"revert it first (`streamquake revert {holder.name}`), or wait for its lease to "
+               "end" if holder.owner_alive else "that agent is gone: start it again (its start "
+               "restores what it held; `streamquake status` starts the local agent), then try "
+               "again")
+    else:
+        who = f"the run pid {holder.pid}"
+        how = ("wait for that run's phase to end, or stop it (its revert restores what was there "
+               "before)" if holder.owner_alive else "that run is gone: run `streamquake "
+               "recover` (it restores what the run changed), then try again")
+    return (f"{what} is held by fault '{holder.name}' ({holder.type}) of {who} since "
+            f"{_when(since)}, so fault '{mine.name}' was not applied (two faults on it would "
+            f"undo each other wrongly): {how}")
+
+
+class Claims:
+    """What applied faults hold (``claims.json`` beside the run journal): one owner per thing.
+
+    A claim names its fault's journal entry and is freed when that entry goes (``Journal.remove``,
+    after a revert or a recovery); one whose entry is gone already (its holder died between the
+    two) is dropped by the next claimant. One whose entry is still there is never taken over,
+    whether its owner lives or not: its fault may still be in place, and only undoing it (the
+    owner's revert, ``recover``, a killed agent's next start) restores what was there before.
+    """
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or claims_path()
+
+    def _read(self) -> list[dict[str, Any]]:
+        try:
+            data = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return []
+        except (OSError, ValueError) as exc:
+            # Dropping what it lists could let a second fault overwrite an unrestored original.
+            raise InjectorError(
+                f"the fault claims file {self.path} cannot be read ({exc}): no fault is applied "
+                "until it is; once `streamquake recover` and every agent hold nothing, remove it"
+            ) from exc
+        return [c for c in data if isinstance(c, dict) and all(
+            isinstance(c.get(k), str) for k in ("thing", "journal", "entry"))
+        ] if isinstance(data, list) else []
+
+    def take(self, entry: JournalEntry, things: Mapping[str, str], per_owner: bool) -> None:
+        """See ``JournalEntry.claim``."""
+        mine = entry.record()
+        if mine is None:
+            raise InjectorError(f"the journal entry {entry.entry_id} in {entry.journal.path} was "
+                                "removed by another process: stopping before changing anything")
+        journal = str(entry.journal.path.resolve())
+
+        def ours(c: dict[str, Any]) -> bool:
+            return bool(c["journal"] == journal and c["entry"] == mine.id)
+
+        with _locked_list(self.path, self._read) as claims:
+            for c in [c for c in claims if c["thing"] in things and not ours(c)]:
+                holder = _holder(c)
+                if holder is None:      # its fault is undone; it died before freeing this
+                    claims.remove(c)
+                elif not (per_owner and c.get("per_owner") and _same_owner(holder, mine)):
+                    since = c.get("since")
+                    raise InjectorError(_refusal(
+                        str(c.get("what") or c["thing"]), holder, mine,
+                        since if isinstance(since, int | float) else holder.applied_at))
+            have = {c["thing"] for c in claims if ours(c)}
+            claims.extend({"thing": thing, "what": what, "journal": journal, "entry": mine.id,
+                           "per_owner": per_owner, "since": time.time()}
+                          for thing, what in things.items() if thing not in have)
+
+    def release(self, journal: Path, entry_id: str) -> None:
+        """Free what the entry ``entry_id`` of ``journal`` holds."""
+        if not self.path.exists():
+            return
+        path = str(journal.resolve())
+        with contextlib.suppress(InjectorError), _locked_list(self.path, self._read) as claims:
+            claims[:] = [c for c in claims if (c["journal"], c["entry"]) != (path, entry_id)]
+
+
+def _holder(claim: dict[str, Any]) -> JournalRecord | None:
+    """The journal entry behind a claim; None once its fault is undone (the entry is gone).
+
+    Read without the journal's lock (writes replace the file whole) and never repaired here: a
+    journal that cannot be read keeps its claims, whose faults may still be in place."""
+    path = Path(claim["journal"])
+    try:
+        data = json.loads(path.read_text())
+        if not isinstance(data, list):
+            raise ValueError("not a list of entries")
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise InjectorError(
+            f"{claim.get('what') or claim['thing']} is claimed by entry {claim['entry']} of the "
+            f"journal {path}, which cannot be read ({exc}): check that journal by hand"
+        ) from exc
+    found = next((e for e in data if _is_entry(e) and e["id"] == claim["entry"]), None)
+    return None if found is None else JournalRecord.from_json(found)

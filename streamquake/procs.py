@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import select
 import signal
@@ -14,24 +15,31 @@ from pathlib import Path
 from typing import Any
 
 from streamquake.errors import TargetError
+from streamquake.killpoints import parent_killpoint
 
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with_parent() -> None:
+def _die_with_parent(parent: int) -> None:
     # The kernel kills the child when the thread that forked it dies, even by SIGKILL. SIGKILL,
     # not SIGTERM: a runner that is gone cannot score anything, so a graceful drain (Locust
     # finishing its streams, the proxy its connections) would only keep load flowing at a
     # target, and keep a dying proxy's control port half-open for `recover`, for seconds.
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
+    parent_killpoint("spawn.forked", parent)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    # A parent that died between the fork and the prctl sends no signal (we were orphaned
+    # before asking for one): go as that signal would have made us.
+    if os.getppid() != parent:
+        os.kill(os.getpid(), signal.SIGKILL)
     # Own process group, so a terminal's Ctrl-C reaches the runner first and the runner decides.
     os.setpgrp()
 
 
 def spawn(cmd: Sequence[str], **popen_kwargs: Any) -> subprocess.Popen[bytes]:
     """Start ``cmd`` as a child that is killed (SIGKILL) if this process dies."""
-    return subprocess.Popen(list(cmd), preexec_fn=_die_with_parent, **popen_kwargs)
+    die_with_us = functools.partial(_die_with_parent, os.getpid())   # read before the fork
+    return subprocess.Popen(list(cmd), preexec_fn=die_with_us, **popen_kwargs)
 
 
 def child_env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -25,6 +25,9 @@ class Check:
     detail: str = ""
     ran: bool = True               # False: its phase never started (the run stopped before it)
     samples: int | None = None     # how many values (or trials, for a rate) stand behind it
+    effective_samples: int | None = None   # ... worth as independent ones, by the spread of the
+                                   #   phase's time batches (<= samples: requests that queue
+                                   #   behind each other depend on each other)
     ci_low: float | None = None    # the confidence interval of the observed value; None: that
     ci_high: float | None = None   #   side cannot be bounded with this many samples
     confidence: float | None = None

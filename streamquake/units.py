@@ -4,6 +4,11 @@
 from __future__ import annotations
 
 import re
+import types
+import typing
+import unicodedata
+
+from pydantic import BaseModel
 
 _NUM = r"(?P<num>[0-9]+(?:\.[0-9]+)?)"
 _DURATION = re.compile(rf"^\s*{_NUM}\s*(?P<unit>us|ms|s|m|h)?\s*$")
@@ -89,6 +94,8 @@ def parse_fraction(value: str | int | float) -> float:
         raise ValueError(f"expected a percentage like '15%' or a fraction like 0.15, got {value!r}")
     if isinstance(value, int | float):
         frac = float(value)
+    elif not isinstance(value, str):
+        raise ValueError(f"expected a percentage like '15%' or a fraction like 0.15, got {value!r}")
     else:
         m = _PERCENT.match(value)
         if not m:
@@ -124,3 +131,46 @@ def parse_size_bytes(value: str | int) -> int:
     if not m:
         raise ValueError(f"expected a size like '32kb' or 1500, got {value!r}")
     return int(float(m["num"]) * _SIZE_SCALE[(m["unit"] or "b").lower()])
+
+
+def _numeric(annotation: object) -> bool:
+    """Whether a field's type takes numbers and not booleans (``int``, ``float | None``,
+    ``Annotated[int, ...]``)."""
+    if annotation in (int, float):
+        return True
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is typing.Annotated:
+        return _numeric(args[0])
+    if typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        return any(_numeric(a) for a in args) and bool not in args
+    return False
+
+
+def bools_as_text(model: type[BaseModel], data: object) -> object:
+    """A model's input with ``true``/``false`` given to a numeric field turned into text, so
+    that the field itself refuses it, at its own place ("users: true" is not 1). Pydantic's
+    lax mode would take it as 1 or 0; its strict mode would refuse a list for a tuple too."""
+    if not isinstance(data, dict):
+        return data
+    out = None
+    for name, field in model.model_fields.items():
+        for key in {name, field.alias or name}:
+            value = data.get(key)
+            if isinstance(value, bool) and _numeric(field.annotation):
+                out = out if out is not None else dict(data)
+                out[key] = str(value).lower()
+    return data if out is None else out
+
+
+_UNSEEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})   # controls, format (U+202E), line breaks
+
+
+def plain_name(value: str) -> str:
+    """A name as reports print it: no control, format or line-break character (a BEL rings
+    the terminal, U+202E turns the rest of a line around, a NUL ends junit.xml's text)."""
+    for ch in value:
+        if unicodedata.category(ch) in _UNSEEN:
+            what = unicodedata.name(ch, "a control character")
+            raise ValueError(f"a name cannot hold U+{ord(ch):04X} ({what}): use printable "
+                             "characters")
+    return value

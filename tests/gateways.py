@@ -4,12 +4,12 @@ of the test's own (not the system service), in a folder of its own.
 ``nginx(upstream, flavour, root)`` starts it on a free 127.0.0.1 port and yields a
 :class:`Gateway`; it is stopped after, however the test ends. Flavours:
 
-* ``streaming``: set up for event streams as nginx's documentation says (``proxy_buffering
-  off``, HTTP/1.1 to the upstream, no gzip): what streamquake measures through it should match a
-  direct run.
-* ``buffered``: ``proxy_buffering on`` with nginx's default buffer sizes, the upstream's
-  ``X-Accel-Buffering: no`` ignored (the embedded target sends it; vLLM and llama-server do
-  not): events arrive in bursts of a buffer's worth.
+* ``streaming``: set up for event streams (``proxy_buffering off``, HTTP/1.1 and keep-alive
+  to the upstream, no gzip): what streamquake measures through it should match a direct run.
+* ``buffered``: ``proxy_buffering on`` with nginx's defaults (4 KiB buffers, HTTP/1.0 to the
+  upstream: with 1.1 to a chunked upstream nginx 1.22 passed each chunk on at once), the
+  upstream's ``X-Accel-Buffering: no`` ignored (the embedded target sends it; vLLM and
+  llama-server do not): events arrive in bursts of a buffer's worth, a short answer whole.
 * ``gzip``: streaming, plus ``gzip on; gzip_types text/event-stream``: nginx compresses the
   stream for a client that accepts gzip.
 

@@ -48,8 +48,10 @@ def sites(client_ns: str, tmp_path: Path) -> Iterator[list[Site]]:
         for name in ("a1", "a2"):
             topos.append(NamespaceTopology(host_netns=client_ns).create())
             topo = topos[-1]
+            # Plain HTTP with a token beyond loopback: only ever on the test's own veths.
             agent = start_agent(tmp_path, name, "--allow-types", "marker_file",
-                                netns=topo.netns, listen=f"{topo.target_addr}:7355")
+                                "--insecure-http", netns=topo.netns,
+                                listen=f"{topo.target_addr}:7355")
             made.append(Site(name, topo, agent, tmp_path / f"flag-{name}"))
         yield made
     finally:

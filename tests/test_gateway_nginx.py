@@ -37,7 +37,7 @@ target:
 load:
   users: 4
   think_time: {{min: 20ms, max: 60ms}}
-  seed: 3
+  seed: 3{classes}
 phases: {{warmup: 1s, baseline: 5s, fault: 0s, recovery: 0s}}
 slos:
   - {{metric: error_rate, max: 100%}}
@@ -63,7 +63,8 @@ class Run:
     def __init__(self, out: Path, stdout: str) -> None:
         self.stdout = stdout
         self.report = json.loads((out / "report.json").read_text())
-        self.stats = next(p for p in self.report["phases"] if p["name"] == "baseline")["stats"]
+        self.phase = next(p for p in self.report["phases"] if p["name"] == "baseline")
+        self.stats = self.phase["stats"]
         with open(out / "samples.csv", newline="", encoding="utf-8") as f:
             self.samples = [r for r in csv.DictReader(f)
                             if r["phase"] == "baseline" and r["scored"] == "yes"]
@@ -74,9 +75,11 @@ class Run:
         return [w for w in self.report["errors"] if "arrived in bursts" in w]   # the warnings
 
 
-def _run(tmp_path: Path, name: str, url: str, headers: dict[str, str] | None = None) -> Run:
+def _run(tmp_path: Path, name: str, url: str, headers: dict[str, str] | None = None,
+         classes: str = "") -> Run:
     scenario = tmp_path / f"{name}.yaml"
-    scenario.write_text(SCENARIO.format(name=name, url=url, headers=json.dumps(headers or {})))
+    scenario.write_text(SCENARIO.format(name=name, url=url, headers=json.dumps(headers or {}),
+                                        classes=classes))
     out = tmp_path / name
     proc = run_cli("run", str(scenario), "--out", str(out), timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -119,11 +122,14 @@ def test_streaming_gateway_passes_the_stream_as_a_direct_run_sees_it(
 
 def test_buffering_gateway_bunches_the_stream_and_the_run_says_so(
         tmp_path: Path, paced_target: str) -> None:
+    # Short answers (12 tokens, about 3 KiB) fit in nginx's first buffer whole.
+    classes = ("\n  classes: [{name: long, weight: 2, max_tokens: 64}, "
+               "{name: short, weight: 1, max_tokens: 12}]")
     with _gateway(tmp_path, paced_target, "buffered") as gw:
-        run = _run(tmp_path, "buffered", gw.url)
+        run = _run(tmp_path, "buffered", gw.url, classes=classes)
     bunching = run.stats["bunching"]
     # nginx holds each 4 KiB buffer (about 16 events here) and lets it go at once: nearly
-    # every gap reads 0 (the figure from before bunching was measured)...
+    # every gap is between events that came in one read...
     assert run.stats["shared_stamp_share"] >= 0.8, run.stats
     assert bunching["share"] >= 0.8, bunching
     assert bunching["reads"] * 4 <= bunching["events"], bunching
@@ -131,11 +137,18 @@ def test_buffering_gateway_bunches_the_stream_and_the_run_says_so(
     assert len(flagged) >= 0.8 * len(run.samples)
     for s in flagged:
         assert int(s["content_reads"]) * 4 <= int(s["content_events"]), s
+    # A short answer came whole, headers and all, at its end; a long one in lumps of a buffer
+    # each (whole only if this process read its two lumps as one, late).
+    short, long = (run.phase["classes"][c]["bunching"] for c in ("short", "long"))
+    assert short["first_with_end"] >= 0.8 * short["streams"] > 0, short
+    assert long["share"] >= 0.8 and long["first_with_end"] <= 0.1 * long["streams"], long
     (warning,) = run.bursts_warning
-    assert warning.startswith(f"phase baseline: {bunching['bunched']} of "
-                              f"{bunching['streams']} streams arrived in bursts")
+    assert warning.startswith(
+        f"phase baseline: {bunching['bunched']:,} of {bunching['streams']:,} streams arrived "
+        f"in bursts (content in {bunching['reads']:,} reads for {bunching['events']:,} events; "
+        f"first token with the end in {short['first_with_end'] + long['first_with_end']:,})")
     assert "proxy_buffering off" in warning
-    assert "streams arriving in bursts" in run.summary
+    assert f"| streams arriving in bursts | {bunching['share']:.1%} |" in run.summary
     assert "arrived in bursts" in run.stdout
 
 

@@ -217,3 +217,46 @@ def test_old_format_entries_are_read(tmp_path: Path) -> None:
     assert [r.id for r in journal.orphans()] == ["b"]
     assert [e["name"] for e in journal.entries()] == ["limit", "nopid"]
     assert journal.damaged == []
+
+
+@pytest.mark.timeout(30)
+def test_claims_one_owner_per_thing(tmp_path: Path, state_dir: Path) -> None:
+    # Two agent leases of this process are two owners; what a claim blocks on is its entry.
+    journal = Journal(tmp_path / "journal.json")
+    egress = {"tc:host:eth0:egress": "the egress qdisc tree of eth0"}
+    first = journal.add("tbf", "first", lease="lease-a")
+    first.claim(egress, per_owner=True)
+    second = journal.add("tbf", "second", lease="lease-b")
+    with pytest.raises(InjectorError) as refused:
+        second.claim(egress, per_owner=True)
+    said = str(refused.value)
+    assert said.startswith("the egress qdisc tree of eth0 is held by fault 'first' (tbf) of lease "
+                           f"lease-a of the agent pid {os.getpid()} since "), said
+    assert said.endswith(", so fault 'second' was not applied (two faults on it would undo each "
+                         "other wrongly): revert it first (`streamquake revert first`), or wait "
+                         "for its lease to end"), said
+    also_first = journal.add("tbf", "also-first", lease="lease-a")
+    also_first.claim(egress, per_owner=True)            # the same owner's faults stack
+    with pytest.raises(InjectorError, match="held by fault 'first'"):
+        journal.add("gpu_clocks", "again", lease="lease-a").claim(egress)   # unless exclusive
+    # Holders killed between their revert and freeing the claim: their entries are gone, so
+    # the claims are dropped by the next claimant (never blocking forever).
+    _write(journal.path, [e for e in json.loads(journal.path.read_text())
+                          if e["name"] not in ("first", "also-first")])
+    second.claim(egress, per_owner=True)
+    assert [c["entry"] for c in json.loads((state_dir / "claims.json").read_text())] == [
+        second.entry_id]
+    second.done()
+    assert json.loads((state_dir / "claims.json").read_text()) == []
+
+
+@pytest.mark.timeout(30)
+def test_a_claim_whose_journal_cannot_be_read_still_holds(tmp_path: Path) -> None:
+    other = Journal(tmp_path / "other.json")
+    other.add("gpu_clocks", "held").claim({"gpu:GPU-1:power_limit": "the power limit of GPU 1"})
+    other.path.write_text("[{torn")    # its fault may still be in place: never taken over
+    with pytest.raises(InjectorError, match=(
+            r"the power limit of GPU 1 is claimed by entry \w+ of the journal .*other.json, "
+            r"which cannot be read")):
+        Journal(tmp_path / "journal.json").add("gpu_clocks", "next").claim(
+            {"gpu:GPU-1:power_limit": "the power limit of GPU 1"})

@@ -125,6 +125,8 @@ def _env(kind: str, gpus: FakeGpus, state_dir: Path) -> dict[str, str]:
 def _check_clean(kind: str, gpus: FakeGpus, original_gpus: str, before: set[str],
                  state_dir: Path) -> None:
     assert _journal(state_dir) == []
+    claims = state_dir / "claims.json"    # freed with the entries: nothing left to refuse
+    assert not claims.exists() or json.loads(claims.read_text()) == []
     assert _ours_in_kernel() - before == set()
     if kind == "gpu":
         assert gpus.text() == original_gpus
@@ -216,3 +218,52 @@ def test_the_watchdog_holds_the_lease_before_the_namespace_exists(
     wait_until(lambda: _journal(state_dir) == [] and _ours_in_kernel() - before == set(),
                "the watchdog to undo the killed run's namespace")
     assert "lapsed" in _agent_log(state_dir), _agent_log(state_dir)
+
+
+def _in_session(sid: int) -> set[int]:
+    """Every process (zombies included) of the session ``sid``, from /proc."""
+    found = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:
+            found.add(int(stat.parent.name))
+    return found
+
+
+ORPHAN = """
+name: kill-orphan
+target: {{protocol: sse, url: "{url}", path: /ok, timeout: 3s}}
+load: {{users: 1, think_time: {{min: 50ms, max: 100ms}}}}
+phases: {{baseline: 1s, fault: 120s, recovery: 1s}}
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_child_orphaned_before_it_sets_its_death_signal_does_not_survive(
+        echo_server: str, tmp_path: Path, reaper: None) -> None:
+    """The classic race, made certain: the run's first child (Locust: the target is a URL)
+    SIGKILLs the run between its fork and PR_SET_PDEATHSIG (streamquake/killpoints.py), so no
+    death signal will ever come. The child must see it is orphaned and go at once; it used to
+    live on, sending load for the whole run's length with nobody measuring."""
+    scenario = tmp_path / "orphan.yaml"
+    scenario.write_text(ORPHAN.format(url=echo_server))
+    proc = subprocess.Popen(cli_cmd("run", str(scenario), "--out", str(tmp_path / "out"),
+                                    "--no-watchdog"),
+                            cwd=REPO, env={**os.environ, "STREAMQUAKE_KILL_AT": "spawn.forked"},
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    out, _ = proc.communicate(timeout=90)
+    left = _in_session(proc.pid)      # start_new_session: the session is the run's pid
+    ended: dict[int, int] = {}
+    try:
+        assert proc.returncode == -signal.SIGKILL, out   # killed by its child, at the point
+        assert left, "the child that killed the run is adopted here, alive or not"
+        wait_until(lambda: reap(left, ended), f"the orphaned children {sorted(left)} to end")
+        assert set(how_ended(ended).values()) == {signal.SIGKILL}, how_ended(ended)
+    finally:
+        for pid in _in_session(proc.pid) - set(ended):
+            os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: reap(left, ended), "the leftovers to be reaped")

@@ -3,12 +3,15 @@ distribution, and the small-sample case says there is no bound instead of invent
 
 from __future__ import annotations
 
+import copy
 import math
 import random
 
 import pytest
 
 from streamquake.loadgen.quantile_ci import min_samples_for_upper_bound, rank_bounds
+from streamquake.loadgen.scorecard import Scorecard, Window
+from tests.queueing import Queue, requests
 
 
 @pytest.mark.timeout(60)
@@ -32,3 +35,50 @@ def test_too_few_samples_have_no_upper_bound_for_a_high_percentile() -> None:
     assert rank_bounds(24, 0.95)[1] is None            # a p95 of 24 requests bounds nothing above
     assert rank_bounds(72, 0.95)[1] == 72
     assert rank_bounds(0, 0.5) == (None, None)
+
+
+# At 85% of 16 servers' capacity (0.5 s each), a phase of two minutes is ~3,300 requests that
+# queue behind each other (the queue's relaxation time is ~5 s: the phase holds ~25 of them);
+# the true percentiles and error rate come from the queue's closed form.
+QUEUE = Queue(servers=16, utilisation=0.85, service_s=0.5)
+T0, PHASE_S, WARMUP_S = 1_700_000_000.0, 120.0, 30.0
+TIMEOUT_S = 0.25                      # a request that waited longer failed: ~13% of them
+
+
+def _covers(low: float | None, high: float | None, true: float) -> bool:
+    return (low is None or low <= true) and (high is None or true <= high)
+
+
+@pytest.mark.timeout(120)
+def test_intervals_hold_for_the_latencies_of_requests_that_queue() -> None:
+    """Through the product's path (a scorecard's phase cell, fed requests with their times),
+    the 95% intervals cover the true p50, p95 and error rate in about 90% or more of 100
+    independent runs; the same cells' independent-sample intervals, far less often."""
+    rng = random.Random(1)
+    truth = {50: QUEUE.sojourn_quantile(0.50) * 1e3, 95: QUEUE.sojourn_quantile(0.95) * 1e3}
+    true_rate = QUEUE.wait_over(TIMEOUT_S)
+    window = Window("baseline", T0, T0 + PHASE_S)
+    runs = 100
+    covered = {(how, what): 0 for how in ("batched", "independent") for what in (50, 95, "rate")}
+    worth = []
+    for _ in range(runs):
+        samples = requests(QUEUE.run(rng, T0 - WARMUP_S, T0 + PHASE_S), TIMEOUT_S)
+        batched = Scorecard.of([window], samples).cells[("baseline", "c")]
+        independent = copy.copy(batched)
+        independent.batches = {}              # the same values, no time batches
+        for how, stats in (("batched", batched), ("independent", independent)):
+            for p in (50, 95):
+                low, high, _ = stats.percentile_interval("ttft_ms", p, 0.95)
+                covered[how, p] += _covers(low, high, truth[p])
+            low, high, _ = stats.rate_interval("error_rate", 0.95)
+            covered[how, "rate"] += _covers(low, high, true_rate)
+        n = batched.count("ttft_ms")
+        worth.append(batched.effective_count("ttft_ms", 50, 0.95) / n)
+    share = {k: v / runs for k, v in covered.items()}
+    print(f"\ncoverage of 95% intervals over {runs} runs of {n} requests "
+          f"(true p50 {truth[50]:.0f} ms, p95 {truth[95]:.0f} ms, error rate {true_rate:.1%}): "
+          f"{share}; p50's values worth {sum(worth) / runs:.1%} of their count")
+    assert share["batched", 50] >= 0.88 and share["batched", 95] >= 0.90, share
+    assert share["batched", "rate"] >= 0.88, share
+    assert share["independent", 50] <= 0.5 and share["independent", "rate"] <= 0.3, share
+    assert share["independent", 95] <= share["batched", 95] - 0.2, share

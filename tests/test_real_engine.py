@@ -17,17 +17,19 @@ import pytest
 from streamquake.loadgen.samples import RequestSample
 from streamquake.reports.csv_report import iter_samples
 from tests.conftest import run_cli
-from tests.engines.llama_server import EXACT_LENGTH, LlamaServer, llama_server
+from tests.engines.llama_server import ENV_BINARY, EXACT_LENGTH, LlamaServer, binary, llama_server
 from tests.engines.model import CHAT_TEMPLATE, ModelShape, vocabulary, write_model
 from tests.engines.tap import Exchange, Tap
 
 __all__ = ["llama_server"]   # the session fixture
 
 MAX_TOKENS = 32
+PHASES = ("baseline", "fault", "recovery")
 PROMPT = "Explain server-sent events in one line."
 
 
-def _scenario(tmp_path: Path, url: str, phases: str, faults: str = "") -> Path:
+def _scenario(tmp_path: Path, url: str, phases: str, faults: str = "", users: int = 2,
+              think: str = "{min: 0ms, max: 20ms}") -> Path:
     body = {"messages": [{"role": "user", "content": PROMPT}], "max_tokens": MAX_TOKENS,
             **EXACT_LENGTH}
     path = tmp_path / "llama.yaml"
@@ -35,8 +37,8 @@ def _scenario(tmp_path: Path, url: str, phases: str, faults: str = "") -> Path:
 name: llama-server
 target: {{protocol: openai, model: tiny-llama, url: "{url}", timeout: 30s}}
 load:
-  users: 2
-  think_time: {{min: 0ms, max: 20ms}}
+  users: {users}
+  think_time: {think}
   classes: [{{name: chat, body: {json.dumps(body)}}}]
   seed: 19
 phases: {phases}
@@ -128,9 +130,12 @@ def test_figures_agree_with_engine_timings_and_the_wire(
     with Tap(port) as tap:
         report, samples = _run(tmp_path, _scenario(
             tmp_path, tap.url, "{warmup: 1s, baseline: 8s, fault: 0s, recovery: 0s}"))
-    assert report["passed"], llama_server.log_tail()
+    assert report["passed"], (report["errors"], [c for c in report["checks"] if not c["passed"]],
+                              llama_server.log_tail())
     base = _phase(report, "baseline")["stats"]
     assert base["requests"] >= 8 and base["error_rate"] == 0, base
+    # llama-server answers any model name with its alias, and streamquake notes which it was.
+    assert base["answered_models"] == {llama_server.alias: base["successes"]}
     wires = _by_id(tap)
     scored = _samples_in(report, samples, "baseline")
     assert len(scored) >= 8
@@ -144,22 +149,26 @@ def test_figures_agree_with_engine_timings_and_the_wire(
         # TTFT holds the engine's prompt processing; E2E holds it and the whole generation.
         assert s.ttft_ms is not None and s.e2e_ms is not None
         assert s.ttft_ms > w.timings["prompt_ms"]
+        # The first token reached streamquake after it reached the tap (both kernel stamps).
+        assert s.sent + s.ttft_ms / 1e3 >= w.content_t[0] - 1e-6
         assert s.e2e_ms > w.timings["prompt_ms"] + w.timings["predicted_ms"]
     # ITL: the engine's predicted_ms spans its first token to its last, as the gaps do.
     gaps = sum(sum(s.itl_ms) for s in scored)
     engine_ms = sum(wires[s.response_id or ""].timings["predicted_ms"] for s in scored)
     wire_ms = sum(wires[s.response_id or ""].span_ms for s in scored)
-    assert gaps == pytest.approx(engine_ms, rel=0.1), (gaps, engine_ms)
-    assert gaps == pytest.approx(wire_ms, rel=0.05), (gaps, wire_ms)
+    assert gaps == pytest.approx(engine_ms, rel=0.05), (gaps, engine_ms)
+    assert gaps == pytest.approx(wire_ms, rel=0.03), (gaps, wire_ms)
     per_token = statistics.mean(wires[s.response_id or ""].timings["predicted_per_token_ms"]
                                 for s in scored)
     # predicted_per_token_ms divides by all n tokens; there are n - 1 gaps.
     itl_mean = base["itl_ms"]["mean"]
     assert itl_mean == pytest.approx(per_token * MAX_TOKENS / (MAX_TOKENS - 1), rel=0.1)
-    # TTFT: what the tap saw between the request and the first token, median against median.
+    # TTFT against the tap's (the request's last byte in to the first token in), median
+    # against median: within 4% on an idle machine; with every core busy streamquake's `sent`
+    # (taken as the write returns) can come late, and its TTFT read 0.76 of the tap's.
     ttft = statistics.median(s.ttft_ms or 0 for s in scored)
     tap_ttft = statistics.median(wires[s.response_id or ""].ttft_ms for s in scored)
-    assert ttft == pytest.approx(tap_ttft, rel=0.25), (ttft, tap_ttft)
+    assert ttft == pytest.approx(tap_ttft, rel=0.5), (ttft, tap_ttft)
     _print_figures("no fault", scored, wires, base)
 
 
@@ -170,13 +179,17 @@ def test_chunk_drop_through_the_proxy_shows_only_in_the_fault_phase(
     with Tap(port) as tap:
         report, samples = _run(tmp_path, _scenario(
             tmp_path, tap.url, "{warmup: 1s, baseline: 4s, fault: 5s, recovery: 4s}",
-            "faults: [{type: sse_proxy, name: drop, phase: fault, drop: 15%, seed: 19}]"))
+            "faults: [{type: sse_proxy, name: drop, phase: fault, drop: 15%, seed: 19}]",
+            # More users than slots, none thinking: the proxy's pooled connections meet
+            # llama-server closing them (it does after every stream while saying Keep-Alive).
+            users=8, think="{min: 0ms, max: 0ms}"))
     wires = _by_id(tap)
     (fault,) = report["faults"]
     applied, reverted = fault["applied_at"], fault["reverted_at"]
-    for name in ("baseline", "recovery"):
-        stats = _phase(report, name)["stats"]
-        assert stats["requests"] >= 4 and stats["error_rate"] == 0, (name, stats)
+    # Dropping chunks fails no request, in any phase (a 502 would be the proxy's own, from a
+    # pooled connection the engine had closed).
+    assert not [s.error_detail for s in samples if s.error], f"of {len(samples)} requests"
+    assert all(_phase(report, name)["stats"]["requests"] for name in PHASES)
     during = [s for s in samples if s.error is None and applied <= s.sent
               and s.sent + (s.e2e_ms or 0) / 1e3 <= reverted]
     outside = [s for s in samples if s.error is None and (
@@ -191,7 +204,16 @@ def test_chunk_drop_through_the_proxy_shows_only_in_the_fault_phase(
     assert 0.08 <= lost <= 0.25, lost
     # llama-server numbers no events (no SSE id:), so chunk_loss itself cannot be counted.
     assert _phase(report, "fault")["stats"]["chunk_loss"] is None
-    print(f"fault phase: {lost:.1%} of content chunks lost ({len(during)} streams)")
+    # What the report can say instead: usage counted more tokens than events arrived, by about
+    # the share the proxy says it dropped, and only in the fault phase.
+    deficit = {n: _phase(report, n)["stats"]["usage_deficit"] for n in PHASES}
+    assert deficit["baseline"] == deficit["recovery"] == 0, deficit
+    dropped = fault["reverted"]["stats"]
+    assert deficit["fault"] == pytest.approx(
+        dropped["events_dropped"] / dropped["content_events"], rel=0.25), (deficit, dropped)
+    print(f"\nfault phase: {lost:.1%} of content chunks lost in {len(during)} streams; "
+          f"usage_deficit {deficit}; the proxy dropped {dropped['events_dropped']} of "
+          f"{dropped['content_events']}")
 
 
 def _print_figures(what: str, scored: list[RequestSample], wires: dict[str, Wire],
@@ -207,3 +229,14 @@ def _print_figures(what: str, scored: list[RequestSample], wires: dict[str, Wire
           f"{statistics.median(w.ttft_ms for w in ws):.2f} ms; sum of gaps / engine "
           f"predicted_ms {gaps / sum(w.timings['predicted_ms'] for w in ws):.3f}, / tap span "
           f"{gaps / sum(w.span_ms for w in ws):.3f}")
+
+
+def test_a_missing_engine_fails_and_says_how_to_build_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV_BINARY, raising=False)
+    monkeypatch.setenv("STREAMQUAKE_ENGINE_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(pytest.fail.Exception, match="scripts/build-llama-server"):
+        binary()
+    monkeypatch.setenv(ENV_BINARY, str(tmp_path / "nothing-here"))
+    with pytest.raises(pytest.fail.Exception, match="not an executable"):
+        binary()

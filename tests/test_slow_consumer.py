@@ -115,3 +115,6 @@ def test_a_slow_class_reads_at_its_rate_and_the_report_shows_each_class(
     summary = (out / "summary.md").read_text()
     assert "| slow (reads at most 4 kB/s, receive buffer 4096 B) |" in summary
     assert "| normal |" in summary
+    # send_ms in parts, where measured: new connections here, plain HTTP to an IP address.
+    assert "| send: connect p95 ms |" in summary and "| send: write p95 ms |" in summary
+    assert "| send: TLS handshake p95 ms |" not in summary and "send: DNS" not in summary

@@ -9,6 +9,7 @@ on the server's interface) it is the remote agent a scenario names with ``at: NA
 Modules: ``ref`` (the scenario's ``agents:`` entries; light, ``validate`` imports it), ``api``
 (the JSON bodies, typed), ``policy`` (what this agent may touch), ``holder`` (leases, the
 watchdog, the journal), ``server`` (aiohttp, auth, TLS), ``client`` (blocking, for the runner and
-the CLI), ``local`` (the per-user daemon ``inject`` starts), ``params`` (``k=v`` fault
-parameters on the command line).
+the CLI), ``owner`` (the user's owner key, which alone renews or reverts their faults),
+``local`` (the per-user daemon ``inject`` starts), ``params`` (``k=v`` fault parameters on the
+command line).
 """

@@ -1,7 +1,10 @@
 """The agent's HTTP API, typed: every body that crosses the wire is one of these models.
 
 Version 1, under ``/v1``; every call needs ``Authorization: Bearer <token>`` when the agent has
-a token (it always has one off loopback)::
+a token (it always has one off loopback). Applying a fault needs an owner key too (the header
+``Streamquake-Owner-Key``, 16 to 256 random characters): renewing and reverting it need the same
+key, unless a revert says ``?force=true`` (an operator's emergency; the agent logs it loudly).
+The key is kept secret: never listed, never logged::
 
     GET    /v1/info               who and what: version, host, allowlist, capabilities
     POST   /v1/preflight          ApplyRequest -> Problems: would this apply? (changes nothing)
@@ -9,7 +12,8 @@ a token (it always has one off loopback)::
     GET    /v1/faults             -> HeldFaults
     POST   /v1/faults/{key}/renew Renew -> HeldFault: the lease runs ``lease`` from now
     DELETE /v1/faults/{key}       -> Reverted: revert now ({key}: the id or the name)
-    DELETE /v1/faults             -> RevertedAll: revert everything held
+    DELETE /v1/faults             -> RevertedAll: revert everything this owner key holds (force:
+                                     everything held)
     POST   /v1/runs               WatchRun -> WatchedRun (201): watch a local run under a lease
     POST   /v1/runs/{id}/renew    Renew -> WatchedRun: the run's lease runs ``lease`` from now
     DELETE /v1/runs/{id}          -> WatchedRun: the run ended; stop watching it
@@ -19,14 +23,15 @@ agent is): when a watched run's lease lapses, the agent undoes every entry that 
 journal, alive or not, exactly as ``streamquake recover`` would for a dead one.
 
 Errors come back as ``Problem`` with a status: 400 a bad request (the sentence says which
-field), 401 no or a wrong token, 403 outside this agent's allowlist, 404 nothing of that id or
-name is held, 409 a name already held, 410 it was held and has ended (``Problem.ended`` says
-how), 422 the fault's own preflight or apply refused, 500 a revert that failed (the agent keeps
-retrying).
+field, or the body nests deeper than ``MAX_JSON_DEPTH``), 401 no or a wrong token, 403 outside
+this agent's allowlist or another owner's fault, 404 nothing of that id or name is held, 409 a
+name already held, 410 it was held and has ended (``Problem.ended`` says how), 422 the fault's
+own preflight or apply refused, 500 a revert that failed (the agent keeps retrying).
 """
 
 from __future__ import annotations
 
+import json
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
@@ -35,6 +40,8 @@ from streamquake.units import parse_duration_s
 
 API_VERSION = 1
 DEFAULT_PORT = 7355
+OWNER_KEY_HEADER = "Streamquake-Owner-Key"
+MAX_JSON_DEPTH = 32
 EndedBy = Literal["request", "lease expiry", "shutdown"]
 FaultState = Literal["held", "reverting", "revert failed"]
 
@@ -51,8 +58,18 @@ class _Answer(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
 
 
-def _lease(v: object) -> object:
-    return parse_duration_s(v) if isinstance(v, str) else v
+def _lease(v: object) -> float:
+    """Seconds as a JSON number, or a duration string; ``true`` (an int to Python), ``null`` or
+    a list is a mistake, not a lease."""
+    try:
+        if isinstance(v, str):
+            return parse_duration_s(v)
+        if isinstance(v, int | float) and not isinstance(v, bool):
+            return float(v)
+    except ValueError:
+        pass
+    raise ValueError(f'give seconds as a number (e.g. 30) or a duration such as "30s", not '
+                     f"{json.dumps(v, default=str)}")
 
 
 class TargetAddr(_Body):
@@ -146,6 +163,7 @@ class Reverted(_Answer):
 class RevertedAll(_Answer):
     reverted: list[Reverted]
     failed: list[str]             # sentences: what may still be in place
+    skipped: list[str] = Field(default_factory=list)   # other owners' faults, left held
 
 
 class Problems(_Answer):

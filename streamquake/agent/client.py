@@ -1,8 +1,10 @@
 """A blocking client for the agent's API (the runner is threads, not asyncio; so is the CLI).
 
-Every call has a connect timeout and a read timeout. Errors are ``InjectorError`` sentences that
-name the agent: ``AgentUnreachable`` (nothing answered: refused, no route, timed out, TLS
-failed), ``AgentRefused`` (it answered with an error status; ``.status``, ``.problem``).
+Every call has a connect timeout and a read timeout. Apply, renew and revert send the owner key
+(``owner_key``; default: this user's, ``streamquake.agent.owner``). Errors are
+``InjectorError`` sentences that name the agent: ``AgentUnreachable`` (nothing answered:
+refused, no route, timed out, TLS failed), ``AgentRefused`` (it answered with an error status;
+``.status``, ``.problem``).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import TypeVar
 from pydantic import BaseModel, JsonValue, ValidationError
 
 from streamquake.agent.api import (
+    OWNER_KEY_HEADER,
     AgentInfo,
     ApplyRequest,
     HeldFault,
@@ -31,6 +34,7 @@ from streamquake.agent.api import (
     WatchedRun,
     WatchRun,
 )
+from streamquake.agent.owner import user_owner_key
 from streamquake.errors import InjectorError
 
 M = TypeVar("M", bound=BaseModel)
@@ -74,7 +78,7 @@ def token_from_env(env_name: str) -> str | None:
 class AgentClient:
     def __init__(self, url: str, token: str | None, *, tls: TlsFiles | None = None,
                  label: str | None = None, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 read_timeout_s: float = READ_TIMEOUT_S) -> None:
+                 read_timeout_s: float = READ_TIMEOUT_S, owner_key: str | None = None) -> None:
         parts = urllib.parse.urlsplit(url)
         if parts.scheme not in ("http", "https") or not parts.hostname:
             raise InjectorError(f"{url!r} is not an agent URL: write e.g. https://host:7355")
@@ -85,6 +89,7 @@ class AgentClient:
         self._port = parts.port or (443 if self._https else 80)
         self._token = token
         self._tls = tls or TlsFiles()
+        self._owner_key = owner_key
         self.connect_timeout_s = connect_timeout_s
         self.read_timeout_s = read_timeout_s
 
@@ -99,23 +104,27 @@ class AgentClient:
 
     def apply(self, req: ApplyRequest) -> HeldFault:
         return self._call("POST", "/v1/faults", req, HeldFault,
-                          read_timeout_s=APPLY_READ_TIMEOUT_S)
+                          read_timeout_s=APPLY_READ_TIMEOUT_S, owned=True)
 
     def faults(self) -> HeldFaults:
         return self._call("GET", "/v1/faults", None, HeldFaults)
 
     def renew(self, key: str, lease_s: float | None = None,
               read_timeout_s: float | None = None) -> HeldFault:
-        return self._call("POST", f"/v1/faults/{_quote(key)}/renew", Renew(lease=lease_s),
-                          HeldFault, read_timeout_s=read_timeout_s)
+        body = Renew() if lease_s is None else Renew(lease=lease_s)   # None: the same lease
+        return self._call("POST", f"/v1/faults/{_quote(key)}/renew", body, HeldFault,
+                          read_timeout_s=read_timeout_s, owned=True)
 
-    def revert(self, key: str, read_timeout_s: float = APPLY_READ_TIMEOUT_S) -> Reverted:
-        return self._call("DELETE", f"/v1/faults/{_quote(key)}", None, Reverted,
-                          read_timeout_s=read_timeout_s)
+    def revert(self, key: str, read_timeout_s: float = APPLY_READ_TIMEOUT_S,
+               force: bool = False) -> Reverted:
+        """``force``: even another owner's (an operator's emergency; the agent logs it)."""
+        return self._call("DELETE", f"/v1/faults/{_quote(key)}{_force(force)}", None, Reverted,
+                          read_timeout_s=read_timeout_s, owned=True)
 
-    def revert_all(self) -> RevertedAll:
-        return self._call("DELETE", "/v1/faults", None, RevertedAll,
-                          read_timeout_s=APPLY_READ_TIMEOUT_S, ok=(200, 500))
+    def revert_all(self, force: bool = False) -> RevertedAll:
+        """Every fault this owner holds there; ``force``: every fault held there."""
+        return self._call("DELETE", f"/v1/faults{_force(force)}", None, RevertedAll,
+                          read_timeout_s=APPLY_READ_TIMEOUT_S, ok=(200, 500), owned=True)
 
     def watch_run(self, req: WatchRun) -> WatchedRun:
         return self._call("POST", "/v1/runs", req, WatchedRun)
@@ -140,13 +149,18 @@ class AgentClient:
                                            context=ctx)
 
     def _call(self, method: str, path: str, body: BaseModel | None, answer: type[M], *,
-              read_timeout_s: float | None = None, ok: tuple[int, ...] = (200, 201)) -> M:
-        data = None if body is None else body.model_dump_json(by_alias=True).encode()
+              read_timeout_s: float | None = None, ok: tuple[int, ...] = (200, 201),
+              owned: bool = False) -> M:
+        # None is "not given" (the agent refuses an explicit null lease).
+        data = (None if body is None
+                else body.model_dump_json(by_alias=True, exclude_none=True).encode())
         headers = {"Accept": "application/json"}
         if data is not None:
             headers["Content-Type"] = "application/json"
         if self._token is not None:
             headers["Authorization"] = f"Bearer {self._token}"
+        if owned:
+            headers[OWNER_KEY_HEADER] = self._owner_key or user_owner_key()
         conn = self._connection(self.connect_timeout_s)
         what = f"{method} {path}"
         try:
@@ -202,3 +216,7 @@ class AgentClient:
 
 def _quote(key: str) -> str:
     return urllib.parse.quote(key, safe="")
+
+
+def _force(force: bool) -> str:
+    return "?force=true" if force else ""

@@ -1,7 +1,8 @@
 """What ``streamquake inject``, ``status``, ``revert`` and ``agent`` do; ``cli.py`` only parses
 the command line and calls these. Errors are ``StreamquakeError`` sentences with the CLI's
 exit codes: 2 a wrong command line or parameter, 3 an agent that is unreachable or refuses (no
-token, outside its allowlist, the fault's own preflight), 4 a revert that failed."""
+token, outside its allowlist, the fault's own preflight, another owner's fault), 4 a revert that
+failed."""
 
 from __future__ import annotations
 
@@ -200,7 +201,8 @@ def _said(r: Reverted) -> str:
             f"{format_duration(r.reverted_at - r.applied_at)}: {json.dumps(r.reverted)}")
 
 
-def revert(console: Console, key: str | None, every: bool, where: Where) -> None:
+def revert(console: Console, key: str | None, every: bool, where: Where,
+           force: bool = False) -> None:
     if (key is None) == (not every):
         raise ScenarioError("give a fault's NAME (see `streamquake status`) or --all")
     client = where.client(start=False)
@@ -210,10 +212,10 @@ def revert(console: Console, key: str | None, every: bool, where: Where) -> None
     assert client is not None
     try:
         if key is not None:
-            console.print(_said(client.revert(key)), markup=False, highlight=False,
-                          soft_wrap=True)
+            console.print(_said(client.revert(key, force=force)), markup=False,
+                          highlight=False, soft_wrap=True)
             return
-        answer = client.revert_all()
+        answer = client.revert_all(force=force)
     except AgentRefused as exc:
         ended = exc.problem.ended
         if exc.status == 410 and ended is not None:
@@ -223,17 +225,22 @@ def revert(console: Console, key: str | None, every: bool, where: Where) -> None
         raise _refused(exc) from exc
     for r in answer.reverted:
         console.print(_said(r), markup=False, highlight=False, soft_wrap=True)
-    if not answer.reverted and not answer.failed:
+    if not answer.reverted and not answer.failed and not answer.skipped:
         console.print("nothing was held", highlight=False)
     if answer.failed:
         raise RevertError("; ".join(answer.failed))
+    if answer.skipped:
+        raise InjectorError("left held, as each belongs to another owner: "
+                            f"{', '.join(answer.skipped)}; in an emergency, `streamquake revert "
+                            "--all --force` reverts them too")
 
 
 def serve_agent(listen: str, token_env: str, allow_types: list[str] | None,
                 allow_interfaces: list[str] | None, allow_gpus: list[str] | None,
                 tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None,
                 state_dir: Path | None, discovery_file: Path | None,
-                exit_when_idle: str | None, watch_runs: Path | None = None) -> int:
+                exit_when_idle: str | None, watch_runs: Path | None = None,
+                insecure_http: bool = False) -> int:
     from streamquake.agent.policy import Allowlist
     from streamquake.agent.server import AgentConfig, parse_listen, serve
     from streamquake.journal import state_dir as default_state_dir
@@ -249,5 +256,5 @@ def serve_agent(listen: str, token_env: str, allow_types: list[str] | None,
                       state_dir=state_dir or default_state_dir() / "agent",
                       tls_cert=tls_cert, tls_key=tls_key, tls_client_ca=tls_client_ca,
                       discovery_file=discovery_file, idle_exit_s=idle_s,
-                      runs_journal=watch_runs)
+                      runs_journal=watch_runs, insecure_http=insecure_http)
     return serve(cfg)

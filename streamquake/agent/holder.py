@@ -3,7 +3,9 @@ request, on shutdown, or by the watchdog when a lease lapses.
 
 The journal (``streamquake.journal``, in the agent's own state directory) is written before a
 fault changes anything, exactly as a run does, so a SIGKILLed agent leaves enough behind for its
-next incarnation to undo on start (``recover_at_start``). Everything blocking (the injectors, the
+next incarnation to undo on start (``recover_at_start``). Each fault keeps the owner key it was
+applied with (in memory only: a restarted agent holds nothing); only that key renews or reverts
+it, short of a forced revert, which is logged loudly. Everything blocking (the injectors, the
 journal's file lock) runs in a thread pool; the event loop only keeps time and answers.
 """
 
@@ -12,12 +14,13 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import hmac
 import socket
 import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
 
@@ -83,6 +86,7 @@ class _Held:
     name: str
     type: str
     owner: str
+    owner_key: str = field(repr=False)
     spec: FaultSpec
     injector: Injector
     entry: JournalEntry
@@ -143,7 +147,7 @@ class Holder:
         return lines
 
     async def shutdown(self) -> RevertedAll:
-        answer = await self.revert_all("shutdown")
+        answer = await self._revert_each(list(self._held.values()), "shutdown")
         self._pool.shutdown(wait=False, cancel_futures=True)
         return answer
 
@@ -275,7 +279,7 @@ class Holder:
         except TimeoutError as exc:
             return [str(exc)]
 
-    async def apply(self, req: ApplyRequest) -> HeldFault:
+    async def apply(self, req: ApplyRequest, owner_key: str) -> HeldFault:
         spec, network = self.parse(req)
         name = spec.label
         fault_id = req.id or uuid.uuid4().hex[:12]
@@ -290,14 +294,14 @@ class Holder:
         injector = self._injector(req, spec, network)
         self._names.add(name)
         try:
-            return await self._apply(req, spec, injector, fault_id)
+            return await self._apply(req, spec, injector, fault_id, owner_key)
         except BaseException:
             if fault_id not in self._held:
                 self._names.discard(name)
             raise
 
     async def _apply(self, req: ApplyRequest, spec: FaultSpec, injector: Injector,
-                     fault_id: str) -> HeldFault:
+                     fault_id: str, owner_key: str) -> HeldFault:
         name = spec.label
         if isinstance(injector, Preflights):
             try:
@@ -308,8 +312,9 @@ class Holder:
             if problems:
                 raise AgentError(422, f"{name} ({spec.type}) cannot be applied here: "
                                  + "; ".join(problems), problems)
-        entry = await self._call(lambda: self.journal.add(spec.type, name), APPLY_TIMEOUT_S,
-                                 "writing the journal")
+        # Each lease owns what its fault claims: a second lease on the same thing is refused.
+        entry = await self._call(lambda: self.journal.add(spec.type, name, lease=fault_id),
+                                 APPLY_TIMEOUT_S, "writing the journal")
         try:
             applied = await self._call(lambda: injector.apply(entry), APPLY_TIMEOUT_S,
                                        f"applying {name}")
@@ -320,10 +325,10 @@ class Holder:
                                  ) from exc
             raise
         now = time.monotonic()
-        held = _Held(id=fault_id, name=name, type=spec.type, owner=req.owner, spec=spec,
-                     injector=injector, entry=entry, lease_s=req.lease_s,
-                     applied_at=time.time(), expires_mono=now + req.lease_s,
-                     applied=applied)
+        held = _Held(id=fault_id, name=name, type=spec.type, owner=req.owner,
+                     owner_key=owner_key, spec=spec, injector=injector, entry=entry,
+                     lease_s=req.lease_s, applied_at=time.time(),
+                     expires_mono=now + req.lease_s, applied=applied)
         self._held[fault_id] = held
         self.log(f"applied {name} ({spec.type}, id {fault_id}) for owner {req.owner or '-'}; "
                  f"lease {req.lease_s:g} s, until {_stamp(held.expires_at)} unless renewed")
@@ -351,8 +356,23 @@ class Holder:
                              f"{_stamp(ended.reverted_at)} ({ended.by})", ended=ended)
         raise AgentError(404, f"no fault with the id or name {key!r} is held by this agent")
 
-    def renew(self, key: str, lease_s: float | None) -> HeldFault:
+    def _owned(self, held: _Held, owner_key: str | None, what: str, force: bool = False) -> None:
+        """Only the key a fault was applied with may renew or revert it; a forced revert is an
+        operator's emergency, said loudly."""
+        if owner_key is not None and hmac.compare_digest(owner_key.encode(),
+                                                         held.owner_key.encode()):
+            return
+        if not force:
+            raise AgentError(403, f"{held.name} belongs to another owner ({held.owner or '-'}): "
+                             f"only the owner key it was applied with may {what} it; in an "
+                             "emergency an operator can force a revert (`streamquake revert "
+                             f"{held.name} --force`, or DELETE with ?force=true)")
+        self.log(f"WARNING: FORCED {what} of {held.name} ({held.type}, id {held.id}, owner "
+                 f"{held.owner or '-'}) by a caller without its owner key")
+
+    def renew(self, key: str, lease_s: float | None, owner_key: str | None) -> HeldFault:
         held = self._find(key)
+        self._owned(held, owner_key, "renew")
         if held.state != "held":
             raise AgentError(409, f"{held.name} is being reverted ({held.ended_by}) and cannot "
                              "be renewed: apply it again")
@@ -362,11 +382,25 @@ class Holder:
         held.renewals += 1
         return self.view(held)
 
-    async def revert(self, key: str) -> Reverted:
-        return await self._revert(self._find(key), "request")
+    async def revert(self, key: str, owner_key: str | None, force: bool = False) -> Reverted:
+        held = self._find(key)
+        self._owned(held, owner_key, "revert", force)
+        return await self._revert(held, "request")
 
-    async def revert_all(self, by: EndedBy = "request") -> RevertedAll:
-        held = list(self._held.values())
+    async def revert_all(self, owner_key: str | None, force: bool = False) -> RevertedAll:
+        """What ``owner_key`` owns (``force``: everything held); the rest is ``skipped``."""
+        mine, skipped = [], []
+        for h in list(self._held.values()):
+            try:
+                self._owned(h, owner_key, "revert", force)
+                mine.append(h)
+            except AgentError:
+                skipped.append(f"{h.name} (owner {h.owner or '-'})")
+        answer = await self._revert_each(mine, "request")
+        answer.skipped = skipped
+        return answer
+
+    async def _revert_each(self, held: list[_Held], by: EndedBy) -> RevertedAll:
         results = await asyncio.gather(*(self._revert(h, by) for h in held),
                                        return_exceptions=True)
         answer = RevertedAll(reverted=[], failed=[])

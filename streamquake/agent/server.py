@@ -2,8 +2,10 @@
 optional mTLS, JSON errors as sentences, and the watchdog running next to it.
 
 Listening beyond loopback needs a token (read from the environment variable ``--token-env``
-names, never from the command line, where ``ps`` would show it). One agent per state directory
-(a lock file): two would share a journal and undo each other's work at start.
+names, never from the command line, where ``ps`` would show it), and TLS to carry it, unless
+``--insecure-http`` accepts a token in clear text (said loudly, on stderr and in the log). One
+agent per state directory (a lock file): two would share a journal and undo each other's work
+at start.
 """
 
 from __future__ import annotations
@@ -13,8 +15,10 @@ import contextlib
 import fcntl
 import hmac
 import ipaddress
+import itertools
 import json
 import os
+import re
 import signal
 import ssl
 import sys
@@ -31,6 +35,8 @@ from pydantic import BaseModel, ValidationError
 from streamquake import __version__
 from streamquake.agent.api import (
     API_VERSION,
+    MAX_JSON_DEPTH,
+    OWNER_KEY_HEADER,
     AgentInfo,
     ApplyRequest,
     Problem,
@@ -64,10 +70,15 @@ class AgentConfig:
     discovery_file: Path | None = None     # where a local daemon says its URL (inject finds it)
     idle_exit_s: float | None = None
     runs_journal: Path | None = None       # watch local runs of this journal (/v1/runs)
+    insecure_http: bool = False            # a token over plain HTTP beyond loopback: accepted
 
     @property
     def scheme(self) -> str:
         return "https" if self.tls_cert else "http"
+
+    @property
+    def plain_token_beyond_loopback(self) -> bool:
+        return self.token is not None and self.tls_cert is None and not is_loopback(self.host)
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -95,6 +106,11 @@ def check_config(cfg: AgentConfig) -> None:
         problems.append(f"refusing to listen on {cfg.host} without a token: anyone who can reach "
                         f"it could apply faults; export ${cfg.token_env} (e.g. `export "
                         f"{cfg.token_env}=$(openssl rand -hex 32)`), or listen on 127.0.0.1")
+    if cfg.plain_token_beyond_loopback and not cfg.insecure_http:
+        problems.append(f"refusing to take a bearer token over plain HTTP on {cfg.host}: anyone "
+                        "on the network path could read it and apply faults; give --tls-cert "
+                        "and --tls-key, or --insecure-http to accept that (an isolated lab "
+                        "network), or listen on 127.0.0.1")
     if cfg.token is not None and len(cfg.token) < 16:
         problems.append(f"${cfg.token_env} is shorter than 16 characters: use a long random "
                         "token, e.g. `openssl rand -hex 32`")
@@ -190,11 +206,41 @@ def _auth(token: str | None, token_env: str) -> Middleware:
     return middleware
 
 
+# A string, or an unterminated one to the end: always matching at the first try keeps the scan
+# linear (a closing quote required would rescan the rest of the body from every quote).
+_JSON_STRING = re.compile(rb'"(?:[^"\\]|\\.?)*"?', re.DOTALL)
+_NOT_BRACKETS = bytes(c for c in range(256) if c not in b"[]{}")
+_NESTING_STEP = [1 if c in b"[{" else -1 if c in b"]}" else 0 for c in range(256)]
+
+
+def _json_depth(raw: bytes) -> int:
+    """How deep ``raw`` nests, by a linear scan in C loops (at most ~60 ms for 256 KiB here):
+    the json module parses nesting by recursion, so 100,000 levels would be a RecursionError."""
+    brackets = _JSON_STRING.sub(b"", raw).translate(None, _NOT_BRACKETS)
+    return max(itertools.accumulate(map(_NESTING_STEP.__getitem__, brackets)), default=0)
+
+
 async def _body(request: web.Request) -> object:
+    raw = await request.read()
+    if _json_depth(raw) > MAX_JSON_DEPTH:
+        raise AgentError(400, f"the request body nests deeper than {MAX_JSON_DEPTH} levels: "
+                         "send the fault as a scenario writes it")
     try:
-        return await request.json()
+        return json.loads(raw)
     except (json.JSONDecodeError, UnicodeDecodeError):
         raise AgentError(400, "the request body is not JSON") from None
+
+
+def _owner_key(request: web.Request) -> str | None:
+    return request.headers.get(OWNER_KEY_HEADER)
+
+
+def _force(request: web.Request) -> bool:
+    given = request.query.get("force")
+    if given not in (None, "true", "false"):
+        raise AgentError(400, f"force={given}: give force=true (revert another owner's fault) "
+                         "or leave it out")
+    return given == "true"
 
 
 def _parsed(model: type[B], raw: object) -> B:
@@ -229,7 +275,12 @@ async def _preflight(request: web.Request) -> web.Response:
 
 async def _apply(request: web.Request) -> web.Response:
     req = _apply_request(await _body(request))
-    return _answer(await request.app[HOLDER].apply(req), 201)
+    key = _owner_key(request)
+    if key is None or not 16 <= len(key) <= 256:
+        raise AgentError(400, f"send an owner key: the header {OWNER_KEY_HEADER} with 16 to 256 "
+                         "random characters (e.g. `openssl rand -hex 16`); renewing and "
+                         "reverting the fault need the same key")
+    return _answer(await request.app[HOLDER].apply(req, key), 201)
 
 
 async def _list(request: web.Request) -> web.Response:
@@ -241,15 +292,17 @@ async def _list(request: web.Request) -> web.Response:
 
 async def _renew(request: web.Request) -> web.Response:
     renew = await _renew_body(request)
-    return _answer(request.app[HOLDER].renew(request.match_info["key"], renew.lease_s))
+    return _answer(request.app[HOLDER].renew(request.match_info["key"], renew.lease_s,
+                                             _owner_key(request)))
 
 
 async def _revert(request: web.Request) -> web.Response:
-    return _answer(await request.app[HOLDER].revert(request.match_info["key"]))
+    return _answer(await request.app[HOLDER].revert(request.match_info["key"],
+                                                    _owner_key(request), _force(request)))
 
 
 async def _revert_all(request: web.Request) -> web.Response:
-    answer = await request.app[HOLDER].revert_all()
+    answer = await request.app[HOLDER].revert_all(_owner_key(request), _force(request))
     return _answer(answer, 500 if answer.failed else 200)
 
 
@@ -383,6 +436,12 @@ async def _serve(cfg: AgentConfig, holder: Holder, tls: ssl.SSLContext | None,
     tls_said = ("mTLS" if cfg.tls_client_ca else "TLS") if tls else "plain HTTP"
     log(f"streamquake {__version__} agent on {holder.host}, pid {os.getpid()}: {url} "
         f"({tls_said}; auth: {auth}); state {cfg.state_dir}")
+    if cfg.plain_token_beyond_loopback:
+        warning = (f"WARNING: INSECURE: the bearer token from ${cfg.token_env} travels in clear "
+                   f"text over plain HTTP on {cfg.host} (--insecure-http): anyone on the "
+                   "network path can read it and apply faults; use --tls-cert and --tls-key")
+        log(warning)
+        print(f"\n{'!' * 72}\n{warning}\n{'!' * 72}\n", file=sys.stderr, flush=True)
     log(f"allowed: types {', '.join(types)}; interfaces "
         f"{', '.join(sorted(cfg.allow.interfaces)) if cfg.allow.interfaces else 'any'}; GPUs "
         f"{', '.join(sorted(cfg.allow.gpus)) if cfg.allow.gpus else 'any'}")

@@ -9,11 +9,16 @@ scenario's fault union from them. See CREATING_FAULTS.md for a walk-through.
 
 Injector contract (toxiproxy's CREATING_TOXICS.md, in spirit: never drop data on the floor):
 
-* ``apply(entry)`` makes the fault real. **Before** each change it calls ``entry.save({...})``
-  with what ``recover`` would need to undo that change from the journal alone. It returns a
-  JSON-able dict of what it did, with the system's own read-back where one exists.
+* ``apply(entry)`` makes the fault real. First, before it reads any original, it claims what it
+  acts on, ``entry.claim({"gpu:<uuid>:power_limit": "the power limit of GPU 0 (...)"})`` (a
+  fault of another owner holding one is refused with a sentence; ``per_owner=True`` where the
+  family composes one owner's faults on one thing). **Before** each change it calls
+  ``entry.save({...})`` with what ``recover`` would need to undo that change from the journal
+  alone. It returns a JSON-able dict of what it did, with the system's own read-back where one
+  exists.
 * ``revert()`` undoes it: idempotent, safe after a partial ``apply``, never raises for "already
   gone"; raises ``RevertError`` only when the fault may still be in place. Returns what it removed.
+  It touches only what this fault changed: after a refused claim, nothing.
 * Optional: ``preflight()`` (every problem as a sentence, changing nothing), ``describe()`` (the
   configured fault for reports; by default the spec's own fields) and a classmethod
   ``recover(state)`` that undoes a fault from its journal state after a killed run.

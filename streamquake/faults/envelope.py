@@ -7,9 +7,11 @@ narrows ``type`` to ``Literal["..."]`` and adds its parameters; the scenario sch
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator
+from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+
+from streamquake.units import bools_as_text, plain_name
 
 PhaseName = Literal["warmup", "baseline", "fault", "recovery"]
 LOCAL = "local"
@@ -18,8 +20,15 @@ LOCAL = "local"
 class FaultSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        return bools_as_text(cls, data)
+
     type: str
     name: str | None = None
+
+    _n = field_validator("name")(lambda v: v if v is None else plain_name(v))
     phase: PhaseName = "fault"
     # Where the fault runs: None (``at: local``, the default) in this process; else the name of
     # an agent in the scenario's ``agents:``, which holds it under a lease (streamquake/agent).

@@ -411,9 +411,9 @@ def _read_some(resp: HTTPSocketResponse, deadline: float, arrival: Arrival | Non
 
 BURST_WAIT_MS = 50.0
 """A read that brings several content events this long or longer after the stream's previous
-content brought a burst: they were held back on the way and released together, in lumps a
-reader sees (RequestSample.bunched). Events that a fast server sends sub-millisecond apart share
-reads too, but after no such wait."""
+content (or, with the response headers, after the request) brought a burst: they were held back
+on the way and released together, in lumps a reader sees (RequestSample.bunched). Events that
+a fast server sends sub-millisecond apart share reads too, but after no such wait."""
 
 
 class _Tally:
@@ -461,9 +461,10 @@ class _Tally:
             conn.parts(s, written)
 
     def add(self, event: SSEEvent, now: float, seen: float | None = None,
-            kernel: bool = False) -> None:
+            kernel: bool = False, with_headers: bool = False) -> None:
         """``now``: when the event's bytes arrived; ``seen``: when our code saw them (default:
-        the same); ``kernel``: ``now`` is the kernel's receive stamp."""
+        the same); ``kernel``: ``now`` is the kernel's receive stamp; ``with_headers``: the
+        bytes came in the response headers' read."""
         s = self.sample
         seen = now if seen is None else seen
         self.events_left -= 1
@@ -488,7 +489,7 @@ class _Tally:
             s.finish_reason = d.finish
         if d.text:
             s.content_events += 1
-            self._count_read(now, seen)
+            self._count_read(now, seen, with_headers)
             if self.last_text_at is None:
                 s.ttft_ms = (now - self.t0) * 1000.0
             else:
@@ -516,25 +517,29 @@ class _Tally:
                                            "reason: the server ended the answer early")
             self.done = True
 
-    def _count_read(self, now: float, seen: float) -> None:
-        """Count the reads that brought content and the events that came in bursts. The first
-        read's wait holds the server's prompt processing: its events are a burst only once a
-        later read is one (the stream is being held)."""
+    def _count_read(self, now: float, seen: float, with_headers: bool) -> None:
+        """Count the reads that brought content, and the content events that came in bursts
+        (BURST_WAIT_MS). The first read's wait is mostly the server's prompt processing: its
+        events count as a burst when the response headers were held back with them, or once
+        a later read is a burst (the stream is being held)."""
         s = self.sample
         if now != self.last_text_at:
             s.content_reads += 1
             self.read_events = 1
-            self.read_held = self.last_text_at is not None and \
-                self._held(now - self.last_text_at, seen)
+            if self.last_text_at is None:
+                self.read_held = with_headers and self._held(now - self.t0, seen)
+            else:
+                self.read_held = self._held(now - self.last_text_at, seen)
         else:
             self.read_events += 1
-            if self.read_held:
-                s.burst_events += 2 if self.read_events == 2 else 1
-                if self.first_read_events > 1:
-                    s.burst_events += self.first_read_events
-                self.first_read_events = 0
         if s.content_reads == 1:
-            self.first_read_events = self.read_events
+            if self.read_held:
+                s.burst_events += 1
+            else:
+                self.first_read_events = self.read_events
+        elif self.read_held and self.read_events > 1:
+            s.burst_events += (2 if self.read_events == 2 else 1) + self.first_read_events
+            self.first_read_events = 0
 
     def _held(self, wait: float, seen: float) -> bool:
         """The read came ``wait`` after the one before (or the request) for reasons not ours:
@@ -758,7 +763,7 @@ class StreamClient:
                             guard.user_read()
                     tally.sample.clock = "kernel" if kernel_reads and not user_reads else "user"
                 for event in events:
-                    tally.add(event, arrival.at, now, arrival.kernel)
+                    tally.add(event, arrival.at, now, arrival.kernel, arrival.with_headers)
                     if tally.done:
                         return arrival.at
                 if slow is not None:
@@ -785,7 +790,7 @@ class _SlowReader:
     """A slow consumer's pace (a class's ``read``): after each read, wait (gevent.sleep: every
     other greenlet runs meanwhile) until its body bytes so far fit its byte rate, and pause
     ``pause_s`` for every ``pause_every`` events read (one read of 20 events, every 10: two
-    pauses in one). Its reads are small, so a read brings about one event."""
+    pauses in one)."""
 
     def __init__(self, read: SlowRead, tally: _Tally) -> None:
         self.read = read
@@ -797,7 +802,8 @@ class _SlowReader:
 
     @staticmethod
     def block(read: SlowRead) -> int:
-        """Bytes one read may take: about _PACE_S seconds' worth at the byte rate."""
+        """Bytes one read may take: about _PACE_S seconds' worth at its byte rate, else (a
+        pausing reader) _PACE_MIN, an event or two, so that its pauses fall between events."""
         if read.rate_bytes_per_s is not None:
             return int(min(_BLOCK, max(_PACE_MIN, read.rate_bytes_per_s * _PACE_S)))
         return _PACE_MIN if read.pause_s else _BLOCK

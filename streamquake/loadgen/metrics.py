@@ -120,6 +120,8 @@ class Stats:
     usage_short: int = 0              # successful requests with fewer events than usage tokens
     tokens_counted: int = 0           # successful requests with no usage: tokens counted
     answered_models: dict[str, int] = field(default_factory=dict)   # the answers' model names
+    # Failed requests due here whose end fell after the phase: by kind, not in ``errors``.
+    late_errors: dict[str, int] = field(default_factory=dict)
     # Created on first use (closed loop never fills three of them); sparse, sized by use.
     histograms: dict[str, SparseHistogram] = field(default_factory=dict)
     # With a grid, each measurement is also counted in its time batch (a Stats of its own,
@@ -459,6 +461,7 @@ class Stats:
             "usage_short": self.usage_short,
             "tokens_counted": self.tokens_counted,
             "answered_models": dict(self.answered_models),
+            "late_errors": dict(self.late_errors),
             "errors": dict(self.errors),
             "error_reasons": {kind: dict(sorted(r.items(), key=lambda kv: -kv[1]))
                               for kind, r in self.error_reasons.items()},
@@ -552,7 +555,7 @@ _COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries",
              "usage_tokens", "usage_unseen", "usage_short", "tokens_counted",
              "bunch_judged", "bunched", "bunched_first_with_end", "bunched_reads",
              "bunched_events")
-_TABLES = ("unattributed", "errors", "retried_attempts", "answered_models")
+_TABLES = ("unattributed", "errors", "retried_attempts", "answered_models", "late_errors")
 
 
 def _nonzero(wire: dict[str, Any]) -> dict[str, Any]:

@@ -53,8 +53,8 @@ class RequestSample:
     shared_stamps: int = 0                # content events dated with the stamp of the one
                                           #   before (read together): their gap reads as 0
     content_reads: int = 0                # reads that brought content events
-    burst_events: int = 0                 # content events that came several to a read after
-                                          #   a wait of BURST_WAIT_MS or more (loadgen/client.py)
+    burst_events: int = 0                 # content events held back on the way and released
+                                          #   together (loadgen/client.py BURST_WAIT_MS)
     response_id: str | None = None        # the response's own id (OpenAI/Anthropic id, Gemini
                                           #   responseId), to find it in the server's logs
     model: str | None = None              # the model the answer named (first event naming one)
@@ -102,13 +102,12 @@ class RequestSample:
 
     @property
     def bunched(self) -> bool | None:
-        """The stream arrived in bursts: at least half its content events came several to a
-        read after a long wait (held back somewhere, then released together), or all of them
-        in one read (the first token with the end); None when it had too few content events
-        to say."""
+        """The stream arrived in bursts: at least half its content events came in bursts
+        (``burst_events``: held back somewhere, then released together); None when it had too
+        few content events to say."""
         if self.content_events < BUNCH_MIN_EVENTS:
             return None
-        return self.content_reads == 1 or 2 * self.burst_events >= self.content_events
+        return 2 * self.burst_events >= self.content_events
 
     def to_json(self) -> str:
         # Not dataclasses.asdict: it deep-copies the gaps list, which cost more than the line.

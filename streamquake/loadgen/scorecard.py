@@ -121,6 +121,8 @@ def attribute(s: RequestSample, windows: Sequence[WindowLike],
         here.add_outcome(s)
     else:
         here.add_unattributed("e2e_ms")
+        if s.error is not None:      # not counted as this phase's error, but never unsaid
+            here.late_errors[s.error] = here.late_errors.get(s.error, 0) + 1
     return True
 
 

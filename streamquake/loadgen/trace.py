@@ -158,6 +158,9 @@ def _read_text(p: Path, what: str) -> str:
         raise ScenarioError(f"{p}: the {what} is not UTF-8 text (byte {exc.start})") from None
     except OSError as exc:
         raise ScenarioError(f"{p}: cannot read the {what}: {exc.strerror or exc}") from None
+    except ValueError:     # a NUL in the path: no file can have that name
+        raise ScenarioError(f"{ascii(str(p))}: cannot read the {what}: the path holds a NUL "
+                            "character") from None
 
 
 def _looks_csv(p: Path, text: str) -> bool:

@@ -22,6 +22,13 @@ def write_reports(result: RunResult, out: Path) -> tuple[list[Path], list[tuple[
     [(path, why) that could not be written])."""
     written: list[Path] = []
     failed: list[tuple[Path, str]] = []
+    # A path given on the command line may hold bytes that are not UTF-8 (as surrogates), and
+    # the texts that name it with it: every report says it escaped, rather than not be written.
+    result.scenario_file, result.scenario_name = map(_utf8, (result.scenario_file,
+                                                             result.scenario_name))
+    result.errors[:] = map(_utf8, result.errors)
+    if result.failure is not None:
+        result.failure = _utf8(result.failure)
 
     def atomic(path: Path, write: Callable[[Path], object]) -> None:
         tmp = path.with_name(f".{path.name}.tmp")
@@ -55,3 +62,7 @@ def write_reports(result: RunResult, out: Path) -> tuple[list[Path], list[tuple[
     else:
         csv_path.unlink(missing_ok=True)
     return written, failed
+
+
+def _utf8(text: str) -> str:
+    return text.encode("utf-8", "backslashreplace").decode()

@@ -141,14 +141,16 @@ def status_row(result: RunResult) -> dict[str, str]:
 
 
 def error_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
-    """Failed requests by kind and phase (kinds with no failure anywhere are left out)."""
+    """Failed requests by kind and phase (kinds with no failure anywhere are left out), then
+    those that failed after their phase ended (counted in no phase's errors, never unsaid)."""
     counts: dict[str, dict[str, int]] = {}
-    for phase in result.phases:
-        errors = phase.stats.get("errors")
-        if isinstance(errors, dict):
-            for kind, n in errors.items():
-                if isinstance(n, int) and n > 0:
-                    counts.setdefault(kind, {})[phase.name] = n
+    for key, suffix in (("errors", ""), ("late_errors", ", ended after its phase")):
+        for phase in result.phases:
+            errors = phase.stats.get(key)
+            if isinstance(errors, dict):
+                for kind, n in errors.items():
+                    if isinstance(n, int) and n > 0:
+                        counts.setdefault(kind + suffix, {})[phase.name] = n
     status = status_row(result)
     return [(kind, {p: "-" if status[p] in ("-", "not run") else str(c.get(p, 0))
                     for p in PHASE_COLUMNS}) for kind, c in counts.items()]

@@ -7,8 +7,11 @@ SIGSTOPped or starved for a whole lease, renewals stop and the agent undoes ever
 process owns in the journal: nobody has to remember ``streamquake recover``. If the agent cannot
 be reached, the run goes on with the journal alone and says so once.
 
-Should the run wake after its lease lapsed (SIGCONT after a stop), the next renewal hears 410:
-``lost`` says why, and the runner aborts the run (its faults are already gone).
+Should the run wake after its lease lapsed (SIGCONT after a stop), its faults are already gone.
+``check`` (before every change the run makes) and ``lapsed`` (at every tick, and when a fault is
+found gone) tell it so at once, without waiting for the next renewal to hear 410: a renewal last
+sent a whole lease ago means the agent has given up on us, whether it has said so yet or not.
+The runner then applies nothing more, aborts, and exits 5.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
+from collections.abc import Collection
 
 from streamquake.agent.api import WatchRun
 from streamquake.agent.client import AgentClient, AgentRefused
-from streamquake.errors import StreamquakeError
+from streamquake.errors import LeaseLapsed, StreamquakeError
 from streamquake.journal import Journal, pid_start_time
 
 READY_TIMEOUT_S = 25.0        # the local agent's start (START_TIMEOUT_S) and a margin
@@ -35,6 +40,7 @@ class RunLease:
         self.unwatched: str | None = None     # why no watchdog holds this run, if none does
         self._client: AgentClient | None = None
         self._id: str | None = None
+        self._renewed: float | None = None    # monotonic send time of the last accepted renewal
         self._ready = threading.Event()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._hold, name="sq-run-lease", daemon=True)
@@ -59,6 +65,27 @@ class RunLease:
         return (f"no watchdog holds this run's faults ({self.unwatched}): if this process is "
                 "killed, they stay until `streamquake recover`")
 
+    def lapsed(self, held: Collection[str] = ()) -> str | None:
+        """Why this run's lease no longer holds, or None while it does (or no watchdog holds
+        the run at all). ``held``: journal entry ids the run still holds; one gone from the
+        journal means the watchdog has already undone them."""
+        if self.lost is not None:
+            why = self.lost
+        elif self._renewed is not None and (
+                since := time.monotonic() - self._renewed) >= self.lease_s:
+            why = f"no renewal got through for {since:.1f} s"
+        elif held and not set(held) <= {r.id for r in self.journal.records()}:
+            why = "the watchdog took this run's entries from the journal"
+        else:
+            return None
+        return (f"{why}: this run's {self.lease_s:g} s lease lapsed, and the watchdog undoes its "
+                "faults (was this process stopped?)")
+
+    def check(self, held: Collection[str] = ()) -> None:
+        """Raise LeaseLapsed unless the lease holds: before every change to the system."""
+        if (why := self.lapsed(held)) is not None:
+            raise LeaseLapsed(why)
+
     def close(self) -> None:
         """The run has reverted its faults: stop renewing and end the watch."""
         self._stop.set()
@@ -80,8 +107,10 @@ class RunLease:
         period = self.lease_s / RENEW_DIVISOR
         while not self._stop.wait(period):
             assert self._client is not None
+            sent = time.monotonic()   # the agent's new term starts no earlier than this
             try:
                 self._client.renew_run(self._id, read_timeout_s=period)
+                self._renewed = sent
             except AgentRefused as exc:
                 self.lost = (f"the local watchdog stopped holding this run ({exc.problem.error})"
                              if exc.status == 410 else f"the local watchdog refused a renewal "
@@ -96,7 +125,9 @@ class RunLease:
         agent = ensure_local_agent()
         self._client = agent.client()
         pid = os.getpid()
+        sent = time.monotonic()
         watched = self._client.watch_run(WatchRun(
             pid=pid, pid_start=pid_start_time(pid), journal=str(self.journal.path),
             label=self.label, lease=self.lease_s))
         self._id = watched.id
+        self._renewed = sent

@@ -10,13 +10,14 @@ import time
 from dataclasses import dataclass
 
 from streamquake.deadline import run_with_deadline
-from streamquake.errors import InjectorError, PreflightError
+from streamquake.errors import InjectorError, LeaseLapsed, PreflightError
 from streamquake.events import Events, FaultApplied, FaultReverted
 from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import Describes, FaultSpec, Injector, RunContext
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
 from streamquake.result import FaultRecord
+from streamquake.run.lease import RunLease
 from streamquake.run.preflight import injector_problems
 from streamquake.run.signals import Signals
 
@@ -48,6 +49,8 @@ class Ledger:
         self.errors: list[str] = []
         self.revert_failed = False
         self.owner = f"{socket.gethostname()}:{os.getpid()}"
+        self.lease: RunLease | None = None       # the watchdog's, when one holds this run
+        self._held: set[str] = set()             # journal entry ids of faults applied, held
 
     def plan(self, ctx: RunContext, implied: list[FaultSpec],
              listed: list[FaultSpec]) -> list[PlannedFault]:
@@ -76,7 +79,14 @@ class Ledger:
                              phase=fault.phase, configured=fault.describe(), owner=self.owner,
                              at=spec.at or "local")
         self.records.append(record)
+        if self.lease is not None:
+            try:
+                self.lease.check(self._held)     # never a fault on a lapsed lease
+            except LeaseLapsed as exc:
+                record.error = f"not applied: {exc}"
+                raise
         entry = self.journal.add(fault.journal_type or record.type, record.name)
+        self._held.add(entry.entry_id)
         stack.callback(self._revert, record, fault.injector, entry)
         try:
             record.applied = fault.injector.apply(entry)
@@ -93,12 +103,15 @@ class Ledger:
 
     def _revert_shielded(self, record: FaultRecord, injector: Injector,
                          entry: JournalEntry) -> None:
+        self._held.discard(entry.entry_id)
         if record.applied_at is not None and not entry.present():
-            # Another process (a second run, `streamquake recover`) took it away mid-phase:
-            # the phase was not faulted throughout, and saying "reverted" would be a lie.
-            record.error = ("removed under this run by another process (its journal entry "
-                            "vanished) before the phase ended; the phase was not faulted "
-                            "throughout")
+            # Taken away mid-phase: the phase was not faulted throughout, and saying "reverted"
+            # would be a lie. By this run's own watchdog if its lease lapsed (the run was
+            # stopped), else by another process (a second run, `streamquake recover`).
+            lapsed = self.lease.lapsed() if self.lease is not None else None
+            by = ("undone by the watchdog when this run's lease lapsed" if lapsed else
+                  "removed under this run by another process (its journal entry vanished)")
+            record.error = f"{by} before the phase ended; the phase was not faulted throughout"
             self.errors.append(f"fault '{record.name}': {record.error}")
         try:
             record.reverted = run_with_deadline(

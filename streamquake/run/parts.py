@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import socket
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -47,16 +47,21 @@ def wanted_resources(scenario: Scenario) -> list[Resource]:
 
 
 def start_parts(stack: contextlib.ExitStack, scenario: Scenario, run_dir: Path,
-                journal: Journal, events: Events) -> Parts:
+                journal: Journal, events: Events,
+                check_lease: Callable[[], None] = lambda: None) -> Parts:
+    """``check_lease`` raises unless the run's lease holds: called before each resource, as
+    each changes the system (a namespace, a proxy)."""
     wiring = Wiring()
     ctx = RunContext(target_host="", target_port=0, run_dir=run_dir, network=scenario.network,
                      seed=scenario.load.seed, journal=journal)
     parts = Parts(ctx, wiring)
     resources = wanted_resources(scenario)
     for r in (r for r in resources if r.stage == "before_target"):
+        check_lease()
         _start(stack, r, parts, events)
     _start_target(stack, scenario, parts, events)
     for r in (r for r in resources if r.stage == "after_target"):
+        check_lease()
         _start(stack, r, parts, events)
     if wiring.load_url != wiring.target_url:
         parts.target_info["load_url"] = wiring.load_url

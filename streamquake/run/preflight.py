@@ -5,9 +5,10 @@ from __future__ import annotations
 import datetime
 import os
 
+from streamquake.errors import ScenarioError
 from streamquake.faults.contract import Injector, Preflights
 from streamquake.journal import Journal, JournalRecord
-from streamquake.scenario import ENV_REF, Scenario
+from streamquake.scenario import Scenario
 
 
 def _when(record: JournalRecord) -> str:
@@ -41,14 +42,18 @@ def journal_problems(journal: Journal) -> tuple[list[str], list[str]]:
 
 
 def header_problems(scenario: Scenario) -> list[str]:
-    missing = sorted(
-        {name for value in scenario.target.headers.values()
-         for name in ENV_REF.findall(value) if name not in os.environ}
-    )
-    if not missing:
-        return []
-    return [f"target.headers refer to environment variable(s) that are not set: "
-            f"{', '.join(missing)}; export them before the run"]
+    """What the load process would refuse in target.headers and target.path once ``${VAR}``
+    is expanded from this environment (an unset variable, a line break in a value), found
+    before anything starts rather than by Locust."""
+    from streamquake.loadgen.client import expand_headers, expand_path   # gevent: load side
+
+    try:
+        expand_headers(scenario.target.headers, os.environ)
+        if scenario.target.path:
+            expand_path(scenario.target.path, os.environ)
+    except ScenarioError as exc:
+        return [f"target: {p}" for p in exc.problems]
+    return []
 
 
 def injector_problems(label: str, type_name: str, injector: Injector) -> list[str]:

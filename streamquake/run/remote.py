@@ -28,6 +28,8 @@ from typing import Literal
 from streamquake.agent.api import API_VERSION, AgentInfo, ApplyRequest, TargetAddr
 from streamquake.agent.client import (
     APPLY_READ_TIMEOUT_S,
+    CONNECT_TIMEOUT_S,
+    READ_TIMEOUT_S,
     AgentClient,
     AgentRefused,
     AgentUnreachable,
@@ -54,10 +56,13 @@ def _tls(ca: str | None, cert: str | None, key: str | None) -> TlsFiles:
                     client_key=Path(key) if key else None)
 
 
-def agent_client(ref: AgentRef, **timeouts: float) -> AgentClient:
+def agent_client(ref: AgentRef, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> AgentClient:
+    """A client for a scenario's agent; it sends this user's owner key (``agent.owner``), so a
+    killed run's ``recover`` still owns what the run applied."""
     return AgentClient(ref.url, os.environ.get(ref.token_env) or None,
                        tls=_tls(ref.ca_cert, ref.client_cert, ref.client_key), label=ref.name,
-                       **timeouts)
+                       connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
 
 
 class AgentDirectory:

@@ -14,7 +14,13 @@ import time
 from pathlib import Path
 
 from streamquake import __version__
-from streamquake.errors import EXIT_OK, EXIT_SLO_BROKEN, PreflightError, StreamquakeError
+from streamquake.errors import (
+    EXIT_OK,
+    EXIT_SLO_BROKEN,
+    LeaseLapsed,
+    PreflightError,
+    StreamquakeError,
+)
 from streamquake.events import Events, PhaseStarted, RunFinished, RunStarted, Tick
 from streamquake.faults.catalog import families
 from streamquake.faults.contract import FaultSpec
@@ -76,16 +82,19 @@ class Runner:
             parts = None
             try:
                 with contextlib.ExitStack() as stack:
-                    # Entered first, so it is left last: the watch ends after every revert.
+                    # Entered first, so it is left last: the watch ends after every revert. And
+                    # held before the first change (a namespace, a proxy): a run killed at any
+                    # later moment leaves nothing the watchdog does not undo.
                     if self.lease_s:
                         self.lease = stack.enter_context(
                             RunLease(self.journal, self.lease_s, self.scenario.name))
+                        self._wait_for_watchdog()
+                        self.ledger.lease = self.lease
                     parts = start_parts(stack, self.scenario, self.work_dir, self.journal,
-                                        self.events)
+                                        self.events, self._check_lease)
                     target_info = parts.target_info
                     planned = self.ledger.plan(parts.ctx, self._implied(),
                                                list(self.scenario.faults))
-                    self._wait_for_watchdog()
                     # Whole-run faults on a stack of their own, so an abort can revert them early.
                     whole_run = stack.enter_context(contextlib.ExitStack())
                     for fault in (f for f in planned if f.phase == WHOLE_RUN):
@@ -103,6 +112,10 @@ class Runner:
                     self._walk(windows, planned, load, whole_run)
                     self.events.message("waiting for in-flight requests to finish")
                     load.wait()
+                # Lapsed at any moment, even where no tick ran (stopped past the last phase):
+                # the watchdog undid the faults under the run, whose figures are not its own.
+                if self.aborted is None and self.lease is not None:
+                    self.aborted = self.lease.lapsed()
             except Interrupted as exc:
                 interrupted = exc.signame
                 stopped_at = time.time()
@@ -136,6 +149,10 @@ class Runner:
         if problems:
             raise PreflightError(problems)
 
+    def _check_lease(self) -> None:
+        if self.lease is not None:
+            self.lease.check()
+
     def _wait_for_watchdog(self) -> None:
         if self.lease is None:
             return
@@ -153,11 +170,8 @@ class Runner:
             sleep_until(w.start, load, self.work_dir, self._tick)
             self.events.emit(PhaseStarted(w.name, w.end - w.start))
             with contextlib.ExitStack() as phase_stack:
-                if self.aborted is None:
-                    for fault in planned:
-                        if fault.phase == w.name:
-                            self.ledger.apply(phase_stack, fault)
-                aborted_now = sleep_until(w.end, load, self.work_dir, self._tick)
+                refused = self.aborted is None and not self._apply(phase_stack, planned, w.name)
+                aborted_now = refused or sleep_until(w.end, load, self.work_dir, self._tick)
             if aborted_now:
                 # The phase's faults were reverted as its stack closed; the whole-run ones now.
                 whole_run.close()
@@ -165,14 +179,26 @@ class Runner:
                                     "the remaining phases run without faults")
                 sleep_until(w.end, load, self.work_dir, self._tick)
 
+    def _apply(self, stack: contextlib.ExitStack, planned: list[PlannedFault],
+               phase: str) -> bool:
+        """Apply the phase's faults; False (the run aborted) if the lease lapsed first."""
+        try:
+            for fault in planned:
+                if fault.phase == phase:
+                    self.ledger.apply(stack, fault)
+        except LeaseLapsed as exc:
+            self.aborted = str(exc)
+            return False
+        return True
+
     def _tick(self) -> bool:
         """Feed the watch; report rolling stats; True once, when an abort condition holds."""
         self.watch.poll()
         self.guard.poll()
         self.events.emit(Tick(self.watch.rolling()))
-        if self.aborted is None and self.lease is not None and self.lease.lost is not None:
-            self.aborted = (f"{self.lease.lost}; it undid this run's faults when its "
-                            f"{self.lease_s:g} s lease lapsed (was this process stopped?)")
+        if self.aborted is None and self.lease is not None and (
+                lapsed := self.lease.lapsed()) is not None:
+            self.aborted = lapsed
             return True
         if self.aborted is None and (reason := self.watch.abort_reason()) is not None:
             self.aborted = reason

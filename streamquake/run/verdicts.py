@@ -6,6 +6,7 @@ only *gates* (sets the exit code) in the phases it lists.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from typing import Protocol
 
@@ -23,6 +24,8 @@ class PhaseStats(Protocol):
 
     def rate_interval(self, metric: str, confidence: float
                       ) -> tuple[float | None, float | None, int]: ...
+
+    def effective_count(self, metric: str, p: float | None, confidence: float) -> int: ...
 
     def value(self, metric: str) -> float | None: ...
 
@@ -92,6 +95,8 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
         percentile=slo.percentile,
         detail=why,
         samples=n,
+        effective_samples=stats.effective_count(slo.metric, slo.percentile,
+                                                verdicts.confidence) if n else None,
         ci_low=low,
         ci_high=high,
         confidence=verdicts.confidence,
@@ -111,18 +116,21 @@ def check_recovery(spec: RecoverySpec, baseline: PhaseStats, recovery: PhaseStat
                                                           verdicts.confidence)
         low, high, n = recovery.percentile_interval(metric, spec.percentile,
                                                     verdicts.confidence)
-        if metric in HIGHER_IS_BETTER:
-            op = ">="
-            threshold = None if base is None else base * (1.0 - spec.tolerance)
-            passed = seen is not None and threshold is not None and seen >= threshold
-        else:
-            op = "<="
-            threshold = None if base is None else base * (1.0 + spec.tolerance) + spec.slack_ms
-            passed = seen is not None and threshold is not None and seen <= threshold
+        op = ">=" if metric in HIGHER_IS_BETTER else "<="
+        threshold = _limit(spec, op, base)
+        passed = seen is not None and threshold is not None and (
+            seen >= threshold if op == ">=" else seen <= threshold)
+        certain: bool | None = True
+        if threshold is not None and seen is not None:
+            # Baseline is measured too, so the threshold has an interval of its own: sure only
+            # when seen - threshold is, by both intervals (a lucky baseline decides nothing).
+            gap_low, gap_high = _gap_interval(seen, low, high, threshold,
+                                              _limit(spec, op, b_low), _limit(spec, op, b_high))
+            certain = sure(op, 0.0, gap_low, gap_high)
         tol = f"{spec.tolerance * 100:g}%"
-        certain = (sure(op, threshold, low, high)
-                   if threshold is not None and seen is not None else True)
         conf = f"{verdicts.confidence * 100:g}%"
+        b_eff = baseline.effective_count(metric, spec.percentile, verdicts.confidence)
+        eff = recovery.effective_count(metric, spec.percentile, verdicts.confidence)
         checks.append(
             Check(
                 name=f"{metric} p{spec.percentile:g} recovers to baseline +{tol}",
@@ -136,11 +144,13 @@ def check_recovery(spec: RecoverySpec, baseline: PhaseStats, recovery: PhaseStat
                 gating=True,
                 percentile=spec.percentile,
                 detail=(
-                    f"baseline {base:.1f} (n={b_n}, {conf} CI {_span(b_low, b_high)}); "
-                    f"recovery n={n}, {conf} CI {_span(low, high)}"
+                    f"baseline {base:.1f} ({_count(b_n, b_eff)}, {conf} CI "
+                    f"{_span(b_low, b_high)}); recovery {_count(n, eff)}, {conf} CI "
+                    f"{_span(low, high)}"
                     if base is not None else "no baseline data to compare"
                 ),
                 samples=n,
+                effective_samples=eff if n else None,
                 ci_low=low,
                 ci_high=high,
                 confidence=verdicts.confidence,
@@ -148,6 +158,33 @@ def check_recovery(spec: RecoverySpec, baseline: PhaseStats, recovery: PhaseStat
             )
         )
     return checks
+
+
+def _limit(spec: RecoverySpec, op: str, base: float | None) -> float | None:
+    """The threshold that a baseline percentile of ``base`` sets."""
+    if base is None:
+        return None
+    if op == ">=":
+        return base * (1.0 - spec.tolerance)
+    return base * (1.0 + spec.tolerance) + spec.slack_ms
+
+
+def _gap_interval(seen: float, low: float | None, high: float | None, threshold: float,
+                  t_low: float | None, t_high: float | None
+                  ) -> tuple[float | None, float | None]:
+    """An interval for seen - threshold from the intervals of the two independent estimates
+    (MOVER, Zou and Donner 2008: each side's distances to the estimates, in quadrature)."""
+    gap = seen - threshold
+    below = None if low is None or t_high is None else \
+        gap - math.hypot(seen - low, t_high - threshold)
+    above = None if high is None or t_low is None else \
+        gap + math.hypot(high - seen, threshold - t_low)
+    return below, above
+
+
+def _count(n: int, effective: int) -> str:
+    """``n=1606``, or ``n=1606 (worth 127 independent)`` when they depend on each other."""
+    return f"n={n}" if effective >= n else f"n={n} (worth {effective} independent)"
 
 
 def _span(low: float | None, high: float | None) -> str:

@@ -83,8 +83,13 @@ def _child(value: Any, pos: Pos | None, key: str) -> tuple[Any, Pos | None]:
 
 
 def _abs(base: Path, text: str) -> str:
-    p = Path(text).expanduser()
-    return str(p if p.is_absolute() else (base / p).resolve())
+    """``text`` as an absolute path; unchanged when no file system could name it (a NUL in
+    it), so that reading it reports the file as unreadable where the scenario names it."""
+    try:
+        p = Path(text).expanduser()
+        return str(p if p.is_absolute() else (base / p).resolve())
+    except (ValueError, OSError):
+        return text
 
 
 def _ref(field: str, kind: str, path: str, pos: Pos | None) -> DataFile:

@@ -49,6 +49,7 @@ MAX_DEPTH = 64
 MAX_VALUES = 50_000
 # Numbers are seeds, counts, durations and rates: 2^63 - 1 is the largest any of them means.
 MAX_NUMBER = 2**63 - 1
+_SURROGATE = re.compile("[\ud800-\udfff]")
 # Problems printed at most; the rest are counted.
 MAX_PROBLEMS = 50
 
@@ -311,6 +312,12 @@ class _Builder:
         line, col = _mark(ev)
         self.counted(line, col, 1)
         text = str(ev.value)
+        if half := _SURROGATE.search(text):
+            # Written as a "\ud800" escape: no file, header or JSON body can carry it.
+            self.problem(line, col, f"the text holds U+{ord(half.group()):04X}, half of a "
+                                    "surrogate pair, which is not a character: write the "
+                                    "character itself")
+            text = _SURROGATE.sub("\ufffd", text)
         tag = None if ev.tag is None else str(ev.tag)
         plain = tag is None and bool(ev.implicit and ev.implicit[0]) and ev.style is None
         value = self.construct(text, tag, plain, line, col)

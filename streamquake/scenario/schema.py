@@ -22,11 +22,13 @@ from streamquake.faults.envelope import FaultSpec, PhaseName
 from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.target.config import Protocol, TargetConfig
 from streamquake.units import (
+    bools_as_text,
     parse_duration_ms,
     parse_duration_s,
     parse_fraction,
     parse_rate_bytes_per_s,
     parse_size_bytes,
+    plain_name,
 )
 
 SCORED_PHASES: tuple[PhaseName, ...] = ("baseline", "fault", "recovery")
@@ -64,6 +66,11 @@ _ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        return bools_as_text(cls, data)
+
 
 def _dur_s(v: Any) -> float:
     return parse_duration_s(v)
@@ -72,6 +79,8 @@ def _dur_s(v: Any) -> float:
 class TargetSpec(_Model):
     protocol: Protocol
     model: str = "sim-1"
+
+    _n = field_validator("model")(lambda v: v if v is None else plain_name(v))
     url: str | None = None
     embedded: TargetConfig | None = None
     path: str | None = None
@@ -228,6 +237,8 @@ class VerdictSpec(_Model):
 
 class SLOSpec(_Model):
     metric: Metric
+
+    _n = field_validator("name")(lambda v: v if v is None else plain_name(v))
     percentile: float | None = Field(default=None, gt=0, le=100)
     max: float | None = None
     min: float | None = None
@@ -298,6 +309,8 @@ class ReadSpec(_Model):
 
 class RequestClass(_Model):
     name: str = "default"
+
+    _n = field_validator("name")(lambda v: v if v is None else plain_name(v))
     weight: float = Field(default=1.0, gt=0)
     prompt: str | None = None
     prompts: list[str] | None = None
@@ -424,6 +437,8 @@ else:
 
 class Scenario(_Model):
     name: str
+
+    _n = field_validator("name")(lambda v: v if v is None else plain_name(v))
     description: str = ""
     target: TargetSpec
     network: NetworkConfig = Field(default_factory=NetworkConfig)

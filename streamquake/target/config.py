@@ -3,17 +3,22 @@
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # Re-exported: the scenario schema and the load plan name protocols through this module.
 from streamquake.protocols import Protocol as Protocol
-from streamquake.units import parse_duration_ms, parse_fraction
+from streamquake.units import bools_as_text, parse_duration_ms, parse_fraction
 
 
 class _Frozen(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        return bools_as_text(cls, data)
 
 
 class Fixed(_Frozen):

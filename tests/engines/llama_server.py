@@ -70,7 +70,7 @@ def _healthy(url: str) -> bool:
         return False         # not listening yet, or 503 while the model loads
 
 
-def serve(workdir: Path, slots: int = 2, threads: int = 1) -> Iterator[LlamaServer]:
+def serve(workdir: Path, slots: int = 4, threads: int = 1) -> Iterator[LlamaServer]:
     """Start llama-server on a free loopback port with the tiny model; yield it once /health
     answers, and stop it after, whatever happened."""
     exe = binary()

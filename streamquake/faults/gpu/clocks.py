@@ -50,6 +50,8 @@ _UNDO_OP: dict[str, Operation] = {
     "mem_clocks": "reset_mem_clocks",
     "power_limit": "set_power_limit",
 }
+_SETTING = {"sm_clocks": "SM clock lock", "mem_clocks": "memory clock lock",
+            "power_limit": "power limit"}
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,10 @@ class GpuClocksInjector:
                     plans.append(_resolve(self.spec, nv, gpu))
                 except nv.NVMLError as exc:
                     raise InjectorError(explain(exc, "query", gpu, nv)) from exc
+            # Each setting has one owner, even within a run: a second fault's "original" would be
+            # the first's value, and a lock's range cannot be read back to restore it.
+            entry.claim({f"gpu:{g.uuid}:{op}": f"the {_SETTING[op]} of {g.label}"
+                         for g, p in zip(gpus, plans, strict=True) for op in p.ops()})
             self._records = [_snapshot(nv, g, p) for g, p in zip(gpus, plans, strict=True)]
             entry.save({"gpus": self._records, "emulated_driver": is_emulated(nv)})
             try:

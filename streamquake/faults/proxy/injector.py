@@ -106,6 +106,7 @@ class SSEProxyInjector:
     def __init__(self, spec: SSEProxyFault, ctx: RunContext) -> None:
         self.spec = spec
         self.ctx = ctx
+        self._sent = False   # revert removes a fault of this name only if this one sent it
 
     @property
     def _proxy_url(self) -> str | None:
@@ -138,7 +139,12 @@ class SSEProxyInjector:
 
     def apply(self, entry: JournalEntry) -> dict[str, Any]:
         url = self._control_url
+        # One owner per proxy: another run's fault would change this one's phase, and one of
+        # the same name would replace it. One run's own faults add up, each removed by name.
+        where = urllib.parse.urlsplit(url).netloc
+        entry.claim({f"proxy:{where}": f"the SSE proxy at {where}"}, per_owner=True)
         entry.save({"proxy_control_url": url, "name": self.spec.label})
+        self._sent = True
         try:
             echo = _call("PUT", _fault_url(url, self.spec.label), self.spec.proxy_params(),
                          _HTTP_TIMEOUT_S)
@@ -152,6 +158,8 @@ class SSEProxyInjector:
         url = self._proxy_url
         if not url:
             return {"name": self.spec.label, "removed": False, "note": "no proxy in this run"}
+        if not self._sent:
+            return {"name": self.spec.label, "removed": False, "note": "never sent to the proxy"}
         try:
             return _delete(url, self.spec.label)
         except ProxyUnreachable:

@@ -9,7 +9,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from streamquake.faults.envelope import FaultSpec
-from streamquake.units import parse_duration_ms, parse_duration_s, parse_fraction, parse_size_bytes
+from streamquake.units import (
+    bools_as_text,
+    parse_duration_ms,
+    parse_duration_s,
+    parse_fraction,
+    parse_size_bytes,
+)
 
 _ENVELOPE = {"type", "name", "phase"}
 
@@ -29,6 +35,11 @@ def _positive_ms(v: Any) -> float:
 
 class _Part(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        return bools_as_text(cls, data)
 
 
 class Stall(_Part):

@@ -52,6 +52,7 @@ from streamquake.faults.contract import RunContext
 from streamquake.faults.tc.install import LeafQdisc, install_htb, install_ifb, ownership_problem
 from streamquake.faults.tc.netns import iproute, netns_exists
 from streamquake.faults.tc.placement import (
+    Hop,
     plan_hops,
     resolve_addresses,
     resolve_placement,
@@ -79,6 +80,16 @@ class TcApplied:
     def to_json(self) -> JsonDict:
         return {"hops": [h.to_json() for h in self.hops],
                 "kernel": [k.to_json() for k in self.kernel], "apply_ms": self.apply_ms}
+
+
+def _claim_key(hop: Hop) -> str:
+    return f"tc:{hop.netns or 'host'}:{hop.ifname}:{'ingress' if hop.via_ifb else 'egress'}"
+
+
+def _claim_words(hop: Hop) -> str:
+    where = f" in network namespace {hop.netns}" if hop.netns else ""
+    what = "ingress redirect (ifb)" if hop.via_ifb else "egress qdisc tree"
+    return f"the {what} of {hop.ifname}{where}"
 
 
 class ScopedTc:
@@ -132,6 +143,10 @@ class ScopedTc:
     def _apply(self, entry: JournalEntry) -> None:
         hops = plan_hops(self.ctx, self.placement)
         addrs = resolve_addresses(self.ctx.target_host)
+        # One owner per interface and direction: another's newest filter would take this
+        # fault's packets mid-phase. One run's own faults stack (newest first, each revert
+        # removing only its own), as a whole-run profile under a phase fault does.
+        entry.claim({_claim_key(h): _claim_words(h) for h in hops}, per_owner=True)
         for hop in hops:
             self._hops.append(HopState.bare(hop))
             install = install_ifb if hop.via_ifb else install_htb

@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from streamquake.faults.envelope import FaultSpec
 from streamquake.faults.tc.profiles import get_profile
 from streamquake.units import (
+    bools_as_text,
     parse_duration_ms,
     parse_fraction,
     parse_rate_bytes_per_s,
@@ -22,6 +23,11 @@ class NetworkConfig(BaseModel):
     """The scenario's ``network:`` section: where the target lives and where tc faults land."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: Any) -> Any:
+        return bools_as_text(cls, data)
 
     mode: Literal["host", "namespace"] = "host"
     # host mode: the interface to shape; default: the one the kernel routes the target through.

@@ -1,0 +1,90 @@
+"""Every path of every shipped scenario, given a value of every wrong type (issue 20): the
+loader answers with a Scenario or a located ScenarioError, never another exception; and what
+it accepts goes through ``run --dry-run``'s plan and the load plan's serialisation without one.
+
+The values: null, booleans, empty and full lists and mappings, infinities and NaN, numbers far
+out of range, a long string, a lone surrogate, control and format characters, the empty string.
+Written as JSON (which is YAML), so each document is exactly the mutated value."""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from ruamel.yaml import YAML
+
+from streamquake.errors import ScenarioError, StreamquakeError
+from streamquake.run.loadplan import load_plan_for
+from streamquake.run.plan import dry_run_plan
+from streamquake.scenario import parse_scenario
+from tests.conftest import REPO
+
+WRONG: list[Any] = [None, True, False, [], {}, [1, "a"], {"a": 1}, math.inf, -math.inf,
+                    math.nan, 2**70, -2**70, -1, 0, 1e-300, "x" * 5000, "\ud800",
+                    "a\x07\u202eb\x00", "", "1e309"]
+SHIPPED = sorted((REPO / "scenarios").glob("*.yaml"))
+
+
+def _paths(node: Any, prefix: tuple[Any, ...] = ()) -> Iterator[tuple[Any, ...]]:
+    yield prefix
+    items = node.items() if isinstance(node, dict) else enumerate(node) \
+        if isinstance(node, list) else ()
+    for key, child in items:
+        yield from _paths(child, (*prefix, key))
+
+
+def _with(doc: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return value
+    out = copy.deepcopy(doc)
+    node = out
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = value
+    return out
+
+
+def _yaml(value: Any) -> str:
+    text = json.dumps(value, allow_nan=True)     # JSON is YAML; its non-finite words are not
+    return text.replace("-Infinity", "-.inf").replace("Infinity", ".inf").replace("NaN", ".nan")
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.name)
+def test_every_path_of_a_shipped_scenario_with_every_wrong_value(path: Path) -> None:
+    doc = json.loads(json.dumps(YAML(typ="safe", pure=True).load(path.read_text())))
+    counts = {"documents": 0, "refused": 0, "accepted": 0}
+    tracebacks: list[str] = []
+    for where in list(_paths(doc)):
+        for value in WRONG:
+            counts["documents"] += 1
+            text = _yaml(_with(doc, where, value))
+            try:
+                scenario = parse_scenario(text, str(path))
+            except ScenarioError as exc:
+                counts["refused"] += 1
+                assert all(p.startswith(str(path)) for p in exc.problems), exc.problems
+                continue
+            except Exception:      # noqa: BLE001 - what the test looks for
+                tracebacks.append(f"{where} = {value!r:.40}: {traceback.format_exc()[-400:]}")
+                continue
+            counts["accepted"] += 1
+            try:
+                dry_run_plan(scenario)
+                load_plan_for(scenario, "http://127.0.0.1:9", Path("/nonexistent"),
+                              time.time() + 60).model_dump_json()
+            except StreamquakeError:
+                pass
+            except Exception:      # noqa: BLE001
+                tracebacks.append(f"{where} = {value!r:.40} (accepted): "
+                                  f"{traceback.format_exc()[-400:]}")
+    print(f"\n{path.name}: {counts}, tracebacks {len(tracebacks)}")
+    assert not tracebacks, "\n".join(tracebacks[:5])
+    assert counts["refused"] > counts["accepted"] > 0
