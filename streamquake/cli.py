@@ -5,7 +5,6 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
-
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -366,6 +365,68 @@ def _share(text: str, option: str) -> float:
     if not 0 <= value < 10:
         raise ScenarioError(f"{option}: {text!r} is out of range; write e.g. 10%")
     return value
+
+
+@app.command(epilog=EXIT_CODES_HELP)
+def probe(
+    scenario_file: Annotated[
+        Path | None, typer.Argument(help="Scenario YAML file (its target, headers, classes).")
+    ] = None,
+    url: Annotated[str | None, typer.Option("--url", help="The server to probe (instead of, "
+                                             "or over, the scenario's target.url).")] = None,
+    protocol: Annotated[str, typer.Option("--protocol", help="Without a scenario: openai, "
+                                          "gemini, anthropic or sse.")] = "openai",
+    model: Annotated[str | None, typer.Option("--model", help="Without a scenario: the model "
+                                              "to ask for.")] = None,
+    path: Annotated[str | None, typer.Option("--path", help="Without a scenario: the request "
+                                             "path, if not the protocol's own.")] = None,
+    headers: Annotated[
+        list[str] | None, typer.Option("--header", help="Without a scenario: 'Name: value' "
+                                       "(repeatable; ${VAR} is read from the environment).")
+    ] = None,
+) -> None:
+    """Send one real streaming request per request class and print what came back: the check
+    `run` makes before any load, alone. Exits 3 when a class cannot stream (a 401, a 404, an
+    HTML page, no token), 0 when every class can."""
+    import json as json_module
+    import tempfile
+
+    from streamquake.run.probe import probe as probe_target
+    from streamquake.scenario import load_scenario, parse_scenario
+
+    try:
+        if scenario_file is not None:
+            scenario = load_scenario(scenario_file, [f"target.url={url}"] if url else [])
+        elif url is None:
+            raise ScenarioError("give a scenario file, or --url (with --protocol, --model, "
+                                "--path and --header as needed)")
+        else:
+            named = dict(h.split(":", 1) for h in headers or () if ":" in h)
+            bad = [h for h in headers or () if ":" not in h]
+            if bad:
+                raise ScenarioError(f"--header {bad[0]!r}: write it as 'Name: value'")
+            target = {"protocol": protocol, "url": url,
+                      "headers": {k.strip(): v.strip() for k, v in named.items()},
+                      **({"model": model} if model else {}), **({"path": path} if path else {})}
+            scenario = parse_scenario(json_module.dumps({
+                "name": "probe", "target": target,
+                "phases": {"warmup": 0, "baseline": 1, "fault": 0, "recovery": 0},
+                "load": {"classes": [{"name": "probe", "prompt": "Say hello.",
+                                      "max_tokens": 16}]}}), "the command line")
+        base = scenario.target.url
+        if base is None:
+            raise ScenarioError(f"{scenario_file}: the target is embedded, and `run` probes it "
+                                "itself; give --url to probe a server")
+        with tempfile.TemporaryDirectory(prefix="sq-probe-") as work:
+            probed = probe_target(scenario, base, Path(work))
+    except StreamquakeError as exc:
+        _fail(exc)
+        return
+    for p in probed:
+        console.print(("ok   " if p.problem is None else "FAIL ") + p.line(), markup=False,
+                      highlight=False, soft_wrap=True)
+    if any(p.problem is not None for p in probed):
+        raise typer.Exit(3)
 
 
 @app.command(epilog=EXIT_CODES_HELP)

@@ -265,6 +265,11 @@ def openai_short(req: Request) -> None:
                          _usage(8)]))
 
 
+def openai_empty(req: Request) -> None:
+    """A finished stream with no generated text (a prompt the server cannot answer)."""
+    stream(req, _openai([_chunk({"role": "assistant", "content": ""}), _chunk({}, "stop")]))
+
+
 def openai_no_usage(req: Request) -> None:
     stream(req, _openai([*[_chunk({"content": "t"}) for _ in range(5)], _chunk({}, "stop")]))
 
@@ -344,6 +349,7 @@ ROUTES: dict[str, Callable[[Request], None]] = {
     "/wrong-shape": wrong_shape, "/echo-key-at": echo_key_at,
     "/v1/chat/completions": openai_served, "/openai-cut": openai_cut,
     "/openai-short": openai_short, "/openai-no-usage": openai_no_usage,
+    "/openai-empty": openai_empty,
     "/anthropic-cut": anthropic_cut, "/fastapi-401": fastapi_401, "/plain-404": plain_404,
     "/ok": ok, "/paced-forever": paced_forever, "/flood": flood, "/silent": silent,
     "/final-then-flood": final_then_flood,

@@ -184,6 +184,38 @@ def test_one_run_may_not_set_one_gpu_setting_twice(gpus: FakeGpus, state_dir: Pa
     assert claims(state_dir) == [] and journal(state_dir) == []
 
 
+RUN = """
+name: second-power-cap
+target: {protocol: anthropic, embedded: {ttft: 20ms, itl: 5ms, output_tokens: {min: 5, max: 5}},
+         timeout: 10s}
+load: {users: 1, think_time: {min: 50ms, max: 100ms}}
+phases: {baseline: 1s, fault: 1s, recovery: 1s}
+faults:
+  - {type: gpu_clocks, name: second, phase: fault, gpus: [0], power_limit_w: 400}
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_run_whose_fault_is_refused_exits_3_and_says_why(
+        gpus: FakeGpus, tmp_path: Path, holders: list[Holder]) -> None:
+    env, before = gpus.env(), gpus.text()
+    first = Holder(_power(300, "first"), env=env)
+    holders.append(first)
+    first.applied()
+    scenario = tmp_path / "second.yaml"
+    scenario.write_text(RUN)
+    run = subprocess.run(cli_cmd("run", str(scenario), "--out", str(tmp_path / "out"),
+                                 "--no-watchdog"),
+                         cwd=REPO, env=env, capture_output=True, text=True, timeout=HANG_S * 2)
+    said = " ".join((run.stdout + run.stderr).split())
+    assert run.returncode == EXIT_NOT_APPLIED, said
+    assert (f"the power limit of GPU 0 ({UUID0}) is held by fault 'first' (gpu_clocks) of the "
+            f"run pid {first.pid} since ") in said, said
+    assert gpus.read()["gpu0.power_mw"] == "300000"
+    first.release()
+    assert gpus.text() == before
+
+
 def _inject_sm(lock: str, name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return run_cli("inject", "gpu_clocks", "gpus=[0]", f"sm_clocks_mhz=[{lock}]", "--for", "5m",
                    "--name", name, env=env)

@@ -112,6 +112,16 @@ def test_merged_scorecards_equal_one_scorecard_of_the_union(tmp_path: Path) -> N
     for pa, pb in zip(a.phases, b.phases, strict=True):
         assert pa.stats == pb.stats, pa.name
         assert pa.classes == pb.classes, pa.name
+        # The time batches behind the intervals merge exactly too (and are there to merge).
+        sa, sb = a.stats[pa.name], b.stats[pa.name]
+        assert len(sa.batches) == len(sb.batches) > 1, pa.name
+        for metric, p in (("ttft_ms", 95.0), ("itl_ms", 50.0), ("error_rate", None),
+                          ("not_sent_rate", None)):
+            assert sa.effective_count(metric, p, 0.95) == sb.effective_count(metric, p, 0.95)
+            assert (sa.rate_interval(metric, 0.95) if p is None else
+                    sa.percentile_interval(metric, p, 0.95)) == (
+                sb.rate_interval(metric, 0.95) if p is None else
+                sb.percentile_interval(metric, p, 0.95)), (pa.name, metric)
     assert a.warnings == b.warnings
     assert per_second(merged, WINDOWS) == per_second(whole, WINDOWS)
 

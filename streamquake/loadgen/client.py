@@ -716,11 +716,13 @@ class StreamClient:
             raise _Failed("http_status", detail)
         ctype = resp.get("content-type")
         if not isinstance(ctype, str) or "text/event-stream" not in ctype.lower():
-            resp.release()
             got = (f"Content-Type {_printable(ctype, _ERROR_BODY_MAX)}"
                    if isinstance(ctype, str) else "no Content-Type")
+            first = _first_bytes(resp, deadline)
+            resp.release()
             raise _Failed("content_type", f"HTTP {resp.status_code} with {got}, not "
-                                          "text/event-stream: the target did not stream")
+                                          "text/event-stream: the target did not stream"
+                                          + (f"; it began {first}" if first else ""))
         encoding = resp.get("content-encoding")
         if isinstance(encoding, str) and encoding.strip().lower() not in ("", "identity"):
             resp.release()
@@ -920,6 +922,21 @@ def _error_message(resp: HTTPSocketResponse, deadline: float) -> str:
         html = isinstance(ctype, str) and "html" in ctype.lower()
         message = None if html else " ".join(text.split())   # an HTML page says nothing here
     return f": {_printable(message, _ERROR_BODY_MAX)}" if message else ""
+
+
+def _first_bytes(resp: HTTPSocketResponse, deadline: float, limit: int = 120) -> str:
+    """The start of a body that is not an event stream, as text, for the reason ("it began
+    '<html><body>Welcome to nginx!'"); "" when none comes at once."""
+    raw = b""
+    with gevent.Timeout(_DRAIN_S, False), \
+            contextlib.suppress(OSError, HTTPParseError, _StreamTimeout):
+        while len(raw) < limit:
+            chunk = _read_some(resp, min(deadline, time.perf_counter() + _DRAIN_S))
+            if not chunk:
+                break
+            raw += chunk
+    text = " ".join(raw[:limit].decode("utf-8", "replace").split())
+    return repr(_printable(text, limit)) if text else ""
 
 
 def _message_of(obj: object) -> str | None:

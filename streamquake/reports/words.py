@@ -68,7 +68,7 @@ def _margin(check: Check) -> str:
 
 def evidence(check: Check) -> str:
     """How many values stand behind a check and how sure it is: ``n=269, 95% CI 150.2 ms to
-    160.1 ms``, ``n=1606 (worth 127 independent), ...`` when they depend on each other; a
+    160.1 ms``, ``n=1606, worth 127 independent, ...`` when they depend on each other; a
     side that so few values cannot bound says so."""
     if check.samples is None or check.confidence is None:
         return ""
@@ -78,7 +78,7 @@ def evidence(check: Check) -> str:
 
     conf = f"{check.confidence * 100:g}%"
     worth = check.effective_samples
-    n = f"n={check.samples}" + (f" (worth {worth} independent)"
+    n = f"n={check.samples}" + (f", worth {worth} independent"
                                 if worth is not None and worth < check.samples else "")
     text = f"{n}, {conf} CI {side(check.ci_low, 'below')} to {side(check.ci_high, 'above')}"
     if check.inconclusive:

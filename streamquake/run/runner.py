@@ -29,7 +29,7 @@ from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.launcher import LocustRun
 from streamquake.loadgen.scorecard import Scorecard
 from streamquake.result import Check, PhaseResult, RunResult
-from streamquake.run import preflight
+from streamquake.run import preflight, probe
 from streamquake.run.lease import RunLease
 from streamquake.run.ledger import WHOLE_RUN, Ledger, PlannedFault
 from streamquake.run.outcome import exit_code_for, redacted_echo
@@ -93,6 +93,8 @@ class Runner:
                     parts = start_parts(stack, self.scenario, self.work_dir, self.journal,
                                         self.events, self._check_lease)
                     target_info = parts.target_info
+                    if self.scenario.target.probe:
+                        self._probe(parts.wiring.load_url)
                     planned = self.ledger.plan(parts.ctx, self._implied(),
                                                list(self.scenario.faults))
                     # Whole-run faults on a stack of their own, so an abort can revert them early.
@@ -129,6 +131,11 @@ class Runner:
             finally:
                 if parts is not None:
                     telemetry = parts.reports()
+                    # A part's report may carry warnings of its own (a proxy's own errors).
+                    for report in telemetry.values():
+                        said = report.get("warnings") if isinstance(report, dict) else None
+                        if isinstance(said, list):
+                            self.warnings += [w for w in said if isinstance(w, str)]
         card, unread = load.scorecard(windows) if load is not None else (Scorecard(windows), [])
         self.warnings += unread
         result = self._result(started, windows, card, interrupted, target_info, telemetry,
@@ -138,6 +145,17 @@ class Runner:
             if result.exit_code in (EXIT_OK, EXIT_SLO_BROKEN):
                 result.exit_code = failure.exit_code
         return result
+
+    def _probe(self, url: str) -> None:
+        """Before any fault and any load: can each class stream at all? (run/probe.py)"""
+        probed = probe.probe(self.scenario, url, self.work_dir)
+        for p in probed:
+            self.events.message(f"probe: {p.line()}")
+        found = probe.problems(probed)
+        if found:
+            raise PreflightError([*found, "nothing was changed and no load was sent; "
+                                  "`streamquake probe` repeats this check alone (set "
+                                  "target.probe: false for a target meant to fail)"])
 
     def _preflight(self) -> None:
         problems, warnings = preflight.journal_problems(self.journal)

@@ -183,8 +183,8 @@ def _gap_interval(seen: float, low: float | None, high: float | None, threshold:
 
 
 def _count(n: int, effective: int) -> str:
-    """``n=1606``, or ``n=1606 (worth 127 independent)`` when they depend on each other."""
-    return f"n={n}" if effective >= n else f"n={n} (worth {effective} independent)"
+    """``n=1606``, or ``n=1606, worth 127 independent`` when they depend on each other."""
+    return f"n={n}" if effective >= n else f"n={n}, worth {effective} independent"
 
 
 def _span(low: float | None, high: float | None) -> str:

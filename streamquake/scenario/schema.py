@@ -88,6 +88,9 @@ class TargetSpec(_Model):
     verify_tls: bool = True
     timeout_s: float = Field(default=60.0, alias="timeout", gt=0)
     connect_timeout_s: float = Field(default=5.0, alias="connect_timeout", gt=0)
+    # One real streaming request per class before the load (run/probe.py); false skips it, for
+    # a target that is meant to fail.
+    probe: bool = True
 
     _t = field_validator("timeout_s", "connect_timeout_s", mode="before")(_dur_s)
 
@@ -220,7 +223,8 @@ class AbortCondition(_Model):
 
 class VerdictSpec(_Model):
     """How sure a verdict must be. Every percentile and rate comes with a ``confidence``
-    interval (order statistics; Wilson for rates); a check whose interval straddles its
+    interval (order statistics; Wilson for rates; widened by batch means over time, so it
+    holds for requests that queue behind each other); a check whose interval straddles its
     threshold is *inconclusive*, and ``inconclusive`` says how that gates: ``warn`` (the
     observed value decides, and the report says it is inconclusive), ``fail`` or ``pass``.
     An SLO whose metric cannot be measured against this target (``chunk_loss`` from a server

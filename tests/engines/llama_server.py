@@ -51,7 +51,7 @@ def binary() -> Path:
                           timeout=HANG_S)
     if done.returncode != 0:
         pytest.fail(f"no llama-server binary: {done.stderr.strip()} Build it once per machine "
-                    f"with scripts/build-llama-server (scripts/setup --tests does; about 18 "
+                    f"with scripts/build-llama-server (scripts/setup --tests does; 6 to 18 "
                     f"minutes on 2 cores), or set ${ENV_BINARY} to one.")
     return Path(done.stdout.strip().splitlines()[-1])
 

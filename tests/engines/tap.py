@@ -7,6 +7,7 @@ figure it gives comes from streamquake's client or parser.
 
 from __future__ import annotations
 
+import codecs
 import contextlib
 import json
 import socket
@@ -56,7 +57,6 @@ class Exchange:
     status: int
     headers: dict[str, str]
     events: list[Event]
-    body: bytes                       # the answer's body, de-chunked
 
 
 def _recv(sock: socket.socket) -> Segment | None:
@@ -141,7 +141,7 @@ class Tap:
     def exchanges(self) -> Iterator[Exchange]:
         assert not self.failures, f"the tap failed: {self.failures}"
         for conn in self.conns:
-            yield from _read(conn)
+            yield from read(conn)
 
 
 def _request_ends(conn: Conn) -> Iterator[tuple[float, dict[str, Any]]]:
@@ -161,14 +161,16 @@ def _request_ends(conn: Conn) -> Iterator[tuple[float, dict[str, Any]]]:
                     parser.start_next_cycle()
 
 
-def _read(conn: Conn) -> Iterator[Exchange]:
+def read(conn: Conn) -> Iterator[Exchange]:
+    """The exchanges one connection carried, in order."""
     requests = _request_ends(conn)
     if not conn.response:
         # a connection that carried no answer: a reachability check, or a request unanswered
-        yield from (Exchange(t, request, 0, {}, [], b"") for t, request in requests)
+        yield from (Exchange(t, request, 0, {}, []) for t, request in requests)
         return
     parser = h11.Connection(h11.CLIENT)
     exchange: Exchange | None = None
+    text = codecs.getincrementaldecoder("utf-8")()
     buf = ""
     for seg in [*conn.response, Segment(conn.response[-1].t, b"")]:
         if seg.data and (parser.our_state is h11.IDLE or parser.states == _BOTH_DONE):
@@ -191,11 +193,11 @@ def _read(conn: Conn) -> Iterator[Exchange]:
             if isinstance(ev, h11.Response):
                 request_t, request = next(requests)
                 exchange = Exchange(request_t, request, ev.status_code,
-                                    {k.decode(): v.decode() for k, v in ev.headers}, [], b"")
+                                    {k.decode(): v.decode() for k, v in ev.headers}, [])
+                text.reset()
                 buf = ""
             elif isinstance(ev, h11.Data) and exchange is not None:
-                exchange.body += ev.data
-                buf += ev.data.decode()
+                buf += text.decode(ev.data)
                 *blocks, buf = buf.replace("\r\n", "\n").split("\n\n")
                 for block in blocks:
                     data = [ln[5:].removeprefix(" ") for ln in block.split("\n")

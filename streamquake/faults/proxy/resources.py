@@ -67,4 +67,10 @@ class FaultProxy:
         out: JsonDict = {"url": self.process.url, "control_url": self.control_url}
         if self.totals is not None:
             out["totals"] = self.totals
+            made = self.totals.get("proxy_errors")
+            if isinstance(made, int) and made:
+                out["warnings"] = [
+                    f"the SSE proxy answered {made} request(s) itself (HTTP 502/504: it could "
+                    "not reach the target, see run/proxy.log): they count as errors the target "
+                    "never made"]
         return out
