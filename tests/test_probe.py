@@ -61,6 +61,12 @@ def test_a_target_that_cannot_stream_stops_the_run_before_any_load(
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     phases = json.loads((tmp_path / "o2" / "report.json").read_text())["phases"]
     assert phases[0]["stats"]["requests"] > 0
+    if path == "/plain-404":      # why they failed, in every output, with counts
+        n = phases[0]["stats"]["errors"]["http_status"]
+        said = f"HTTP 404: File Not Found x{n} (http_status; baseline {n})"
+        assert f"failed: {said}" in proc.stdout
+        assert f"- {said}" in (tmp_path / "o2" / "summary.md").read_text()
+        assert f"<li>{said}</li>" in (tmp_path / "o2" / "report.html").read_text()
 
 
 @pytest.mark.timeout(180)

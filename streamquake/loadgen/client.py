@@ -534,11 +534,14 @@ class _Tally:
             self.read_events += 1
         if s.content_reads == 1:
             if self.read_held:
+                s.burst_reads += self.read_events == 1
                 s.burst_events += 1
             else:
                 self.first_read_events = self.read_events
         elif self.read_held and self.read_events > 1:
-            s.burst_events += (2 if self.read_events == 2 else 1) + self.first_read_events
+            new = self.read_events == 2
+            s.burst_reads += new
+            s.burst_events += (2 if new else 1) + self.first_read_events
             self.first_read_events = 0
 
     def _held(self, wait: float, seen: float) -> bool:

@@ -55,6 +55,7 @@ class RequestSample:
     content_reads: int = 0                # reads that brought content events
     burst_events: int = 0                 # content events held back on the way and released
                                           #   together (loadgen/client.py BURST_WAIT_MS)
+    burst_reads: int = 0                  # the reads that brought them
     response_id: str | None = None        # the response's own id (OpenAI/Anthropic id, Gemini
                                           #   responseId), to find it in the server's logs
     model: str | None = None              # the model the answer named (first event naming one)
@@ -103,11 +104,13 @@ class RequestSample:
     @property
     def bunched(self) -> bool | None:
         """The stream arrived in bursts: at least half its content events came in bursts
-        (``burst_events``: held back somewhere, then released together); None when it had too
-        few content events to say."""
+        (``burst_events``: held back somewhere, then released together), in two bursts or
+        more, or whole in one; None when it had too few content events to say. One burst in
+        a stream that came otherwise is a hiccup (a server catching up after a pause)."""
         if self.content_events < BUNCH_MIN_EVENTS:
             return None
-        return 2 * self.burst_events >= self.content_events
+        return 2 * self.burst_events >= self.content_events and (
+            self.burst_reads >= 2 or self.content_reads == 1)
 
     def to_json(self) -> str:
         # Not dataclasses.asdict: it deep-copies the gaps list, which cost more than the line.

@@ -56,7 +56,8 @@ SAMPLE_COLUMNS = ("phase", "scored", "class", "sent_epoch_s", "t_s", "scheduled_
                   "stalls", "client_stalls", "clock", "status", "error", "error_detail",
                   "send_ms", "dns_ms", "connect_ms", "tls_ms", "write_ms", "reused",
                   "trace_id", "body_bytes", "shared_stamps", "response_id", "usage_tokens", "model",
-                  "finish_reason", "content_reads", "burst_events", "bunched")
+                  "finish_reason", "content_reads", "burst_events", "burst_reads",
+                  "bunched")
 
 
 def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path: Path) -> int:
@@ -93,7 +94,7 @@ def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path:
                           s.response_id or "",
                           "" if s.usage_tokens is None else s.usage_tokens, s.model or "",
                           s.finish_reason or "", s.content_reads, s.burst_events,
-                          _yes_no(s.bunched)])
+                          s.burst_reads, _yes_no(s.bunched)])
             rows += 1
     return rows
 

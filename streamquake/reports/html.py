@@ -17,6 +17,7 @@ from streamquake.reports.table import (
     error_rows,
     status_row,
     summary_rows,
+    top_reasons,
     verdict_rows,
     verdict_word,
 )
@@ -194,6 +195,10 @@ def _measured(page: _Page) -> None:
         page.add(f"<tr><td>{_t(kind)} errors</td>",
                  *(f"<td>{_t(cells[p])}</td>" for p in PHASE_COLUMNS), "</tr>")
     page.add("</table>")
+    reasons = top_reasons(r)
+    if reasons:
+        page.add("<p>Why requests failed, most frequent first:</p><ul>"
+                 + "".join(f"<li>{_t(reason)}</li>" for reason in reasons) + "</ul>")
 
 
 def _timeline(page: _Page) -> None:

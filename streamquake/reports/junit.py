@@ -6,7 +6,8 @@ was observed against the limit; a check that does not gate in its phase passes, 
 gating)", with the measurement in ``system-out``; a check whose phase never ran is ``skipped``
 ("not run"), and so is one that cannot be measured against this target when the scenario
 lets that pass (``verdicts.unmeasurable``: warn, the default); an interruption, a run that
-could not start and a fault that could not be applied or reverted are ``error`` cases. Each case's time is the duration of the phase it judged.
+could not start and a fault that could not be applied or reverted are ``error`` cases. Each
+case's time is the duration of the phase it judged.
 """
 
 from __future__ import annotations

@@ -12,6 +12,7 @@ from streamquake.reports.table import (
     fmt_value,
     status_row,
     summary_rows,
+    top_reasons,
     verdict_rows,
     verdict_word,
 )
@@ -78,6 +79,8 @@ def render_markdown(result: RunResult) -> str:
         if errors:
             lines += [head] + [f"| {kind} | " + " | ".join(c[p] for p in PHASE_COLUMNS) + " |"
                                for kind, c in errors]
+            lines += ["", "Why, most frequent first:", ""]
+            lines += [f"- {_esc(reason)}" for reason in top_reasons(result)]
         else:
             lines.append("No request failed in any phase.")
     lines += _slow_consumers(result, head)

@@ -156,6 +156,29 @@ def error_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
                     for p in PHASE_COLUMNS}) for kind, c in counts.items()]
 
 
+def top_reasons(result: RunResult, limit: int = 5) -> list[str]:
+    """Why requests failed, most frequent first, over the measured phases: ``HTTP 404: Not
+    Found x39 (http_status; baseline 13, fault 13, recovery 13)``."""
+    counts: dict[tuple[str, str], dict[str, int]] = {}
+    for phase in result.phases:
+        reasons = phase.stats.get("error_reasons")
+        for kind, by_reason in (reasons.items() if isinstance(reasons, dict) else ()):
+            for reason, n in (by_reason.items() if isinstance(by_reason, dict) else ()):
+                if isinstance(n, int) and n > 0:
+                    per = counts.setdefault((str(kind), str(reason)), {})
+                    per[phase.name] = per.get(phase.name, 0) + n
+    ranked = sorted(counts.items(), key=lambda kv: -sum(kv[1].values()))
+    lines = []
+    for (kind, reason), per in ranked[:limit]:
+        where = ", ".join(f"{p} {n}" for p, n in per.items())
+        lines.append(f"{reason} x{sum(per.values())} ({kind}; {where})")
+    if len(ranked) > limit:
+        rest = sum(sum(per.values()) for _, per in ranked[limit:])
+        lines.append(f"{len(ranked) - limit} other reason(s) x{rest} (report.json: "
+                     "error_reasons)")
+    return lines
+
+
 def verdict_word(result: RunResult) -> str:
     if result.interrupted:
         return f"INTERRUPTED ({result.interrupted})"

@@ -16,6 +16,7 @@ from streamquake.reports.table import (
     error_rows,
     status_row,
     summary_rows,
+    top_reasons,
     verdict_rows,
     verdict_word,
 )
@@ -63,6 +64,8 @@ def print_result(result: RunResult, console: Console) -> None:
         for kind, cells in error_rows(result):
             summary.add_row(escape(f"  {kind} errors"), *(cells[p] for p in PHASE_COLUMNS))
         print_table(summary, console)
+        for reason in top_reasons(result):
+            console.print(f"failed: {reason}", markup=False, highlight=False, soft_wrap=True)
 
     verdicts = Table(title="SLO verdicts", title_justify="left")
     verdicts.add_column("check")
