@@ -5,32 +5,68 @@ from __future__ import annotations
 import contextlib
 import io
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 from rich.console import Console
+from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from streamquake.errors import ScenarioError, StreamquakeError
 
 if TYPE_CHECKING:
+    from typer._click import Context, Parameter
+
     from streamquake.result import RunResult
 
 EXIT_CODES_HELP = """\
 Exit codes: 0 all SLOs met; 1 an SLO broken; 2 scenario or usage error;
-3 environment/preflight error (target unreachable, missing capability, a fault
-could not be applied); 4 a fault could not be reverted (run `streamquake recover`);
-130/143 interrupted by Ctrl-C/SIGTERM (faults reverted, partial report written).
+3 environment/preflight error (target unreachable, missing capability,
+a fault could not be applied); 4 a fault could not be reverted (run
+`streamquake recover`); 5 aborted: an abort condition held or the watchdog
+lease lapsed (faults reverted early, the rest measured without them);
+130/143 interrupted by Ctrl-C/SIGTERM (faults reverted, partial report
+written).
 """
 
-app = typer.Typer(
+F = TypeVar("F", bound=Callable[..., object])
+
+
+def _plain_flags(params: list[Parameter]) -> list[Parameter]:
+    """Typer labels every option with its type, a flag too (``--json <bool>``), as if it took
+    a value: a flag is shown bare."""
+    for p in params:
+        if isinstance(p, TyperOption) and p.is_flag:
+            p.metavar = ""
+    return params
+
+
+class _Command(TyperCommand):
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        return _plain_flags(super().get_params(ctx))
+
+
+class _Group(TyperGroup):
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        return _plain_flags(super().get_params(ctx))
+
+
+class _Typer(typer.Typer):
+    def command(self, *args: Any, **kwargs: Any) -> Callable[[F], F]:
+        return super().command(*args, **{"cls": _Command, **kwargs})
+
+
+app = _Typer(
     name="streamquake",
     help="Chaos and load tests for streaming LLM endpoints.\n\n" + EXIT_CODES_HELP,
     no_args_is_help=True,
     add_completion=True,
     pretty_exceptions_enable=False,
+    cls=_Group,
 )
-target_app = typer.Typer(help="The embedded simulated LLM server.", no_args_is_help=True)
+target_app = _Typer(help="The embedded simulated LLM server.", no_args_is_help=True,
+                    cls=_Group)
 app.add_typer(target_app, name="target")
 
 console = Console()
@@ -63,7 +99,8 @@ def _fail(exc: StreamquakeError) -> None:
         err_console.print_exception()
     problems = getattr(exc, "problems", None) or [str(exc)]
     for line in problems:
-        err_console.print(f"Error: {line}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(f"Error: {line}", markup=False, highlight=False, emoji=False,
+                          soft_wrap=True)
     raise typer.Exit(exc.exit_code)
 
 
@@ -71,7 +108,8 @@ def _print_problems(exc: StreamquakeError) -> None:
     if _state["debug"]:
         err_console.print_exception()
     for line in getattr(exc, "problems", None) or [str(exc)]:
-        err_console.print(f"Error: {line}", markup=False, highlight=False, soft_wrap=True)
+        err_console.print(f"Error: {line}", markup=False, highlight=False, emoji=False,
+                          soft_wrap=True)
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -92,6 +130,11 @@ def run(
     metrics_host: Annotated[
         str, typer.Option("--metrics-host", help="Address for --metrics-port.")
     ] = "127.0.0.1",
+    metrics_file: Annotated[
+        Path | None, typer.Option("--metrics-file", help="Write the final Prometheus figures "
+                                  "to this .prom file when the run ends (node_exporter's "
+                                  "textfile format, replaced atomically).")
+    ] = None,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what the run would change, where, and how "
                            "it would be undone; start and change nothing.")
@@ -130,8 +173,21 @@ def run(
     """Run a scenario: baseline, fault, recovery; print verdicts; write reports."""
     import time
 
+    # Bad flags and an unreadable file are usage errors: one sentence, exit 2, nothing written.
+    try:
+        lease_s = None if no_watchdog else _duration_option("--lease", lease)
+        flags = _load_flags(workers, remote_workers, master_bind)
+        if metrics_port is not None:
+            _port_option("--metrics-port", metrics_port)
+        if metrics_file is not None:
+            _metrics_file_option(metrics_file)
+        text = _read_scenario(scenario_file)
+    except StreamquakeError as exc:
+        _fail(exc)
+        return
+    overrides = [*(overrides or []), *flags]
     if dry_run:
-        _dry_run(scenario_file, overrides or [])
+        _dry_run(scenario_file, text, overrides)
         return
     _check_out_dir(out)
 
@@ -141,7 +197,7 @@ def run(
     from streamquake.reports.terminal import print_result
     from streamquake.run.failed import failed_result
     from streamquake.run.runner import Runner
-    from streamquake.scenario import Scenario, load_scenario
+    from streamquake.scenario import Scenario, parse_scenario
 
     # With --json, stdout carries one JSON document and nothing else.
     console = err_console if as_json else _console
@@ -149,24 +205,25 @@ def run(
     scenario: Scenario | None = None
     result: RunResult | None = None
     metrics = None
+    metrics_url: str | None = None
     live: LiveView | None = None
     try:
-        lease_s = None if no_watchdog else _duration_option("--lease", lease)
-        overrides = [*(overrides or []), *_load_flags(workers, remote_workers, master_bind)]
-        scenario = load_scenario(scenario_file, overrides)
+        scenario = parse_scenario(text, str(scenario_file), overrides)
         events = Events()
         attach_live_log(events, console)
         live = LiveView(console, scenario)
         live.attach(events)
         runner = Runner(scenario, str(scenario_file), out, events=events, lease_s=lease_s)
-        if metrics_port is not None:
+        if metrics_port is not None or metrics_file is not None:
             from streamquake.metrics_server import MetricsServer
 
             metrics = MetricsServer(scenario.name, runner.work_dir / "samples", metrics_port,
                                     metrics_host)
             metrics.attach(events)
             metrics.start()
-            console.print(f"serving Prometheus metrics at {metrics.url}", highlight=False)
+            if metrics_port is not None:
+                metrics_url = metrics.url
+                console.print(f"serving Prometheus metrics at {metrics_url}", highlight=False)
         result = runner.run()
     except StreamquakeError as exc:
         _print_problems(exc)
@@ -177,10 +234,18 @@ def run(
         if metrics is not None:
             metrics.stop()
     assert result is not None
+    if metrics_url is not None:
+        result.environment["metrics_url"] = metrics_url
     if history is not None:
         _record_history(history, result, out)
     print_result(result, console)     # the verdict first: it must reach the terminal
     written, failed = write_reports(result, out)
+    if metrics is not None and metrics_file is not None:
+        try:
+            metrics.write(metrics_file)
+            written.append(metrics_file)
+        except OSError as exc:
+            failed.append((metrics_file, exc.strerror or str(exc)))
     for path in written:
         size = f" ({path.stat().st_size / 1024:.0f} KB)" if path.suffix == ".html" else ""
         console.print(f"wrote {path}{size}", highlight=False)
@@ -200,16 +265,40 @@ def run(
 def _load_flags(workers: str | None, remote_workers: int | None,
                 master_bind: str | None) -> list[str]:
     """--workers, --remote-workers and --master-bind are --set shorthands."""
+    from streamquake.loadgen.worker import parse_master, processes_option
+
     out = []
     if workers is not None:
-        from streamquake.loadgen.worker import processes_option
-
-        out.append(f"load.workers={processes_option(workers)}")
+        out.append(f"load.workers={processes_option(workers, '--workers')}")
     if remote_workers is not None:
+        if remote_workers < 0:
+            raise ScenarioError(f"--remote-workers {remote_workers}: a number of workers, 0 or "
+                                "more")
         out.append(f"load.remote_workers={remote_workers}")
     if master_bind is not None:
-        out.append(f"load.master_bind={master_bind}")
+        host, port = parse_master(master_bind, "--master-bind")
+        out.append(f"load.master_bind={f'[{host}]' if ':' in host else host}:{port}")
     return out
+
+
+def _port_option(name: str, port: int) -> int:
+    if not 0 <= port <= 65535:
+        raise ScenarioError(f"{name} {port}: a port is 1 to 65535 (0: any free port)")
+    return port
+
+
+def _metrics_file_option(path: Path) -> None:
+    if path.suffix != ".prom":
+        raise ScenarioError(f"--metrics-file {path}: node_exporter's textfile collector reads "
+                            "only files ending in .prom")
+    if not path.parent.is_dir() or path.is_dir():
+        raise ScenarioError(f"--metrics-file {path}: give a file in an existing directory")
+
+
+def _read_scenario(path: Path) -> bytes:
+    from streamquake.scenario.loader import read_file
+
+    return read_file(path, "scenario file")
 
 
 def _duration_option(name: str, text: str) -> float:
@@ -224,12 +313,12 @@ def _duration_option(name: str, text: str) -> float:
     return value
 
 
-def _dry_run(scenario_file: Path, overrides: list[str]) -> None:
+def _dry_run(scenario_file: Path, text: bytes, overrides: list[str]) -> None:
     from streamquake.run.plan import dry_run_plan
-    from streamquake.scenario import load_scenario
+    from streamquake.scenario import parse_scenario
 
     try:
-        lines = dry_run_plan(load_scenario(scenario_file, overrides))
+        lines = dry_run_plan(parse_scenario(text, str(scenario_file), overrides))
     except StreamquakeError as exc:
         _fail(exc)
         return
@@ -267,15 +356,17 @@ def _record_history(path: Path, result: RunResult, out: Path) -> None:
     from streamquake.history import append_run, trend
 
     try:
-        run_id = append_run(path, result, (out / "report.json").resolve())
-        result.trend = trend(path, result)
+        report = (out / "report.json").resolve()
+        run_id = append_run(path, result, report)
+        result.trend = trend(path, run_id, result, report)
         console.print(f"history: run {run_id} appended to {path}", highlight=False)
     except StreamquakeError as exc:
         result.errors.append(str(exc))
 
 
 @app.command(epilog="Exit codes: 0 no regression; 1 a metric is worse beyond the tolerance; "
-             "2 usage error (a report that cannot be read).")
+             "2 usage error (a report that cannot be read, or runs of different scenarios "
+             "without --different-scenarios).")
 def compare(
     a: Annotated[Path, typer.Argument(help="Run A (the reference): an --out directory or its "
                                       "report.json.")],
@@ -292,6 +383,10 @@ def compare(
     json_out: Annotated[
         Path | None, typer.Option("--json", help="Also write the comparison as JSON.")
     ] = None,
+    different_scenarios: Annotated[
+        bool, typer.Option("--different-scenarios", help="Compare runs of different scenarios "
+                           "(names or file hashes differ); refused without it.")
+    ] = False,
 ) -> None:
     """Compare two runs per phase and metric: B - A with a bootstrap confidence interval and a
     verdict better / same / worse beyond a tolerance. Exits 1 on a regression."""
@@ -299,6 +394,7 @@ def compare(
 
     from streamquake.errors import ScenarioError
     from streamquake.reports.compare import compare as compare_runs
+    from streamquake.reports.compare import different_scenarios as differ
     from streamquake.reports.compare import markdown as compare_markdown
     from streamquake.reports.compare import to_json
     from streamquake.reports.compare_terminal import print_comparison
@@ -308,7 +404,11 @@ def compare(
         tol = _share(tolerance, "--tolerance")
         if not 0 < confidence < 1:
             raise ScenarioError("--confidence must be between 0 and 1, e.g. 0.95")
-        comparison = compare_runs(load_run(a), load_run(b), tolerance=tol, confidence=confidence,
+        run_a, run_b = load_run(a), load_run(b)
+        if not different_scenarios and (why := differ(run_a, run_b)) is not None:
+            raise ScenarioError(f"{why}, so a difference may be the scenario's, not the "
+                                "target's; --different-scenarios compares them anyway")
+        comparison = compare_runs(run_a, run_b, tolerance=tol, confidence=confidence,
                                   resamples=max(0, resamples))
     except StreamquakeError as exc:
         _fail(exc)
@@ -332,25 +432,39 @@ def history_cmd(
         str | None, typer.Option(help="Only this scenario (default: every scenario).")
     ] = None,
     window: Annotated[
-        int, typer.Option(help="Rolling baseline: the median of this many runs before the "
-                          "latest.")
+        int, typer.Option(help="The baseline: this many runs before the latest that ran to the "
+                          "end, their requests pooled (as compare's A).")
     ] = 5,
+    min_runs: Annotated[
+        int, typer.Option(help="Judge the latest run only with at least this many earlier "
+                          "runs that ran to the end.")
+    ] = 3,
     tolerance: Annotated[str, typer.Option(help="Allowed change against the baseline.")] = "10%",
     last: Annotated[int, typer.Option(help="Runs to show per scenario.")] = 10,
 ) -> None:
     """Trends per scenario from the history store; flags a latest run that regressed against
-    the median of the runs before it."""
+    the runs before it, by compare's interval test."""
     from streamquake.history import read_runs
     from streamquake.reports.history_terminal import print_history
 
     try:
         tol = _share(tolerance, "--tolerance")
+        for option, value in (("--window", window), ("--min-runs", min_runs), ("--last", last)):
+            if value < 1:
+                raise ScenarioError(f"{option} {value}: give 1 or more")
+        if min_runs > window:
+            raise ScenarioError(f"--min-runs {min_runs} is more than --window {window}: the "
+                                "latest run could never be judged")
         runs = read_runs(store, scenario)
+        if scenario is not None and not runs:
+            known = sorted({r.scenario for r in read_runs(store)})
+            raise ScenarioError(f"--scenario {scenario}: no run of it in {store} (it holds "
+                                f"{', '.join(known) if known else 'no runs yet'})")
     except StreamquakeError as exc:
         _fail(exc)
         return
-    regressed = print_history(runs, console, window=max(1, window), tolerance=tol,
-                              last=max(1, last))
+    regressed = print_history(runs, console, window=window, tolerance=tol, last=last,
+                              min_runs=min_runs)
     raise typer.Exit(1 if regressed else 0)
 
 
@@ -520,7 +634,16 @@ def target_serve(
     import os
 
     from streamquake.procs import python_module_cmd
+    from streamquake.protocols import names
 
+    unknown = [p for p in protocol or [] if p not in names()]
+    try:
+        _port_option("--port", port)
+        if unknown:
+            raise ScenarioError(f"--protocol {unknown[0]}: the embedded target serves "
+                                f"{', '.join(names())}")
+    except StreamquakeError as exc:
+        _fail(exc)
     if config is not None:
         from streamquake.target.__main__ import load_config_file
 
@@ -589,6 +712,10 @@ def inject(
     client_cert: ClientCertOption = None,
     client_key: ClientKeyOption = None,
     as_json: JsonOption = False,
+    proxy: Annotated[str | None, typer.Option("--proxy", help="The standing SSE proxy an "
+                                              "sse_proxy fault goes into (`streamquake proxy`): "
+                                              "HOST:PORT or its control URL (default: the one "
+                                              "running here).")] = None,
 ) -> None:
     """Inject a fault by hand and hold it --for a while: an agent holds it under a lease, so it
     is reverted on time even if this shell is killed."""
@@ -602,7 +729,7 @@ def inject(
 
             raise ScenarioError("give --for: how long to hold the fault, e.g. --for 2m")
         do_inject(console, fault_type, list(params or []), hold_for, name, where, target,
-                  as_json)
+                  as_json, proxy)
     except StreamquakeError as exc:
         _fail(exc)
 
@@ -693,6 +820,9 @@ def agent_cmd(
     insecure_http: Annotated[bool, typer.Option(
         "--insecure-http", help="Take the token over plain HTTP beyond loopback (clear text on "
         "the network; an isolated lab only). Without it, that needs --tls-cert.")] = False,
+    allow_proxies: Annotated[list[str] | None, typer.Option(
+        "--allow-proxies", help="Standing SSE proxies (HOST:PORT) sse_proxy faults may go "
+        "into (default: any).")] = None,
 ) -> None:
     """Hold faults under leases for controllers (`inject --at`, scenarios with `at: NAME`):
     each fault is reverted when its lease is not renewed in time."""
@@ -701,7 +831,35 @@ def agent_cmd(
     try:
         code = serve_agent(listen, token_env, allow_types, allow_interfaces, allow_gpus,
                            tls_cert, tls_key, tls_client_ca, state_dir, discovery_file,
-                           exit_when_idle, watch_runs, insecure_http)
+                           exit_when_idle, watch_runs, insecure_http, allow_proxies)
+    except StreamquakeError as exc:
+        _fail(exc)
+        return
+    raise typer.Exit(code)
+
+
+@app.command("proxy", epilog="Exit codes: 0 stopped (every fault inside removed); 2 a wrong "
+             "option; 3 cannot listen.")
+def proxy_cmd(
+    upstream: Annotated[str, typer.Option("--upstream", help="The URL to forward to, e.g. "
+                                          "http://127.0.0.1:8000.")],
+    listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to listen on (port 0: any "
+                                        "free port).")] = "127.0.0.1:0",
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the faults' random choices.")
+                    ] = 0,
+    upstream_insecure: Annotated[bool, typer.Option(
+        "--upstream-insecure", help="Do not verify the upstream's TLS certificate.")] = False,
+    read_timeout: Annotated[str, typer.Option(
+        "--read-timeout", help="Longest silence from the upstream before a request fails.")
+    ] = "120s",
+) -> None:
+    """Keep an SSE fault proxy up in front of an upstream, for game days: faults go into it
+    under leases (`inject sse_proxy ... --proxy HOST:PORT`) until Ctrl-C or SIGTERM."""
+    from streamquake.faults.proxy.standing import serve_standing
+
+    try:
+        code = serve_standing(upstream, listen, seed=seed, insecure=upstream_insecure,
+                              read_timeout=read_timeout)
     except StreamquakeError as exc:
         _fail(exc)
         return
@@ -714,13 +872,17 @@ def worker_cmd(
                                         "(its --master-bind; port 5557 by default).")],
     processes: Annotated[str, typer.Option("--processes", help="Worker processes here (N, or "
                                            "auto: one per core).")] = "1",
+    connect_timeout: Annotated[str, typer.Option("--connect-timeout", help="How long to wait "
+                                                 "for the master to answer (exit 3 then).")
+                               ] = "60s",
 ) -> None:
     """Lend this host's load to a run elsewhere: Locust workers that take the plan from the
     master and send every record back to it; they exit when the run ends."""
     from streamquake.loadgen.worker import processes_option, run_workers
 
     try:
-        code = run_workers(master, processes_option(processes))
+        code = run_workers(master, processes_option(processes),
+                           _duration_option("--connect-timeout", connect_timeout))
     except StreamquakeError as exc:
         _fail(exc)
         return
@@ -735,7 +897,8 @@ def faults_cmd(as_json: JsonOption = False) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from streamquake.reference import ENVELOPE, fault_docs
+    from streamquake.reference import ENVELOPE, QUANTITIES, fault_docs
+    from streamquake.reports.terminal import print_table
 
     try:
         docs = fault_docs()
@@ -748,6 +911,9 @@ def faults_cmd(as_json: JsonOption = False) -> None:
     console.print(f"Every fault also takes: {', '.join(ENVELOPE[1:])} (phase: warmup, "
                   "baseline, fault (default), recovery; at: local (default) or an agent's name)",
                   highlight=False, soft_wrap=True)
+    for kind, how in QUANTITIES.items():
+        console.print(f"{kind} parameters take {how}", markup=False, highlight=False,
+                      soft_wrap=True)
     for doc in docs:
         table = Table(title=f"{doc.name} ({doc.family}): {doc.summary}", title_justify="left",
                       show_edge=False)
@@ -757,7 +923,7 @@ def faults_cmd(as_json: JsonOption = False) -> None:
             default = ("(required)" if p.required else "" if p.default is None
                        else p.default if isinstance(p.default, str) else json.dumps(p.default))
             table.add_row(*(escape(c) for c in (p.name, p.type, default, p.description)))
-        console.print(table)
+        print_table(table, console)
 
 
 @app.command("schema")

@@ -17,18 +17,22 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunStarted:
-    """Once the parts are up and preflight passed."""
+    """Once the parts are up and preflight passed; the first phase begins at ``starts_at``
+    (epoch s)."""
 
     scenario: Scenario
     out_dir: Path
+    starts_at: float
 
 
 @dataclass(frozen=True)
 class PhaseStarted:
-    """At each phase edge."""
+    """At each phase edge; ``start`` is the planned edge (epoch s), the one the load processes
+    score by."""
 
     phase: str
     duration_s: float
+    start: float
 
 
 @dataclass(frozen=True)

@@ -1,34 +1,49 @@
 """``run --metrics-port N``: the run's measurements in the Prometheus exposition format while
-it lasts (the official ``prometheus_client``), on 127.0.0.1 unless told otherwise.
+it lasts (the official ``prometheus_client``), on 127.0.0.1 unless told otherwise; and
+``run --metrics-file PATH.prom``: the final figures in node_exporter's textfile format, written
+atomically when the run ends.
 
 It reads what the load process appends to ``<out>/run/samples/samples-<pid>.jsonl`` (complete
 lines only; a line still being written is read on the next pass) and listens to the runner's
-events for the phase and the faults. A request is counted whole in the phase it was sent in,
-even when it ended after (the verdicts attribute each measurement to its own phase instead).
+events for the phase and the faults. Each measurement counts in the phase the verdicts count
+it in, by the one rule (``loadgen/scorecard.py``'s ``attribute``), so the final figures are the
+report's: a request is read once its phases are known (it ended before the latest phase's
+planned end), and what spans a phase edge is ``streamquake_unattributed_total``.
 
 Exposed (labels ``scenario``, ``phase``, ``class``): ``streamquake_ttfb_seconds``,
 ``streamquake_ttft_seconds``, ``streamquake_itl_seconds``, ``streamquake_e2e_seconds``
-(histograms), ``streamquake_requests_total``, ``streamquake_request_errors_total`` (+``kind``),
-``streamquake_stalled_requests_total``, ``streamquake_chunks_missing_total`` and
-``streamquake_chunks_expected_total`` (counters); ``streamquake_fault_active`` (``fault``,
-``type``, ``fault_phase``; 1 while applied), ``streamquake_phase`` (1 for the current phase)
-and ``streamquake_run_info``.
+(histograms), ``streamquake_requests_total`` (requests whose end counts in the phase),
+``streamquake_requests_sent_total``, ``streamquake_request_errors_total`` (+``kind``),
+``streamquake_retried_attempts_total`` (+``kind``), ``streamquake_stalled_requests_total``,
+``streamquake_chunks_missing_total``, ``streamquake_chunks_expected_total`` and
+``streamquake_unattributed_total`` (+``metric``) (counters); ``streamquake_fault_active``
+(``fault``, ``type``, ``fault_phase``; 1 while applied), ``streamquake_phase`` (1 for the
+current phase) and ``streamquake_run_info``.
 """
 
 from __future__ import annotations
 
+import functools
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from wsgiref.simple_server import WSGIServer
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    start_http_server,
+    write_to_textfile,
+)
 
 from streamquake import __version__
 from streamquake.errors import PreflightError
 from streamquake.events import Events, FaultApplied, FaultReverted, PhaseStarted
+from streamquake.loadgen.metrics import UNATTRIBUTED
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
+from streamquake.loadgen.scorecard import Window, attribute, ended_at
 from streamquake.loadgen.tail import SampleTail
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
@@ -42,7 +57,7 @@ PHASES = ("warmup", "baseline", "fault", "recovery")
 class MetricsServer:
     scenario: str
     samples_dir: Path
-    port: int
+    port: int | None                # None: no HTTP server, only the final figures (write())
     host: str = "127.0.0.1"
     poll_s: float = 0.5
     registry: CollectorRegistry = field(default_factory=CollectorRegistry)
@@ -59,9 +74,17 @@ class MetricsServer:
             "e2e": Histogram("streamquake_e2e_seconds", "Request sent to end of stream "
                              "(successful requests)", base, buckets=LATENCY_BUCKETS, registry=r),
         }
-        self.requests = Counter("streamquake_requests", "Requests finished", base, registry=r)
+        self.requests = Counter("streamquake_requests", "Requests whose end counts in the "
+                                "phase (the report's requests)", base, registry=r)
+        self.sent = Counter("streamquake_requests_sent", "Requests sent in the phase, however "
+                            "they ended (the report's sent)", base, registry=r)
         self.errors = Counter("streamquake_request_errors", "Failed requests by kind",
                               [*base, "kind"], registry=r)
+        self.retried = Counter("streamquake_retried_attempts", "Failed attempts that were "
+                               "retried (not requests)", [*base, "kind"], registry=r)
+        self.unattributed = Counter("streamquake_unattributed", "Measurements that spanned a "
+                                    "phase edge, counted in no phase", [*base, "metric"],
+                                    registry=r)
         self.stalled = Counter("streamquake_stalled_requests",
                                "Successful requests with at least one stall", base, registry=r)
         self.missing = Counter("streamquake_chunks_missing", "SSE events missing by id",
@@ -76,7 +99,8 @@ class MetricsServer:
               registry=r).labels(self.scenario, __version__).set(1)
         for p in PHASES:
             self.phase.labels(self.scenario, p).set(0)
-        self._windows: list[tuple[str, float]] = []       # (phase, start), in order
+        self._windows: list[Window] = []                  # planned, as they begin
+        self._pending: list[RequestSample] = []           # ended past the latest known edge
         self._tail = SampleTail(self.samples_dir)
         self._seen: set[tuple[str, str, str]] = set()
         self._stop = threading.Event()
@@ -96,30 +120,37 @@ class MetricsServer:
         events.on(FaultReverted, self._on_reverted)
 
     def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, name="sq-metrics-tail", daemon=True)
+        self._thread.start()
+        if self.port is None:
+            return
         try:
             self._server, _ = start_http_server(self.port, addr=self.host,
                                                 registry=self.registry)
         except OSError as exc:
             raise PreflightError(f"cannot serve metrics on {self.host}:{self.port} "
                                  f"({exc.strerror or exc}); pick another --metrics-port") from exc
-        self._thread = threading.Thread(target=self._loop, name="sq-metrics-tail", daemon=True)
-        self._thread.start()
 
     def stop(self) -> None:
-        """Read what is left, then stop serving. Idempotent."""
+        """Read what is left (every phase is known now), then stop serving. Idempotent."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5)
             self._thread = None
-        self.poll()
+        self.poll(final=True)
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
             self._server = None
 
+    def write(self, path: Path) -> None:
+        """The figures now, in node_exporter's textfile format, atomically (a temporary file
+        renamed over ``path``: a collector never reads half of it)."""
+        write_to_textfile(str(path), self.registry)
+
     def _on_phase(self, event: PhaseStarted) -> None:
         with self._lock:
-            self._windows.append((event.phase, time.time()))
+            self._windows.append(Window(event.phase, event.start, event.start + event.duration_s))
         for p in PHASES:
             self.phase.labels(self.scenario, p).set(1 if p == event.phase else 0)
 
@@ -136,40 +167,73 @@ class MetricsServer:
         while not self._stop.wait(self.poll_s):
             self.poll()
 
-    def poll(self) -> None:
-        """Read every complete new line of every samples file."""
-        for sample in self._tail.poll():
-            self._observe(sample)
-
-    def _phase_of(self, sent: float) -> str:
+    def poll(self, final: bool = False) -> None:
+        """Read every complete new line of every samples file; count each request whose
+        phases are all known (``final``: every one, the run is over)."""
         with self._lock:
-            name = "none"
-            for phase, start in self._windows:
-                if sent >= start:
-                    name = phase
-            return name
+            windows = list(self._windows)
+        known = windows[-1].end if windows else 0.0
+        waiting, self._pending = [*self._pending, *self._tail.poll()], []
+        for s in waiting:
+            if final or ended_at(s) < known:
+                attribute(s, windows, functools.partial(self._series, cls=s.cls))
+            else:
+                self._pending.append(s)
 
-    def _observe(self, s: RequestSample) -> None:
-        labels = (self.scenario, self._phase_of(s.scheduled or s.sent), s.cls)
+    def _series(self, phase: str, cls: str) -> _Series:
+        labels = (self.scenario, phase, cls)
         if labels not in self._seen:      # every series of this phase and class, from zero
             self._seen.add(labels)
             self.stalled.labels(*labels)
+            self.requests.labels(*labels)
             for kind in ERROR_KINDS:
                 self.errors.labels(*labels, kind)
-        self.requests.labels(*labels).inc()
+            for metric in UNATTRIBUTED:
+                self.unattributed.labels(*labels, metric)
+        return _Series(self, labels)
+
+
+class _Series:
+    """One phase and class of the exporter, told by ``attribute`` what counts there."""
+
+    def __init__(self, server: MetricsServer, labels: tuple[str, str, str]) -> None:
+        self.m, self.labels = server, labels
+        self.late_errors: dict[str, int] = {}    # counted as unattributed e2e_ms
+
+    def add_retried(self, s: RequestSample) -> None:
+        self.m.retried.labels(*self.labels, s.error or "unknown").inc()
+
+    def add_sent(self, s: RequestSample) -> None:
+        self.m.sent.labels(*self.labels).inc()
+
+    def add_queue_delay(self, s: RequestSample) -> None:
+        pass
+
+    def add_unattributed(self, metric: str, n: int = 1) -> None:
+        self.m.unattributed.labels(*self.labels, metric).inc(n)
+
+    def add_first_byte(self, s: RequestSample) -> None:
         if s.ttfb_ms is not None:
-            self.hist["ttfb"].labels(*labels).observe(s.ttfb_ms / 1e3)
+            self.m.hist["ttfb"].labels(*self.labels).observe(s.ttfb_ms / 1e3)
+
+    def add_first_token(self, s: RequestSample) -> None:
         if s.ttft_ms is not None:
-            self.hist["ttft"].labels(*labels).observe(s.ttft_ms / 1e3)
-        itl = self.hist["itl"].labels(*labels)
-        for gap in s.itl_ms:
+            self.m.hist["ttft"].labels(*self.labels).observe(s.ttft_ms / 1e3)
+
+    def add_gaps(self, gaps_ms: list[float], at: float | None = None) -> None:
+        itl = self.m.hist["itl"].labels(*self.labels)
+        for gap in gaps_ms:
             itl.observe(gap / 1e3)
-        self.missing.labels(*labels).inc(s.missing_events)
-        self.expected.labels(*labels).inc(s.expected_events)
+
+    def add_outcome(self, s: RequestSample) -> None:
+        m = self.m
+        m.requests.labels(*self.labels).inc()
+        m.missing.labels(*self.labels).inc(s.missing_events)
+        m.expected.labels(*self.labels).inc(s.expected_events)
         if s.error is not None:
-            self.errors.labels(*labels, s.error).inc()
+            m.errors.labels(*self.labels, s.error).inc()
             return
         if s.stalls > 0:
-            self.stalled.labels(*labels).inc()
+            m.stalled.labels(*self.labels).inc()
         if s.e2e_ms is not None:
-            self.hist["e2e"].labels(*labels).observe(s.e2e_ms / 1e3)
+            m.hist["e2e"].labels(*self.labels).observe(s.e2e_ms / 1e3)

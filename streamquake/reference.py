@@ -10,6 +10,7 @@ the string form an editor would otherwise flag.
 
 from __future__ import annotations
 
+import json
 import types
 import typing
 from collections.abc import Callable, Iterator
@@ -22,6 +23,7 @@ from pydantic.fields import FieldInfo
 from streamquake.faults.catalog import families
 from streamquake.faults.envelope import FaultSpec
 from streamquake.jsontypes import JsonDict, JsonValue
+from streamquake.units import format_ms, format_percent, format_rate, format_size
 
 Quantity = Literal["duration", "percentage", "rate", "size"]
 _CONVERTERS: dict[str, Quantity] = {
@@ -29,7 +31,8 @@ _CONVERTERS: dict[str, Quantity] = {
     "parse_fraction": "percentage", "parse_rate_bytes_per_s": "rate",
     "parse_size_bytes": "size",
 }
-_EXAMPLES: dict[Quantity, str] = {
+# How each quantity is written; `streamquake faults` says it once, above the tables.
+QUANTITIES: dict[Quantity, str] = {
     "duration": "a duration: 100ms, 1.5s, 1m30s, 2h (a bare number: the field's unit)",
     "percentage": "a percentage or a fraction: 15% or 0.15",
     "rate": "a rate: 8mbit (bits/s), 1mbps or 1MB/s (bytes/s)",
@@ -60,11 +63,11 @@ def quantity(model: type[BaseModel], field: str) -> str | None:
     for dec in model.__pydantic_decorators__.field_validators.values():
         if dec.info.mode == "before" and field in dec.info.fields:
             kinds |= {_CONVERTERS[n] for n in _names_in(dec.func) if n in _CONVERTERS}
-    return " or ".join(k for k in _EXAMPLES if k in kinds) or None
+    return " or ".join(k for k in QUANTITIES if k in kinds) or None
 
 
 def _explain(kind: str) -> str:
-    return "; or ".join(_EXAMPLES[k] for k in _EXAMPLES if k in kind.split(" or "))
+    return "; or ".join(QUANTITIES[k] for k in QUANTITIES if k in kind.split(" or "))
 
 
 def type_text(annotation: object) -> str:
@@ -118,14 +121,43 @@ def _default(info: FieldInfo) -> JsonValue:
 
 
 def _as_written(field: str, kind: str | None, value: JsonValue) -> JsonValue:
-    """A default as a scenario would write it: 50.0 in ``latency_ms`` is ``50ms``."""
+    """A value as a scenario would write it: 50.0 in ``latency_ms`` is ``50ms``, 25000.0 in
+    ``rate_bytes_per_s`` is ``200kbit``."""
     if not isinstance(value, int | float) or isinstance(value, bool):
         return value
     if kind == "duration":
-        return f"{value:g}ms" if field.endswith("_ms") else f"{value:g}s"
+        return format_ms(value if field.endswith("_ms") else value * 1000)
     if kind == "percentage":
-        return f"{value * 100:g}%"
+        return format_percent(value)
+    if kind == "rate":
+        return format_rate(value)
+    if kind == "size":
+        return format_size(value)
     return value
+
+
+def written_pairs(model: BaseModel, skip: tuple[str, ...] = ENVELOPE,
+                  only_given: bool = False) -> list[tuple[str, str]]:
+    """For people: a model's fields that are set (``only_given``: those the scenario gave), in
+    their units as a scenario writes them, nested ones dotted: ``[("delay", "400ms"),
+    ("rate", "200kbit"), ("stall.probability", "1%")]``."""
+    out: list[tuple[str, str]] = []
+    for name, info in type(model).model_fields.items():
+        value = getattr(model, name)
+        if name in skip or value is None or (only_given and name not in model.model_fields_set):
+            continue
+        key = info.alias or name
+        if isinstance(value, BaseModel):
+            out += [(f"{key}.{k}", v) for k, v in written_pairs(value, (), only_given)]
+            continue
+        shown = _as_written(name, quantity(type(model), name), value)
+        out.append((key, shown if isinstance(shown, str) else json.dumps(shown)))
+    return out
+
+
+def settings_text(spec: FaultSpec) -> str:
+    """``rate=200kbit, latency=20ms``: what the scenario (or ``inject``) set, in its units."""
+    return ", ".join(f"{k}={v}" for k, v in written_pairs(spec, only_given=True)) or "defaults"
 
 
 def params(model: type[FaultSpec]) -> list[Param]:
@@ -139,7 +171,7 @@ def params(model: type[FaultSpec]) -> list[Param]:
             type=kind or type_text(info.annotation),
             required=info.is_required(),
             default=_as_written(name, kind, _default(info)),
-            description=info.description or (_explain(kind) if kind else ""),
+            description=info.description or "",
         ))
     return out
 

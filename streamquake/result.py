@@ -32,6 +32,8 @@ class Check:
     ci_high: float | None = None   #   side cannot be bounded with this many samples
     confidence: float | None = None
     inconclusive: bool = False     # the interval straddles the threshold
+    samples_needed: int | None = None  # inconclusive as too few values bound the percentile on
+                                   #   the limit's side: how many independent ones would
     measurable: bool = True        # False: the metric cannot be measured here (``detail`` says
                                    #   why); it gates as the scenario's verdicts.unmeasurable
 
@@ -44,6 +46,8 @@ class FaultRecord:
     configured: JsonDict
     applied_at: float | None = None
     applied: JsonDict | None = None
+    settings: str = ""             # what the scenario set, in its units, for people
+    apply_ms: float | None = None  # how long applying it took
     reverted_at: float | None = None
     reverted: JsonDict | None = None
     owner: str = ""                # host:pid of the process that applied it
@@ -96,6 +100,9 @@ class TrendPoint:
     started_at: float
     exit_code: int
     values: dict[str, float | None] = field(default_factory=dict)   # "phase.metric.stat"
+    # This run only: the default `streamquake history` check's regressed keys and sentence.
+    regressed: list[str] = field(default_factory=list)
+    judgement: str = ""
 
 
 @dataclass

@@ -88,6 +88,36 @@ def format_duration(seconds: float) -> str:
     return "".join(f"{n}{u}" for n, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if n) or "0s"
 
 
+def format_ms(ms: float) -> str:
+    """350.0 -> ``"350ms"``, 10000.0 -> ``"10s"``, 90000.0 -> ``"1m30s"``, 1250.0 -> ``"1.25s"``:
+    milliseconds as a scenario writes them."""
+    if ms < 1000:
+        return f"{ms:g}ms"
+    return f"{ms / 1000:g}s" if ms % 1000 else format_duration(ms / 1000)
+
+
+def format_percent(fraction: float) -> str:
+    """0.01 -> ``"1%"``, 0.0005 -> ``"0.05%"``: a fraction as a scenario writes it."""
+    return f"{round(fraction * 100, 6):g}%"
+
+
+def format_rate(bytes_per_s: float) -> str:
+    """25000.0 -> ``"200kbit"``: bytes/s in tc's bit units, as a scenario writes it."""
+    bits = bytes_per_s * 8
+    unit, scale = next(((u, s) for u, s in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3))
+                        if bits >= s), ("bit", 1.0))
+    return f"{bits / scale:.6g}{unit}"
+
+
+def format_size(size_bytes: float) -> str:
+    """4096 -> ``"4kb"``, 1500 -> ``"1500b"``: whole KiB/MiB where they are whole, as
+    parse_size_bytes reads them back."""
+    for unit, scale in (("mb", 1 << 20), ("kb", 1 << 10)):
+        if size_bytes >= scale and size_bytes % scale == 0:
+            return f"{size_bytes / scale:g}{unit}"
+    return f"{size_bytes:g}b"
+
+
 def parse_fraction(value: str | int | float) -> float:
     """``"15%"`` -> 0.15; a bare number in [0, 1] is taken as a fraction."""
     if isinstance(value, bool):

@@ -2,7 +2,8 @@
 test_prometheus.py): started once per test session, all at once, through the real CLI.
 
 * ``a`` and ``a2``: the same short quickstart-like scenario (``quick``), both passing; ``a``
-  serves Prometheus metrics (scraped while it runs), ``a2`` runs against the emulated NVIDIA
+  serves Prometheus metrics (scraped while it runs) and writes its final figures to
+  ``<root>/a.prom`` (``--metrics-file``), ``a2`` runs against the emulated NVIDIA
   driver so it records GPU telemetry. Both append to one history store.
 * ``b``: the same scenario name with the target's TTFT raised from 80 to 320 ms (an injected
   regression): breaks the TTFT SLO (exit 1); appends to the history store, started last.
@@ -185,7 +186,8 @@ def report_runs() -> Runs:
     files["broken"].write_text(BROKEN)
     gpus = FakeGpus(root / "fake-gpu-state.txt", gpu_count=1)
     plan = {
-        "a": ([str(files["fast"]), "--history", str(history), "--metrics-port", "0"], {}),
+        "a": ([str(files["fast"]), "--history", str(history), "--metrics-port", "0",
+               "--metrics-file", str(root / "a.prom")], {}),
         "a2": ([str(files["fast"]), "--history", str(history)], gpus.env()),
         "c": ([str(files["fast"])], {}),
         "d": ([str(files["remote"])], {}),

@@ -127,10 +127,10 @@ def test_run_json_prints_only_the_verdicts_on_stdout(tmp_path: Path) -> None:
     assert proc.returncode == 1, proc.stderr[-2000:]
     doc = json.loads(proc.stdout)                   # stdout is exactly one JSON document
     assert doc["schema"] == "streamquake.verdicts/1" and doc["exit_code"] == 1
-    assert doc["broken"] == ["ttft_ms p50 <= 1 in baseline"]
+    assert doc["broken"] == ["ttft_ms p50 <= 1ms in baseline"]
     by_name = {c["name"]: c for c in doc["checks"]}
-    assert by_name["error_rate <= 0.01"]["state"] == "met"
-    assert by_name["ttft_ms p50 <= 1"]["samples"] > 0
+    assert by_name["error_rate <= 1%"]["state"] == "met"
+    assert by_name["ttft_ms p50 <= 1ms"]["samples"] > 0
     assert "phase baseline" in proc.stderr            # the people's part went to stderr
 
 

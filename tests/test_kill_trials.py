@@ -6,7 +6,8 @@ clock lock (emulated driver). Kills: SIGKILL of the run, SIGKILL of its process 
 twice (no recover needed: the run reverts), and SIGKILLs that the run delivers to itself at named
 points (streamquake/killpoints.py) between journaling a namespace, a qdisc or a clock lock and
 making it, and right after making it. A netem kill inside UML is in tests/uml. The longer
-profile is scripts/kill-trials.
+profile is scripts/kill-trials. Then, with the watchdog: a kill as the namespace is made is
+undone by the lease alone; and a child that kills the run before it sets its death signal.
 """
 
 from __future__ import annotations

@@ -51,9 +51,9 @@ def test_an_abort_condition_reverts_at_once_and_recovery_still_runs(tmp_path: Pa
     scenario.write_text(ABORTING)
     proc = run_cli("run", str(scenario), "--out", str(out), timeout=110)
     assert proc.returncode == 5, proc.stdout[-3000:] + proc.stderr[-2000:]
-    assert "ABORTED in fault: abort condition 'error_rate above 0.5 for 2 s' held" in proc.stdout
+    assert "ABORTED in fault: abort condition 'error_rate above 50% for 2s' held" in proc.stdout
     report = json.loads((out / "report.json").read_text())
-    assert report["aborted"].startswith("abort condition 'error_rate above 0.5 for 2 s' held")
+    assert report["aborted"].startswith("abort condition 'error_rate above 50% for 2s' held")
     assert any(e.startswith("run aborted: ") for e in report["errors"])
     (record,) = report["faults"]
     fault = next(p for p in report["phases"] if p["name"] == "fault")

@@ -9,7 +9,8 @@ import random
 
 import pytest
 
-from streamquake.loadgen.metrics import BatchGrid, Stats
+from streamquake.loadgen.batches import TimeBatches
+from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.quantile_ci import min_samples_for_upper_bound, rank_bounds
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.scorecard import Scorecard, Window
@@ -66,7 +67,7 @@ def test_intervals_hold_for_the_latencies_of_requests_that_queue() -> None:
         samples = requests(QUEUE.run(rng, T0 - WARMUP_S, T0 + PHASE_S), TIMEOUT_S)
         batched = Scorecard.of([window], samples).cells[("baseline", "c")]
         independent = copy.copy(batched)
-        independent.batches = {}              # the same values, no time batches
+        independent.batches = None            # the same values, no time batches
         for how, stats in (("batched", batched), ("independent", independent)):
             for p in (50, 95):
                 low, high, _ = stats.percentile_interval("ttft_ms", p, 0.95)
@@ -95,7 +96,7 @@ def test_independent_values_keep_their_coverage_and_about_a_third_of_their_worth
     runs, n, covered, worth = 100, 1500, 0, 0.0
     true_p95 = -100.0 * math.log(0.05)              # Exp(mean 100 ms)
     for _ in range(runs):
-        stats = Stats(grid=BatchGrid.over(T0, T0 + PHASE_S))
+        stats = Stats(batches=TimeBatches.over(T0, T0 + PHASE_S))
         for _ in range(n):
             stats.add(RequestSample(cls="c", sent=T0 + rng.uniform(0, PHASE_S),
                                     ttft_ms=rng.expovariate(1 / 100.0)))

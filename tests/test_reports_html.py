@@ -114,6 +114,34 @@ def test_history_trend_shows_in_the_last_appended_run(browser: Chromium, runs: R
     assert trend["trend-ttft_ms"]["lines"] == 3                # one per phase, 3 runs each
     assert trend["trend-ttft_ms"]["points"] == 9
     assert "Trend: this scenario in the history store" in text
+    # Two runs before it: too few for the default check, and the page says so.
+    assert "not judged: 2 earlier run(s) ran to the end, 3 needed" in text
+
+
+def test_trend_axis_names_runs_and_rings_a_regression() -> None:
+    import re
+
+    from streamquake.reports.html import render_html
+    from streamquake.result import PhaseResult, RunResult, TrendPoint
+
+    trend = [TrendPoint(run_id, 1.7e9 + run_id, 0, {f"{p}.ttft_ms.p95": 80.0 + (run_id == 9)
+                                                     * 240 for p in ("baseline", "recovery")})
+             for run_id in (4, 7, 9)]
+    trend[-1].regressed, trend[-1].judgement = ["baseline.ttft_ms.p95"], "quick: REGRESSED"
+    result = RunResult("quick", "q.yaml", {}, "1.2.3", 1.7e9, 1.7e9 + 1, None,
+                       [PhaseResult("baseline", 0.0, 1.0, {})], [], [], {},
+                       environment={"streamquake": "1.2.3", "host": "h"}, trend=trend)
+    html = render_html(result)
+    chart = re.search(r'<svg[^>]*data-chart="trend-ttft_ms".*?</svg>', html).group(0)
+    # One tick per run, named by its id in the store: no fractional runs.
+    assert re.findall(r'<text class="xl"[^>]*>([^<]*)</text>', chart) == ["4", "7", "9", "run"]
+    assert re.findall(r'<circle class="mark".*?<title>([^<]*)</title>', chart) == [
+        "REGRESSION: baseline ttft_ms p95 in run 9"]
+    assert "quick: REGRESSED" in html
+    other = re.search(r'<svg[^>]*data-chart="trend-itl_ms".*?</svg>', html).group(0)
+    assert 'class="mark"' not in other
+    # The version is one row of the environment, not two.
+    assert len(re.findall(r"<tr><td>streamquake</td>", html)) == 1
 
 
 @pytest.mark.timeout(120)

@@ -561,4 +561,4 @@ def test_injector_applies_and_reverts_through_a_real_proxy(
     with pytest.raises(InjectorError, match="gone"):
         inj.apply(journal.add("sse_proxy", spec.label))
     no_proxy = SSEProxyInjector(spec, RunContext("127.0.0.1", 0, tmp_path))
-    assert "needs the streamquake SSE proxy" in no_proxy.preflight()[0]
+    assert "needs a streamquake SSE proxy to act in" in no_proxy.preflight()[0]

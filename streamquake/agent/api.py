@@ -88,6 +88,9 @@ class ApplyRequest(_Body):
     id: str | None = Field(default=None, pattern=r"^[0-9a-f]{8,32}$")
     target: TargetAddr | None = None
     network: dict[str, JsonValue] | None = None
+    # A standing SSE proxy (`streamquake proxy`) that an sse_proxy fault goes into: HOST:PORT,
+    # its URL, or its control URL, as the agent's host reaches it.
+    proxy: str | None = Field(default=None, max_length=2048)
 
     _l = field_validator("lease_s", mode="before")(_lease)
 
@@ -184,6 +187,7 @@ class Allowed(_Answer):
     types: list[str]
     interfaces: list[str] | None
     gpus: list[str] | None
+    proxies: list[str] | None = None     # standing SSE proxies, HOST:PORT
 
 
 class AgentInfo(_Answer):

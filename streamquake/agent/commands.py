@@ -36,6 +36,13 @@ from streamquake.errors import (
     StreamquakeError,
 )
 from streamquake.faults.catalog import fault_types
+from streamquake.faults.proxy.standing import (
+    START_HINT,
+    control_url_for,
+    proxy_address,
+    running_proxies,
+)
+from streamquake.reference import settings_text
 from streamquake.units import format_duration, parse_duration_s
 
 
@@ -93,9 +100,10 @@ def _parse_target(text: str | None) -> TargetAddr | None:
     return TargetAddr(host=host.strip("[]"), port=int(port))
 
 
-def build_fault(type_name: str, words: list[str], name: str | None) -> dict[str, JsonValue]:
+def build_fault(type_name: str, words: list[str], name: str | None,
+                has_target: bool = False) -> dict[str, JsonValue]:
     """The fault as a scenario would write it, validated here first (exit 2, before any agent
-    is started or asked)."""
+    is started or asked); one that acts on the path to a target needs ``--target``."""
     known = fault_types()
     if type_name not in known:
         raise ScenarioError(f"no fault family offers type {type_name!r}; known: "
@@ -108,25 +116,59 @@ def build_fault(type_name: str, words: list[str], name: str | None) -> dict[str,
             raise ScenarioError(f"{key}=... does not apply to inject: "
                                 + ("use --at URL" if key == "at" else "it lasts --for"))
     try:
-        known[type_name].spec.model_validate(fault)
+        spec = known[type_name].spec.model_validate(fault)
     except ValidationError as exc:
         raise ScenarioError(validation_sentences(exc, type_name)) from None
+    needs_target = known[type_name].needs_target
+    if not has_target and needs_target is not None and (why := needs_target(spec)):
+        raise ScenarioError(why)
     return fault
 
 
+def _standing_proxy(type_name: str, proxy: str | None, where: Where) -> str | None:
+    """The control URL of the standing SSE proxy an sse_proxy fault goes into: ``--proxy``, or
+    else the one standing proxy that runs here."""
+    if type_name != "sse_proxy":
+        if proxy is not None:
+            raise ScenarioError(f"--proxy names a standing SSE proxy, for sse_proxy faults; "
+                                f"leave it out for {type_name}")
+        return None
+    if proxy is not None:
+        try:
+            return control_url_for(proxy)
+        except ValueError as exc:
+            raise ScenarioError(f"--proxy: {exc}") from None
+    if where.url is not None:
+        raise ScenarioError("with --at, name the standing SSE proxy the fault goes into: "
+                            "--proxy HOST:PORT, as the agent's host reaches it")
+    found = running_proxies()
+    if not found:
+        raise InjectorError(f"no standing SSE proxy runs here for an sse_proxy fault to act in: "
+                            f"start one with `{START_HINT}` (it prints its address), send the "
+                            "traffic through it, and inject again")
+    if len(found) > 1:
+        listed = ", ".join(f"{p.address} (-> {p.upstream})" for p in found)
+        raise ScenarioError(f"{len(found)} standing SSE proxies run here: {listed}; name one "
+                            "with --proxy HOST:PORT")
+    return found[0].control_url
+
+
 def inject(console: Console, type_name: str, words: list[str], lease: str, name: str | None,
-           where: Where, target: str | None, as_json: bool) -> None:
-    fault = build_fault(type_name, words, name)
+           where: Where, target: str | None, as_json: bool, proxy: str | None = None) -> None:
+    fault = build_fault(type_name, words, name, has_target=target is not None)
     try:
         lease_s = parse_duration_s(lease)
     except ValueError as exc:
         raise ScenarioError(f"--for: {exc}") from None
     if lease_s <= 0:
         raise ScenarioError("--for must be longer than 0 s, e.g. --for 2m")
+    control_url = _standing_proxy(type_name, proxy, where)
     owner = f"{getpass.getuser()}@{socket.gethostname()} (inject, pid {os.getpid()})"
-    req = ApplyRequest(fault=fault, lease=lease_s, owner=owner, target=_parse_target(target))
+    req = ApplyRequest(fault=fault, lease=lease_s, owner=owner, target=_parse_target(target),
+                       proxy=control_url)
     client = where.client(start=True)
     assert client is not None
+    asked = time.monotonic()
     try:
         try:
             held = client.apply(req)
@@ -141,14 +183,19 @@ def inject(console: Console, type_name: str, words: list[str], lease: str, name:
         _print_json(console, held)
         return
     at = "the local agent" if where.url is None else f"the agent at {where.url}"
+    if control_url is not None:
+        at += f" into the SSE proxy at {proxy_address(control_url)}"
     console.print(f"injected {held.name} ({held.type}) on {held.host} through {at}: held for "
                   f"{format_duration(held.lease_s)}, until {_stamp(held.expires_at)}; revert "
                   f"early with `streamquake revert {held.name}"
                   f"{'' if where.url is None else ' --at ' + where.url}`",
                   markup=False, highlight=False, soft_wrap=True)
-    if held.applied:
-        console.print(f"applied: {json.dumps(held.applied)}", markup=False, highlight=False,
-                      soft_wrap=True)
+    # One line for people; --json (and `status --json`) has the agent's whole record.
+    spec = fault_types()[type_name].spec.model_validate(fault)
+    toward = f" toward {target}" if target else ""
+    console.print(f"in place {(time.monotonic() - asked) * 1000:.0f} ms after asking: "
+                  f"{held.type} {settings_text(spec)}{toward}", markup=False, highlight=False,
+                  soft_wrap=True)
 
 
 def _no_local_agent(console: Console, as_json: bool, what: str) -> bool:
@@ -240,14 +287,15 @@ def serve_agent(listen: str, token_env: str, allow_types: list[str] | None,
                 tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None,
                 state_dir: Path | None, discovery_file: Path | None,
                 exit_when_idle: str | None, watch_runs: Path | None = None,
-                insecure_http: bool = False) -> int:
+                insecure_http: bool = False, allow_proxies: list[str] | None = None) -> int:
     from streamquake.agent.policy import Allowlist
     from streamquake.agent.server import AgentConfig, parse_listen, serve
     from streamquake.journal import state_dir as default_state_dir
 
     host, port = parse_listen(listen)
     try:
-        allow = Allowlist.build(fault_types(), allow_types, allow_interfaces, allow_gpus)
+        allow = Allowlist.build(fault_types(), allow_types, allow_interfaces, allow_gpus,
+                                allow_proxies)
         idle_s = parse_duration_s(exit_when_idle) if exit_when_idle else None
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None

@@ -39,6 +39,9 @@ from streamquake.agent.runs import LocalRun, RunWatch
 from streamquake.errors import StreamquakeError
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.contract import FaultSpec, Injector, Preflights, RunContext
+from streamquake.faults.proxy.resources import FaultProxy
+from streamquake.faults.proxy.spec import SSEProxyFault
+from streamquake.faults.proxy.standing import control_url_for
 from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
@@ -244,17 +247,19 @@ class Holder:
             except ValidationError as exc:
                 problems = validation_sentences(exc, "network")
                 raise AgentError(400, "; ".join(problems), problems) from None
-        refused = self.allow.refusal(spec, network)
+        refused = self.allow.refusal(spec, network, _standing_proxy(req, spec))
         if refused:
             raise AgentError(403, refused)
         return spec, network
 
     def _injector(self, req: ApplyRequest, spec: FaultSpec,
                   network: NetworkConfig | None) -> Injector:
+        proxy = _standing_proxy(req, spec)
         ctx = RunContext(
             target_host=req.target.host if req.target else "",
             target_port=req.target.port if req.target else 0,
             run_dir=self.state_dir, network=network, journal=self.journal,
+            resources=[FaultProxy.attached(proxy)] if proxy else [],
         )
         try:
             return fault_types()[spec.type].injector()(spec, ctx)
@@ -454,6 +459,19 @@ class Holder:
         self.log(f"reverted {held.name} ({held.type}, id {held.id}) [{held.ended_by}]: "
                  f"{result}")
         return ended
+
+
+def _standing_proxy(req: ApplyRequest, spec: FaultSpec) -> str | None:
+    """The control URL of the standing SSE proxy the request names (``proxy``), if any."""
+    if req.proxy is None:
+        return None
+    if not isinstance(spec, SSEProxyFault):
+        raise AgentError(400, f"`proxy` names a standing SSE proxy, for sse_proxy faults; "
+                         f"{spec.label} is a {spec.type} fault: leave it out")
+    try:
+        return control_url_for(req.proxy)
+    except ValueError as exc:
+        raise AgentError(400, f"proxy: {exc}") from None
 
 
 def _json(d: JsonDict) -> dict[str, JsonValue]:

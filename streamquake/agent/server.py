@@ -444,7 +444,8 @@ async def _serve(cfg: AgentConfig, holder: Holder, tls: ssl.SSLContext | None,
         print(f"\n{'!' * 72}\n{warning}\n{'!' * 72}\n", file=sys.stderr, flush=True)
     log(f"allowed: types {', '.join(types)}; interfaces "
         f"{', '.join(sorted(cfg.allow.interfaces)) if cfg.allow.interfaces else 'any'}; GPUs "
-        f"{', '.join(sorted(cfg.allow.gpus)) if cfg.allow.gpus else 'any'}")
+        f"{', '.join(sorted(cfg.allow.gpus)) if cfg.allow.gpus else 'any'}; SSE proxies "
+        f"{', '.join(sorted(cfg.allow.proxies)) if cfg.allow.proxies else 'any'}")
     if cfg.discovery_file is not None:
         _write_discovery(cfg.discovery_file, url)
     print(f"LISTENING {url}", flush=True)

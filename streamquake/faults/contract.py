@@ -148,6 +148,9 @@ class FaultType:
     summary: str = ""
     # For `run --dry-run`: where this fault would act, in words, from the scenario alone.
     where: Callable[[FaultSpec, Scenario], str] | None = None
+    # For `inject`: why this fault, as configured, needs the target's address (--target),
+    # with what to give; None when it does not.
+    needs_target: Callable[[FaultSpec], str | None] | None = None
 
 
 def _none(scenario: Scenario) -> Sequence[Resource]:

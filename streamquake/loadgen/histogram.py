@@ -57,6 +57,28 @@ def _index_constants(sig_figs: int) -> tuple[int, int, int, int]:
             h.sub_bucket_half_count)
 
 
+def bucket_index(value: int, sig_figs: int) -> int:
+    """The counts index of the bucket that holds ``value`` (clamped to 0..HIGHEST) at this
+    precision: what :meth:`SparseHistogram.record` computes inline."""
+    value = HIGHEST if value > HIGHEST else (value if value > 0 else 0)
+    mask, unit, half_magnitude, half = _index_constants(sig_figs)
+    bucket = (value | mask).bit_length() - unit - half_magnitude - 1
+    return ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half
+
+
+def count_ms(counts: dict[int, int], values_ms: Iterable[float], sig_figs: int, base: int = 0
+             ) -> None:
+    """Count milliseconds as microseconds in ``counts``, each at ``base`` + its bucket's index:
+    :meth:`SparseHistogram.record_ms` for a table that is not a histogram's own."""
+    mask, unit, half_magnitude, half = _index_constants(sig_figs)
+    for ms in values_ms:
+        value = round(ms * 1000.0)
+        value = HIGHEST if value > HIGHEST else (value if value > 0 else 0)
+        bucket = (value | mask).bit_length() - unit - half_magnitude - 1
+        key = base + ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half
+        counts[key] = counts.get(key, 0) + 1
+
+
 class SparseHistogram:
     __slots__ = ("sig_figs", "counts", "total", "_layout", "_sorted", "_index", "_blob")
 
@@ -130,14 +152,6 @@ class SparseHistogram:
             if seen >= target:
                 return self.value_at(index)
         raise AssertionError("bucket counts add up to less than the histogram's total")
-
-    def count_at_or_below(self, value: int) -> int:
-        """How many values were recorded in the buckets up to the one that holds ``value``."""
-        value = HIGHEST if value > HIGHEST else (value if value > 0 else 0)
-        mask, unit, half_magnitude, half = self._index
-        bucket = (value | mask).bit_length() - unit - half_magnitude - 1     # as in record()
-        top = ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half
-        return sum(n for index, n in self.counts.items() if index <= top)
 
     def mean(self) -> float | None:
         if not self.total:

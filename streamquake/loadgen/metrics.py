@@ -23,7 +23,10 @@ Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution 
 
 ``add`` takes a whole request; the scoring (``run/scoring.py``) instead adds each measurement
 to the phase it belongs to (``add_first_token``, ``add_gaps``, ``add_outcome``...) and counts
-the ones no phase can own in ``unattributed``.
+the ones no phase can own in ``unattributed``. A phase's stats (a scorecard's cells) also count
+each measurement in its stretch of the phase (``batches``, loadgen/batches.py): the intervals
+then hold for requests that depend on each other (loadgen/quantile_ci.py), and say how many
+independent values the phase is worth (``effective_count``).
 """
 
 from __future__ import annotations
@@ -33,8 +36,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamquake.loadgen.batches import TimeBatches
 from streamquake.loadgen.histogram import SparseHistogram
-from streamquake.loadgen.quantile_ci import BATCHES, effective_samples, normal_quantile, rank_bounds
+from streamquake.loadgen.quantile_ci import effective_samples, normal_quantile, rank_bounds
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
 
 HISTOGRAM_METRICS: tuple[str, ...] = (
@@ -61,27 +65,9 @@ _OPENING = {"dns_ms": "resolved a name (the target is an IP address, or every co
 
 NOT_MEASURABLE = "not measurable"     # how ``Stats.unavailable`` opens such a reason
 _SIG_FIGS = 4
-BATCH_SIG_FIGS = 2                # a time batch's histograms: buckets under 1% wide
 _SCALE = 1000.0                   # ms -> us, and tokens/s -> milli-tokens/s
 _REASONS_PER_KIND = 8
 _OTHER_REASONS = "(other reasons)"
-
-
-@dataclass(frozen=True)
-class BatchGrid:
-    """A phase cut into :data:`BATCHES` equal stretches of time, by when requests were due:
-    the batches whose spread makes the intervals hold for samples that depend on each other
-    (loadgen/quantile_ci.py). Built from the phase window, so every load process cuts alike."""
-
-    start: float
-    width: float
-
-    @classmethod
-    def over(cls, start: float, end: float) -> BatchGrid | None:
-        return cls(start, (end - start) / BATCHES) if end > start else None
-
-    def index(self, t: float) -> int:
-        return min(BATCHES - 1, max(0, int((t - self.start) // self.width)))
 
 
 @dataclass
@@ -124,11 +110,9 @@ class Stats:
     late_errors: dict[str, int] = field(default_factory=dict)
     # Created on first use (closed loop never fills three of them); sparse, sized by use.
     histograms: dict[str, SparseHistogram] = field(default_factory=dict)
-    # With a grid, each measurement is also counted in its time batch (a Stats of its own,
-    # with coarse histograms): what the intervals measure dependence from.
-    grid: BatchGrid | None = None
-    batches: dict[int, Stats] = field(default_factory=dict)
-    sig_figs: int = _SIG_FIGS
+    # A phase's stretches of time, each measurement counted in its own too (loadgen/batches.py):
+    # what the intervals measure how much consecutive requests depend on each other from.
+    batches: TimeBatches | None = None
 
     @classmethod
     def from_samples(cls, samples: Iterable[RequestSample]) -> Stats:
@@ -156,48 +140,43 @@ class Stats:
         self.retried_attempts[kind] = self.retried_attempts.get(kind, 0) + 1
 
     def add_sent(self, s: RequestSample) -> None:
-        if (batch := self._batch(self._due(s))) is not None:
-            batch.add_sent(s)
+        before, at = self._trial_counts(), self._due(s)
         self.sent += 1
         self.retries += s.attempt - 1
         for metric, ms in (("send_ms", s.send_ms), ("dns_ms", s.dns_ms),
                            ("connect_ms", s.connect_ms), ("tls_ms", s.tls_ms),
                            ("write_ms", s.write_ms)):
             if ms is not None:
-                self._put(metric, ms)
+                self._put(metric, ms, at)
+        self._count_trials(before, at)
 
     def add_not_sent(self, due: float | None = None) -> None:
-        if (batch := self._batch(due)) is not None:
-            batch.add_not_sent()
+        before = self._trial_counts()
         self.not_sent += 1
+        self._count_trials(before, due)
 
     def add_unattributed(self, metric: str, n: int = 1) -> None:
         self.unattributed[metric] = self.unattributed.get(metric, 0) + n
 
     def add_queue_delay(self, s: RequestSample) -> None:
-        if (batch := self._batch(self._due(s))) is not None:
-            batch.add_queue_delay(s)
         if (queue := s.queue_delay_ms) is not None:
-            self._put("queue_delay_ms", queue)
+            self._put("queue_delay_ms", queue, self._due(s))
 
     def add_first_byte(self, s: RequestSample) -> None:
-        if (batch := self._batch(self._due(s))) is not None:
-            batch.add_first_byte(s)
         if s.ttfb_ms is not None:
-            self._put("ttfb_ms", s.ttfb_ms)
+            self._put("ttfb_ms", s.ttfb_ms, self._due(s))
 
     def add_first_token(self, s: RequestSample) -> None:
-        if (batch := self._batch(self._due(s))) is not None:
-            batch.add_first_token(s)
+        at = self._due(s)
         if s.ttft_ms is not None:
-            self._put("ttft_ms", s.ttft_ms)
+            self._put("ttft_ms", s.ttft_ms, at)
         if (due := s.ttft_scheduled_ms) is not None:
-            self._put("ttft_scheduled_ms", due)
+            self._put("ttft_scheduled_ms", due, at)
 
     def add_gaps(self, gaps_ms: list[float], at: float | None = None) -> None:
         """Inter-token gaps; ``at`` (epoch s) places them in a time batch."""
-        if (batch := self._batch(at)) is not None:
-            batch.add_gaps(gaps_ms)
+        if gaps_ms and self.batches is not None and at is not None:
+            self.batches.record_ms("itl_ms", at, gaps_ms)
         if gaps_ms:
             self._hist_for("itl_ms").record_ms(gaps_ms)
             # A gap of exactly 0: its event shared one stamp (one read) with the one before.
@@ -218,8 +197,11 @@ class Stats:
     def add_outcome(self, s: RequestSample) -> None:
         """The request's end: counted as a request, its error or success, E2E, stalls, chunks,
         how its stream arrived."""
-        if (batch := self._batch(self._due(s))) is not None:
-            batch.add_outcome(s)
+        before = self._trial_counts()
+        self._add_outcome(s)
+        self._count_trials(before, self._due(s))
+
+    def _add_outcome(self, s: RequestSample) -> None:
         self.requests += 1
         if (bunched := s.bunched) is not None:
             self.bunch_judged += 1
@@ -255,39 +237,50 @@ class Stats:
                 name = _OTHER_REASONS
             self.answered_models[name] = self.answered_models.get(name, 0) + 1
         if s.e2e_ms is not None:
-            self._put("e2e_ms", s.e2e_ms)
+            at = self._due(s)
+            self._put("e2e_ms", s.e2e_ms, at)
             if (due := s.e2e_scheduled_ms) is not None:
-                self._put("e2e_scheduled_ms", due)
+                self._put("e2e_scheduled_ms", due, at)
             if s.ttft_ms is not None and s.e2e_ms > s.ttft_ms and s.output_tokens > 0:
                 self._put("output_tokens_per_s",
-                             s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3))
+                             s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3), at)
 
-    def _put(self, metric: str, value: float) -> None:
-        self._hist_for(metric).record(round(value * _SCALE))
+    def _put(self, metric: str, value: float, at: float | None = None) -> None:
+        scaled = round(value * _SCALE)
+        self._hist_for(metric).record(scaled)
+        if self.batches is not None and at is not None:
+            self.batches.record(metric, at, scaled)
 
     def _hist_for(self, metric: str) -> SparseHistogram:
         hist = self.histograms.get(metric)
         if hist is None:
-            hist = self.histograms[metric] = SparseHistogram(self.sig_figs)
+            hist = self.histograms[metric] = SparseHistogram(_SIG_FIGS)
         return hist
 
     @staticmethod
     def _due(s: RequestSample) -> float:
         return s.scheduled if s.scheduled is not None else s.sent
 
-    def _batch(self, at: float | None) -> Stats | None:
-        """The time batch of ``at`` (epoch s), made on first use; None without a grid."""
-        if self.grid is None or at is None:
-            return None
-        i = self.grid.index(at)
-        batch = self.batches.get(i)
-        if batch is None:
-            batch = self.batches[i] = Stats(sig_figs=BATCH_SIG_FIGS)
-        return batch
+    def _trial_counts(self) -> list[tuple[int, int]] | None:
+        return None if self.batches is None else [self.trials(m) for m in RATE_METRICS]
+
+    def _count_trials(self, before: list[tuple[int, int]] | None, at: float | None) -> None:
+        """Count in ``at``'s time batch what the rates' trials gained since ``before``."""
+        if before is None or self.batches is None or at is None:
+            return
+        for metric, (k0, n0) in zip(RATE_METRICS, before, strict=True):
+            k, n = self.trials(metric)
+            if k != k0 or n != n0:
+                self.batches.count(metric, at, k - k0, n - n0)
 
     @property
     def error_count(self) -> int:
         return sum(self.errors.values())
+
+    @property
+    def due(self) -> int:
+        """Arrivals due here, sent or not."""
+        return self.sent + self.not_sent
 
     def percentile(self, metric: str, p: float) -> float | None:
         """The ``p``-th percentile of ``metric`` (0 < p <= 100) by nearest rank, ceil(p/100 *
@@ -350,11 +343,8 @@ class Stats:
 
     def trials(self, metric: str) -> tuple[int, int]:
         """(k, n) behind a rate metric: k of n trials."""
-        return {"error_rate": (self.error_count, self.requests),
-                "stall_rate": (self.stalled, self.successes),
-                "chunk_loss": (self.missing_events, self.expected_events),
-                "not_sent_rate": (self.not_sent, self.sent + self.not_sent),
-                "usage_deficit": (self.usage_unseen, self.usage_tokens)}[metric]
+        k, n = _TRIALS[metric]
+        return getattr(self, k), getattr(self, n)
 
     def rate_interval(self, metric: str, confidence: float
                       ) -> tuple[float | None, float | None, int]:
@@ -387,20 +377,15 @@ class Stats:
 
     def _effective(self, metric: str, p: float | None, confidence: float) -> float | None:
         """n* from the batches: each one's share at or under the percentile (or its rate)."""
-        if not self.batches:
+        if self.batches is None:
             return None
-        batches = [self.batches.get(i) for i in range(BATCHES)]
         if p is None:
-            pairs = [(0, 0) if b is None else b.trials(metric) for b in batches]
-        else:
-            hist = self._hist(metric)
-            estimate = None if hist is None else hist.percentile(p)
-            if estimate is None:
-                return None
-            coarse = [None if b is None else b.histograms.get(metric) for b in batches]
-            pairs = [(0, 0) if h is None else (h.count_at_or_below(estimate), h.total)
-                     for h in coarse]
-        return effective_samples(pairs, confidence)
+            return effective_samples(self.batches.of_rate(metric), confidence)
+        hist = self._hist(metric)
+        estimate = None if hist is None else hist.percentile(p)
+        if estimate is None:
+            return None
+        return effective_samples(self.batches.at_or_below(metric, estimate), confidence)
 
     def unavailable(self, metric: str) -> str | None:
         """Why ``metric`` has no value in these samples (None when it has one): "not
@@ -479,6 +464,7 @@ class Stats:
 
     def merge(self, other: Stats) -> None:
         """Add ``other``'s counts and histograms to these: the union's statistics, exactly."""
+        self._merge_batches(other)
         for name in _COUNTERS:
             setattr(self, name, getattr(self, name) + getattr(other, name))
         for table in _TABLES:
@@ -493,46 +479,40 @@ class Stats:
                 mine[reason] = mine.get(reason, 0) + n
         for metric, hist in other.histograms.items():
             if metric not in self.histograms:
-                self.histograms[metric] = SparseHistogram(self.sig_figs)
+                self.histograms[metric] = SparseHistogram(_SIG_FIGS)
             self.histograms[metric].merge(hist)
-        self._merge_batches(other)
 
     def _merge_batches(self, other: Stats) -> None:
-        # Batches add up on one grid (one phase, cut alike in every process); stats without a
-        # grid or batches yet take the other's. Any other mix has no time batches left.
-        if self.grid is None and not self.batches:
-            self.grid = other.grid
-        if other.grid != self.grid:
-            self.grid, self.batches = None, {}
-            return
-        for i, batch in other.batches.items():
-            mine = self.batches.get(i)
-            if mine is None:
-                mine = self.batches[i] = Stats(sig_figs=BATCH_SIG_FIGS)
-            mine.merge(batch)
+        # Batches add up on one grid (one phase, cut alike in every process), and empty stats
+        # take the other's; any other mix (values with batches and values without) keeps none.
+        if other.batches is None:
+            if not other._empty():
+                self.batches = None
+        elif self.batches is None:
+            if self._empty():
+                self.batches = TimeBatches(other.batches.grid)
+                self.batches.merge(other.batches)
+        elif self.batches.grid == other.batches.grid:
+            self.batches.merge(other.batches)
+        else:
+            self.batches = None
 
-    def histograms_to_encode(self) -> Iterable[SparseHistogram]:
-        """Every histogram the wire form holds, the batches' included."""
-        yield from self.histograms.values()
-        for batch in self.batches.values():
-            yield from batch.histograms.values()
+    def _empty(self) -> bool:
+        return not (self.requests or self.sent or self.not_sent or self.histograms)
 
     def to_wire(self) -> dict[str, Any]:
-        """Counts as numbers, histograms as standard HdrHistogram V2 histoblobs; a time
-        batch's, only what is not zero."""
+        """Counts as numbers, histograms as standard HdrHistogram V2 histoblobs."""
         out: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS}
         out.update({table: dict(getattr(self, table)) for table in _TABLES})
         out["error_reasons"] = {k: dict(v) for k, v in self.error_reasons.items()}
         out["histograms"] = {m: h.encode() for m, h in self.histograms.items() if h.total}
-        if self.grid is not None:
-            out["grid"] = [self.grid.start, self.grid.width]
-            out["batches"] = {str(i): _nonzero(b.to_wire())
-                              for i, b in sorted(self.batches.items())}
+        if self.batches is not None:
+            out["batches"] = self.batches.to_wire()
         return out
 
     @classmethod
-    def from_wire(cls, data: dict[str, Any], sig_figs: int = _SIG_FIGS) -> Stats:
-        stats = cls(sig_figs=sig_figs)
+    def from_wire(cls, data: dict[str, Any]) -> Stats:
+        stats = cls()
         for name in _COUNTERS:
             setattr(stats, name, int(data.get(name, 0)))
         for table in _TABLES:
@@ -542,11 +522,9 @@ class Stats:
         for metric, blob in data.get("histograms", {}).items():
             if metric not in HISTOGRAM_METRICS:
                 raise ValueError(f"unknown metric {metric!r} in a scorecard")
-            stats.histograms[metric] = SparseHistogram.decode(blob, sig_figs)
-        if (grid := data.get("grid")) is not None:
-            stats.grid = BatchGrid(float(grid[0]), float(grid[1]))
-            stats.batches = {int(i): cls.from_wire(b, BATCH_SIG_FIGS)
-                             for i, b in data.get("batches", {}).items()}
+            stats.histograms[metric] = SparseHistogram.decode(blob, _SIG_FIGS)
+        if (batches := data.get("batches")) is not None:
+            stats.batches = TimeBatches.from_wire(batches)
         return stats
 
 
@@ -557,13 +535,7 @@ _COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries",
              "bunched_events")
 _TABLES = ("unattributed", "errors", "retried_attempts", "answered_models", "late_errors")
 
-
-def _nonzero(wire: dict[str, Any]) -> dict[str, Any]:
-    """A wire form without its zeros (a time batch's: most of its counts are)."""
-    out = {}
-    for key, value in wire.items():
-        if key in _TABLES:
-            value = {k: n for k, n in value.items() if n}
-        if value:
-            out[key] = value
-    return out
+# A rate metric -> the attributes that count its k and its n.
+_TRIALS = {"error_rate": ("error_count", "requests"), "stall_rate": ("stalled", "successes"),
+           "chunk_loss": ("missing_events", "expected_events"),
+           "not_sent_rate": ("not_sent", "due"), "usage_deficit": ("usage_unseen", "usage_tokens")}

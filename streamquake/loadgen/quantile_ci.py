@@ -14,8 +14,8 @@ consecutive latencies slow (and many consecutive requests fail), so the share of
 varies from run to run far more than Binomial(n, p) says, and the interval above is too narrow
 (at 85% of an M/M/16 queue's capacity, a 95% interval for p50 from two minutes of requests
 covers the true median a third of the time). So each phase is also cut into
-:data:`BATCHES` equal stretches of time (``Stats`` keeps counts and coarse histograms per
-stretch), and the variance of the share at or under the estimate is measured between batches:
+:data:`BATCHES` equal stretches of time (loadgen/batches.py counts each stretch's values and
+trials), and the variance of the share at or under the estimate is measured between batches:
 batch means, as a ratio estimator over batches of unequal size (Var = B/(B-1) * sum((k_b - R
 n_b)^2) / N^2). Its ratio to the binomial variance is the design effect; the samples count as
 n* = n / deff * (z / t_{B-1})^2 independent ones (the t factor: the variance itself is estimated
@@ -36,7 +36,7 @@ import math
 from collections.abc import Sequence
 
 _EXACT_UP_TO = 5000
-BATCHES = 16                       # equal stretches of time per phase (Stats' batch grid)
+BATCHES = 16                       # equal stretches of time per phase (loadgen/batches.py)
 BATCH_LEVELS = (16, 8, 4)          # batch counts whose design effects are compared
 
 

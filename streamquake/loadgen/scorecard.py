@@ -27,9 +27,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from streamquake.loadgen.batches import TimeBatches
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.holds import run_through
-from streamquake.loadgen.metrics import BatchGrid, Stats
+from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 
 FORMAT = 1
@@ -87,8 +88,31 @@ def tokens_per_s(s: RequestSample) -> float | None:
     return s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3)
 
 
+class Cell(Protocol):
+    """What :func:`attribute` counts a request's measurements into: a phase's ``Stats``, or
+    another output that must count by the same rule (``compare``, the Prometheus exporter)."""
+
+    late_errors: dict[str, int]
+
+    def add_retried(self, s: RequestSample) -> None: ...
+
+    def add_sent(self, s: RequestSample) -> None: ...
+
+    def add_queue_delay(self, s: RequestSample) -> None: ...
+
+    def add_unattributed(self, metric: str, n: int = 1) -> None: ...
+
+    def add_first_byte(self, s: RequestSample) -> None: ...
+
+    def add_first_token(self, s: RequestSample) -> None: ...
+
+    def add_gaps(self, gaps_ms: list[float], at: float | None = None) -> None: ...
+
+    def add_outcome(self, s: RequestSample) -> None: ...
+
+
 def attribute(s: RequestSample, windows: Sequence[WindowLike],
-              into: Callable[[str], Stats]) -> bool:
+              into: Callable[[str], Cell]) -> bool:
     """Add each measurement of ``s`` to the phase it belongs to (the module's rule); ``into``
     gives the stats of a phase for this request's class. False if no phase owns the request."""
     home = window_at(due_at(s), windows)
@@ -127,7 +151,7 @@ def attribute(s: RequestSample, windows: Sequence[WindowLike],
 
 
 def _gaps(s: RequestSample, first_token: float | None, windows: Sequence[WindowLike],
-          into: Callable[[str], Stats], home: Stats) -> None:
+          into: Callable[[str], Cell], home: Cell) -> None:
     """Each gap placed in time, the first token then one after another, counted in the phase
     it started and ended in."""
     if first_token is None:
@@ -249,7 +273,7 @@ class Scorecard:
         # Cells of phases long over, kept only as their text (a late request thaws one).
         self._frozen: set[tuple[str, str]] = set()
         self._ends = {w.name: w.end for w in self.windows}
-        self._grids = {w.name: BatchGrid.over(w.start, w.end) for w in self.windows}
+        self._spans = {w.name: (w.start, w.end) for w in self.windows}
         self._sealed_below = 0
         # While a checkpoint is taken in steps, records wait here (scored right after it), so
         # the card it writes is one instant's, however many times it gave the hub back.
@@ -267,7 +291,8 @@ class Scorecard:
                 self._frozen.discard(key)
                 stats = Stats.from_wire(json.loads(self._text[key])["stats"])
             else:
-                stats = Stats(grid=self._grids.get(phase))
+                start, end = self._spans.get(phase, (0.0, 0.0))
+                stats = Stats(batches=TimeBatches.over(start, end))
             self.cells[key] = stats
         return stats
 
@@ -389,7 +414,7 @@ class Scorecard:
             for key in list(self._dirty):
                 stats = self.cells.get(key)
                 if stats is not None:
-                    for hist in stats.histograms_to_encode():
+                    for hist in stats.histograms.values():
                         hist.encode()           # a step each (kept until it changes)
                         yield
                     self._text[key] = _cell_text(key, stats)

@@ -8,40 +8,63 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import time
 from types import FrameType
 
 from streamquake import procs
-from streamquake.errors import ScenarioError
+from streamquake.errors import PreflightError, ScenarioError
 from streamquake.loadgen.launcher import LOCUSTFILE, PLAN_ENV
 from streamquake.loadgen.relay import REMOTE_ENV
+from streamquake.units import format_duration
 
 DEFAULT_MASTER_PORT = 5557
 
 
-def parse_master(text: str) -> tuple[str, int]:
+def parse_master(text: str, option: str = "--master") -> tuple[str, int]:
     host, sep, port = text.strip().rpartition(":")
     if not sep or "]" in port:       # no port given (or a bare IPv6 address in brackets)
         host, port = text.strip(), str(DEFAULT_MASTER_PORT)
     host = host.strip("[]")
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ScenarioError(f"--master {text}: write HOST or HOST:PORT, e.g. 10.0.0.5:5557")
+        raise ScenarioError(f"{option} {text}: write HOST or HOST:PORT, e.g. 10.0.0.5:5557")
     return host, int(port)
 
 
-def processes_option(text: str) -> int:
+def processes_option(text: str, option: str = "--processes") -> int:
     if text == "auto":
         return len(os.sched_getaffinity(0))
     if not text.isdigit() or int(text) < 1:
-        raise ScenarioError(f"--processes {text}: a number of processes (1 or more), or auto "
+        raise ScenarioError(f"{option} {text}: a number of processes (1 or more), or auto "
                             "(one per core)")
     return int(text)
 
 
-def run_workers(master: str, processes: int) -> int:
-    """Start the workers, wait for them; SIGINT/SIGTERM are passed on. Exit code: the worst."""
+def wait_for_master(host: str, port: int, timeout_s: float) -> None:
+    """Wait until the master's port takes a connection: Locust's own worker would retry for
+    five minutes, logging each try. PreflightError (exit 3) once ``timeout_s`` has passed."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            socket.create_connection((host, port), timeout=max(0.1, min(5.0, left))).close()
+            return
+        except OSError as exc:
+            if left <= 0:
+                raise PreflightError(
+                    f"no run's master answered at {host}:{port} within "
+                    f"{format_duration(timeout_s)} ({exc.strerror or exc}): start `streamquake "
+                    "run --remote-workers N --master-bind HOST:PORT` there, or give "
+                    "--connect-timeout a longer time") from None
+        time.sleep(max(0.0, min(0.5, deadline - time.monotonic())))
+
+
+def run_workers(master: str, processes: int, connect_timeout_s: float = 60.0) -> int:
+    """Once the master answers, start the workers and wait for them; SIGINT/SIGTERM are passed
+    on. Exit code: the worst."""
     host, port = parse_master(master)
+    wait_for_master(host, port, connect_timeout_s)
     env = procs.child_env({REMOTE_ENV: "1"})
     env.pop(PLAN_ENV, None)
     cmd = procs.python_module_cmd("locust", "-f", str(LOCUSTFILE), "--worker",

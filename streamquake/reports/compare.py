@@ -1,17 +1,20 @@
 """``streamquake compare A B``: per phase and metric, B - A with a confidence interval, and a
 verdict better / same / worse beyond a tolerance.
 
-Method: a percentile bootstrap over requests. Each resample draws every phase's scored
-requests with replacement, independently in A and in B, and recomputes each metric exactly from
-the raw per-request samples (nearest-rank percentiles; a request's ITL gaps travel with it, so
-their correlation within a stream is kept). The interval is the (1-c)/2 and (1+c)/2 quantiles
-of the resampled differences. A verdict is **worse** (or **better**) only when the *whole*
-interval lies beyond the tolerance margin, max(tolerance x A, a small absolute floor), in the
-bad (good) direction: it takes a difference that is both real and material, and it keeps
-dozens of metrics x phases from raising false alarms by chance. Otherwise **same**, marked
+Method: a percentile bootstrap over requests. Each resample draws every phase's requests with
+replacement, independently in A and in B, and recomputes each metric exactly from the raw
+per-request samples (nearest-rank percentiles; a request's ITL gaps travel with it, so their
+correlation within a stream is kept). What of a request counts in a phase is the run's rule
+(reports/loaded.py), so A and B are the figures their reports show. The interval is the
+(1-c)/2 and (1+c)/2 quantiles of the resampled differences. A verdict is **worse** (or
+**better**) only when the *whole* interval lies beyond the tolerance margin, max(tolerance x A,
+an absolute floor: 1 ms or B's scenario's ``recovery.slack`` if larger, 0.5 points, 1 token/s),
+in the bad (good) direction: it takes a difference that is both real and material, and it
+keeps dozens of metrics x phases from raising false alarms by chance. Otherwise **same**, marked
 unsure when the interval reaches past the margin (not enough data to rule a change out).
 Without samples (a report.json copied on its own) the point difference is judged against the
-margin with no interval, and the output says so.
+margin with no interval, and the output says so. ``streamquake history`` judges a latest run
+against the runs before it by this same test (history.py).
 """
 
 from __future__ import annotations
@@ -24,8 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from streamquake.jsontypes import JsonDict
-from streamquake.loadgen.samples import RequestSample
-from streamquake.reports.loaded import LoadedPhase, LoadedRun
+from streamquake.reports.loaded import LoadedPhase, LoadedRun, Share
 from streamquake.reports.words import value_text
 from streamquake.run.series import values_of
 
@@ -44,9 +46,11 @@ def metric_name(metric: str, pct: float | None) -> str:
     return metric if pct is None else f"{metric} p{pct:g}"
 
 
-def floor_for(metric: str) -> float:
+def floor_for(metric: str, slack_ms: float = 0.0) -> float:
+    """The smallest change that counts: a latency must also move by more than the scenario's
+    own ``recovery.slack``."""
     if metric.endswith("_ms"):
-        return FLOORS["ms"]
+        return max(FLOORS["ms"], slack_ms)
     if metric == "output_tokens_per_s":
         return FLOORS[metric]
     return FLOORS["rate"]
@@ -88,6 +92,8 @@ class Comparison:
     confidence: float
     resamples: int
     method: str
+    slack_ms: float = 0.0
+    differs: str | None = None          # A and B ran different scenarios (different_scenarios)
 
     @property
     def worse(self) -> list[Row]:
@@ -101,24 +107,35 @@ class _Prepared:
     """One phase's requests, arranged so a resample's metric is a weighted rank lookup."""
 
     n: int
+    ended: int                                 # requests whose end counts here
     sorted_values: dict[str, list[float]]      # metric -> values, ascending
     owners: dict[str, list[int]]               # metric -> request index of each value
     rates: dict[str, tuple[list[float], list[float]]]   # metric -> (numerator, denominator)
 
 
-def _prepare(samples: Sequence[RequestSample]) -> _Prepared:
-    prep = _Prepared(n=len(samples), sorted_values={}, owners={}, rates={})
+def _values(share: Share, metric: str) -> list[float]:
+    if metric == "itl_ms":
+        return share.gaps
+    counted = {"ttfb_ms": share.first_byte, "ttft_ms": share.first_token}.get(metric,
+                                                                            share.ended)
+    return values_of(share.sample, metric) if counted else []
+
+
+def _prepare(shares: Sequence[Share]) -> _Prepared:
+    prep = _Prepared(n=len(shares), ended=0, sorted_values={}, owners={}, rates={})
     for metric in {m for m, p in METRICS if p is not None}:
-        pairs = sorted((v, i) for i, s in enumerate(samples) for v in values_of(s, metric))
+        pairs = sorted((v, i) for i, s in enumerate(shares) for v in _values(s, metric))
         prep.sorted_values[metric] = [v for v, _ in pairs]
         prep.owners[metric] = [i for _, i in pairs]
-    ok = [s.error is None for s in samples]
-    prep.rates["error_rate"] = ([float(not x) for x in ok], [1.0] * len(samples))
-    prep.rates["stall_rate"] = ([float(x and s.stalls > 0) for x, s in zip(ok, samples,
-                                                                           strict=True)],
+    ok = [s.ended and s.sample.error is None for s in shares]
+    prep.rates["error_rate"] = ([float(s.ended and s.sample.error is not None) for s in shares],
+                                [float(s.ended) for s in shares])
+    prep.rates["stall_rate"] = ([float(x and s.sample.stalls > 0) for x, s in zip(ok, shares,
+                                                                                  strict=True)],
                                 [float(x) for x in ok])
-    prep.rates["chunk_loss"] = ([float(s.missing_events) for s in samples],
-                                [float(s.expected_events) for s in samples])
+    prep.rates["chunk_loss"] = ([float(s.sample.missing_events * s.ended) for s in shares],
+                                [float(s.sample.expected_events * s.ended) for s in shares])
+    prep.ended = sum(s.ended for s in shares)
     return prep
 
 
@@ -150,9 +167,12 @@ def _quantile(sorted_values: Sequence[float], q: float) -> float:
     return sorted_values[min(len(sorted_values) - 1, max(0, math.floor(q * len(sorted_values))))]
 
 
-def _judge(metric: str, a: float | None, diff: float | None, lo: float | None,
-           hi: float | None, tolerance: float) -> tuple[float, str, bool]:
-    margin = max(tolerance * abs(a), floor_for(metric)) if a is not None else floor_for(metric)
+def judge(metric: str, a: float | None, diff: float | None, lo: float | None,
+          hi: float | None, tolerance: float, slack_ms: float = 0.0) -> tuple[float, str, bool]:
+    """(margin, verdict, sure) for B - A = ``diff`` with the interval [lo, hi] (None: a point
+    estimate only)."""
+    floor = floor_for(metric, slack_ms)
+    margin = max(tolerance * abs(a), floor) if a is not None else floor
     if diff is None:
         return margin, "no data", False
     sign = -1.0 if metric in HIGHER_IS_BETTER else 1.0        # > 0: B is worse
@@ -178,9 +198,21 @@ def _point(phase: LoadedPhase, metric: str, pct: float | None) -> float | None:
     return None
 
 
+def different_scenarios(a: LoadedRun, b: LoadedRun) -> str | None:
+    """Why A and B are not two runs of one scenario definition (None when they are)."""
+    if a.scenario_name != b.scenario_name:
+        return (f"A ran scenario {a.scenario_name!r} and B ran {b.scenario_name!r}: different "
+                "scenarios")
+    if a.scenario_sha256 and b.scenario_sha256 and a.scenario_sha256 != b.scenario_sha256:
+        return (f"A and B ran different definitions of scenario {a.scenario_name!r} (sha256 "
+                f"{a.scenario_sha256} and {b.scenario_sha256})")
+    return None
+
+
 def compare(a: LoadedRun, b: LoadedRun, *, tolerance: float = 0.10, confidence: float = 0.95,
             resamples: int = 1000, seed: int = 1,
             progress: Callable[[str], None] | None = None) -> Comparison:
+    """B against A per phase and metric; the floor for latencies is B's scenario's slack."""
     rng = random.Random(seed)
     with_ci = a.has_samples and b.has_samples and resamples > 0
     method = (f"percentile bootstrap over requests ({resamples} resamples, seed {seed}); "
@@ -194,13 +226,15 @@ def compare(a: LoadedRun, b: LoadedRun, *, tolerance: float = 0.10, confidence: 
             continue
         if progress is not None:
             progress(f"comparing {phase}")
-        rows += _compare_phase(phase, pa, pb, with_ci, rng, tolerance, confidence, resamples)
-    return Comparison(a, b, rows, tolerance, confidence, resamples if with_ci else 0, method)
+        rows += _compare_phase(phase, pa, pb, with_ci, rng, tolerance, confidence, resamples,
+                               b.slack_ms)
+    return Comparison(a, b, rows, tolerance, confidence, resamples if with_ci else 0, method,
+                      b.slack_ms, different_scenarios(a, b))
 
 
 def _compare_phase(phase: str, pa: LoadedPhase, pb: LoadedPhase, with_ci: bool,
                    rng: random.Random, tolerance: float, confidence: float,
-                   resamples: int) -> list[Row]:
+                   resamples: int, slack_ms: float) -> list[Row]:
     prep_a, prep_b = _prepare(pa.samples), _prepare(pb.samples)
     diffs: dict[tuple[str, float | None], list[float]] = {m: [] for m in METRICS}
     if with_ci and prep_a.n and prep_b.n:
@@ -223,11 +257,11 @@ def _compare_phase(phase: str, pa: LoadedPhase, pb: LoadedPhase, with_ci: bool,
         # An interval only when (nearly) every resample had data on both sides.
         if with_ci and got and len(got) >= 0.9 * resamples:
             lo, hi = _quantile(got, (1 - confidence) / 2), _quantile(got, (1 + confidence) / 2)
-        margin, verdict, sure = _judge(metric, va, diff, lo, hi, tolerance)
+        margin, verdict, sure = judge(metric, va, diff, lo, hi, tolerance, slack_ms)
         if with_ci and diff is not None and lo is None:
             verdict, sure = "same", False      # too little data for an interval: no claim
-        n_a = len(prep_a.sorted_values.get(metric, [])) if pct is not None else prep_a.n
-        n_b = len(prep_b.sorted_values.get(metric, [])) if pct is not None else prep_b.n
+        n_a = len(prep_a.sorted_values.get(metric, [])) if pct is not None else prep_a.ended
+        n_b = len(prep_b.sorted_values.get(metric, [])) if pct is not None else prep_b.ended
         rows.append(Row(phase, metric, pct, va, vb, n_a, n_b, diff, lo, hi, margin, verdict,
                         sure))
     return rows
@@ -259,11 +293,12 @@ def markdown(c: Comparison) -> str:
         f"- **A**: `{c.a.path}` ({c.a.scenario_name}, sha256 `{c.a.scenario_sha256 or '-'}`)",
         f"- **B**: `{c.b.path}` ({c.b.scenario_name}, sha256 `{c.b.scenario_sha256 or '-'}`)",
         f"- Δ = B − A. Method: {c.method}. A verdict is worse/better only when the whole "
-        f"interval lies beyond ±max({c.tolerance * 100:g}% of A, floor: 1 ms, 0.5 points, "
-        "1 token/s); *same (unsure)*: the interval reaches past that margin.",
+        f"interval lies beyond ±max({c.tolerance * 100:g}% of A, floor: "
+        f"{floor_for('e2e_ms', c.slack_ms):g} ms, 0.5 points, 1 token/s); *same (unsure)*: "
+        "the interval reaches past that margin.",
     ]
-    if c.a.scenario_sha256 != c.b.scenario_sha256:
-        lines.append("- Note: A and B ran different scenario definitions (hashes differ).")
+    if c.differs is not None:
+        lines.append(f"- **Note**: {c.differs}; compared as asked (--different-scenarios).")
     for phase in PHASES:
         rows = [r for r in c.rows if r.phase == phase]
         if not rows:
@@ -281,5 +316,6 @@ def markdown(c: Comparison) -> str:
 
 def to_json(c: Comparison) -> JsonDict:
     return {"a": str(c.a.path), "b": str(c.b.path), "method": c.method,
-            "tolerance": c.tolerance, "confidence": c.confidence,
+            "tolerance": c.tolerance, "confidence": c.confidence, "slack_ms": c.slack_ms,
+            "different_scenarios": c.differs,
             "regression": bool(c.worse), "rows": [r.to_json() for r in c.rows]}

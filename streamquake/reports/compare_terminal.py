@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from streamquake.reports.compare import PHASES, Comparison, _signed, _v, verdict_text
+from streamquake.reports.compare import PHASES, Comparison, _signed, _v, floor_for, verdict_text
 from streamquake.reports.terminal import print_table
 
 _STYLE = {"worse": "bold red", "better": "green", "same": "", "no data": "dim"}
@@ -16,8 +16,12 @@ def print_comparison(c: Comparison, console: Console) -> None:
     console.print(f"A: {escape(str(c.a.path))}\nB: {escape(str(c.b.path))}", highlight=False,
                   soft_wrap=True)
     console.print(f"B - A; {escape(c.method)}; worse/better only when the whole interval lies "
-                  f"beyond the margin max({c.tolerance * 100:g}% of A, floor)", highlight=False,
-                  soft_wrap=True)
+                  f"beyond the margin max({c.tolerance * 100:g}% of A, floor: "
+                  f"{floor_for('e2e_ms', c.slack_ms):g} ms, 0.5 points, 1 token/s)",
+                  highlight=False, soft_wrap=True)
+    if c.differs is not None:
+        console.print(f"[bold yellow]Note[/]: {escape(c.differs)}; compared as asked "
+                      "(--different-scenarios)", highlight=False, soft_wrap=True)
     for phase in PHASES:
         rows = [r for r in c.rows if r.phase == phase]
         if not rows:

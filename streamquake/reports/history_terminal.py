@@ -1,5 +1,5 @@
-"""``streamquake history``: each scenario's recent runs and its latest run against the rolling
-baseline."""
+"""``streamquake history``: each scenario's recent runs and its latest run against the runs
+before it (history.py: compare's interval test)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ COLUMNS = (("baseline", "ttft_ms", "p95"), ("recovery", "ttft_ms", "p95"),
 
 
 def print_history(runs: list[StoredRun], console: Console, *, window: int, tolerance: float,
-                  last: int) -> bool:
+                  last: int, min_runs: int) -> bool:
     """Prints a table per scenario; returns True when a scenario's latest run regressed."""
     if not runs:
         console.print("the history store has no runs yet")
@@ -25,29 +25,25 @@ def print_history(runs: list[StoredRun], console: Console, *, window: int, toler
     regressed = False
     for name in sorted({r.scenario for r in runs}):
         mine = [r for r in runs if r.scenario == name]
+        judged = check_latest(mine, window, tolerance, min_runs)
+        # A flagged metric is shown, whether or not it is one of the usual columns.
+        columns = [*COLUMNS, *(tuple(f.key.split(".")) for f in judged.worse
+                               if tuple(f.key.split(".")) not in COLUMNS)]
         table = Table(title=f"{name}: last {min(last, len(mine))} of {len(mine)} runs",
                       title_justify="left")
         for col in ("run", "started", "exit", "scenario sha256",
-                    *(f"{p} {m} {s if s != 'value' else ''}".strip() for p, m, s in COLUMNS)):
+                    *(f"{p} {m} {s if s != 'value' else ''}".strip() for p, m, s in columns)):
             table.add_column(col, justify="right")
         for r in mine[-last:]:
-            cells = [value_text(m, r.values.get(f"{p}.{m}.{s}")) for p, m, s in COLUMNS]
+            cells = [value_text(m, r.values.get(f"{p}.{m}.{s}")) for p, m, s in columns]
             table.add_row(str(r.id), when(r.started_at), str(r.exit_code),
                           r.scenario_sha256[:8], *cells)
         print_table(table, console)
-        flags = check_latest(mine, window, tolerance)
-        worse = [f for f in flags if f.regressed]
-        if not flags:
-            console.print(f"{escape(name)}: no baseline yet (the latest run, and at least one "
-                          "earlier run, must have run to the end)", soft_wrap=True)
-        elif worse:
-            regressed = True
-            for f in worse:
-                console.print(f"[bold red]REGRESSION[/] {escape(f.sentence(tolerance))}",
-                              soft_wrap=True)
-        else:
-            console.print(f"[green]{escape(name)}: latest run {mine[-1].id} within "
-                          f"{tolerance * 100:g}% of the rolling median of its previous "
-                          f"{flags[0].baseline_runs} run(s) on every watched metric[/]",
-                          soft_wrap=True)
+        style = "bold red" if judged.worse else "" if judged.not_judged else "green"
+        line = escape(judged.summary())
+        console.print(f"[{style}]{line}[/]" if style else line, soft_wrap=True, highlight=False)
+        for f in judged.worse:
+            console.print(f"[bold red]REGRESSION[/] {escape(name)} run {judged.latest.id}: "
+                          f"{escape(f.sentence())}", soft_wrap=True, highlight=False)
+        regressed = regressed or bool(judged.worse)
     return regressed

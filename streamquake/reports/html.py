@@ -24,6 +24,7 @@ from streamquake.reports.table import (
 from streamquake.reports.words import (
     class_reading,
     duration,
+    inconclusive_legend,
     interruption,
     pairs,
     run_t0,
@@ -169,6 +170,9 @@ def _verdicts(page: _Page) -> None:
                 page.add(f'<td class="{state}" title="{tip}">{_t(cell.text)} {mark}</td>')
         page.add("</tr>")
     page.add("</table>")
+    legend = inconclusive_legend(r.checks)
+    if legend:
+        page.add(f'<p class="note">{_t(legend)}</p>')
     broken = [c for c in r.checks if c.ran and c.gating and not c.passed]
     if broken:
         page.add("<ul>" + "".join(f"<li>{_t(sentence(c))}</li>" for c in broken) + "</ul>")
@@ -349,15 +353,22 @@ def _trend(page: _Page) -> None:
     if len(trend) < 2:
         return
     page.add("<h2>Trend: this scenario in the history store</h2><p class=\"cap\">One point per "
-             "run, oldest first; this run is the last.</p>")
+             "run (its id in the store), oldest first; this run is the last. Ringed: a "
+             "regression by the default `streamquake history` check.</p>",
+             f"<p>{_t(trend[-1].judgement)}</p>" if trend[-1].judgement else "")
+    ticks = [(i + 0.5, str(tp.run_id)) for i, tp in enumerate(trend)]
     for metric, title in (("ttft_ms", "TTFT p95"), ("itl_ms", "ITL p95"), ("e2e_ms", "E2E p95")):
         lines = [svg.Line(phase, svg.PALETTE[phase],
-                          [(float(i + 1), tp.values.get(f"{phase}.{metric}.p95"))
+                          [(i + 0.5, tp.values.get(f"{phase}.{metric}.p95"))
                            for i, tp in enumerate(trend)])
                  for phase in PHASE_COLUMNS]
+        marks = [svg.Mark(i + 0.5, y, f"REGRESSION: {phase} {metric} p95 in run {tp.run_id}")
+                 for i, tp in enumerate(trend) for phase in PHASE_COLUMNS
+                 if f"{phase}.{metric}.p95" in tp.regressed
+                 and (y := tp.values.get(f"{phase}.{metric}.p95")) is not None]
         page.add(svg.render(svg.Chart(key=f"trend-{metric}", title=f"{title} (ms)", lines=lines,
                                       x_label="run", y_label="ms", x_max=float(len(trend)),
-                                      height=160)))
+                                      x_ticks=ticks, marks=marks, height=160)))
     page.add("<table><tr><th>run</th><th>started</th><th>exit</th></tr>",
              *(f"<tr><td>{tp.run_id}</td><td>{_t(when(tp.started_at))}</td>"
                f"<td>{tp.exit_code}</td></tr>" for tp in trend[-10:]), "</table>")
@@ -365,7 +376,9 @@ def _trend(page: _Page) -> None:
 
 def _environment(page: _Page) -> None:
     r = page.r
-    rows = [("streamquake", r.tool_version), *sorted(r.environment.items()),
+    # The environment names the version too (as "streamquake"): one row, first.
+    rows = [("streamquake", r.tool_version),
+            *sorted((k, v) for k, v in r.environment.items() if k != "streamquake"),
             ("scenario file", r.scenario_file), ("target", target_text(r)),
             ("started", when(r.started_at)), ("finished", when(r.finished_at))]
     page.add("<h2>Environment</h2><table>",

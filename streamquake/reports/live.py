@@ -1,8 +1,9 @@
 """A running log of the run for people watching a terminal (game days, CI logs).
 
-Fault lines say what was set and what the system read back as ``key=value`` pairs, every key
-kept (the proxy's counters included), one line each, never wrapped by us: a CI log keeps them
-whole and a terminal wraps them at its own edge.
+A fault's line when applied says what was set, in the scenario's units, and how long it took
+(the read-back is in the reports); its line when reverted says what the system read back as
+``key=value`` pairs, every key kept (the proxy's counters included), one line each, never
+wrapped by us: a CI log keeps them whole and a terminal wraps them at its own edge.
 """
 
 from __future__ import annotations
@@ -22,14 +23,16 @@ from streamquake.events import (
     Message,
     PhaseStarted,
     RunFinished,
+    RunStarted,
     Tick,
 )
 from streamquake.run.watch import LATENCIES, LIVE_WINDOW_S
+from streamquake.scenario import PHASE_ORDER
 
 if TYPE_CHECKING:
     from streamquake.run.watch import RollingStats
     from streamquake.scenario import Scenario, SLOSpec
-from streamquake.reports.words import pairs
+from streamquake.reports.words import pairs, value_text
 
 
 def attach_live_log(events: Events, console: Console) -> None:
@@ -46,9 +49,10 @@ def attach_live_log(events: Events, console: Console) -> None:
         say(f"[bold]phase {event.phase}[/] ({event.duration_s:g} s)")
 
     def on_applied(event: FaultApplied) -> None:
-        record = event.record
+        record = event.record      # its read-back stays in the reports (report.json)
+        took = f", in place in {record.apply_ms:.0f} ms" if record.apply_ms is not None else ""
         say(f"[yellow]fault applied[/] {escape(record.name)} ({record.type}): "
-            f"{escape(pairs(record.applied))}")
+            f"{escape(record.settings)}{took}")
 
     def on_reverted(event: FaultReverted) -> None:
         record = event.record
@@ -72,13 +76,15 @@ class LiveView:
         self.slos = list(scenario.slos)
         self.line_every_s = line_every_s
         self.phase: str | None = None
-        self.phase_end = 0.0
+        self.phase_end = 0.0            # before the first phase: when it begins
+        self.first = next(p for p in PHASE_ORDER if scenario.phases.duration_s(p) > 0)
         self.faults: dict[str, str] = {}
         self.stats: RollingStats | None = None
         self._live: Live | None = None
         self._last_line = 0.0
 
     def attach(self, events: Events) -> None:
+        events.on(RunStarted, self._on_started)
         events.on(PhaseStarted, self._on_phase)
         events.on(FaultApplied, self._on_applied)
         events.on(FaultReverted, self._on_reverted)
@@ -90,6 +96,9 @@ class LiveView:
 
     def _on_reverted(self, event: FaultReverted) -> None:
         self.faults.pop(event.record.name, None)
+
+    def _on_started(self, event: RunStarted) -> None:
+        self.phase_end = event.starts_at
 
     def _on_phase(self, event: PhaseStarted) -> None:
         self.phase, self.phase_end = event.phase, time.time() + event.duration_s
@@ -111,8 +120,12 @@ class LiveView:
             self._live.stop()
             self._live = None
 
-    def _left(self) -> str:
-        return f"{max(0.0, self.phase_end - time.time()):.0f} s left"
+    def _when(self, sep: str = " ") -> str:
+        """``phase fault 12 s left``, or before the first phase ``starting, warmup in 3 s``."""
+        left = max(0.0, self.phase_end - time.time())
+        if self.phase is None:
+            return f"starting, {self.first} in {left:.0f} s"
+        return f"phase {self.phase}{sep}{left:.0f} s left"
 
     def _light(self, slo: SLOSpec) -> tuple[str, str]:
         s = self.stats
@@ -124,22 +137,22 @@ class LiveView:
         if value is None:
             return "-", "dim"
         ok = value <= slo.max if slo.max is not None else value >= (slo.min or 0.0)
-        return f"{value:.4g}", "green" if ok else "red"
+        return value_text(slo.metric, value), "green" if ok else "red"
 
     def line(self) -> str:
         s = self.stats
         faults = ", ".join(f"{n} ({t})" for n, t in self.faults.items()) or "none"
-        head = f"live: phase {self.phase} {self._left()} | faults: {faults}"
+        head = f"live: {self._when()} | faults: {faults}"
         if s is None:
             return head
         lat = " | ".join(
             f"{m.removesuffix('_ms').upper()} p50 {_ms(s.p50[m])} p95 {_ms(s.p95[m])} "
             f"(n={s.counts[m]})" for m in LATENCIES)
         err = f"{s.errors / s.requests:.1%}" if s.requests else "-"
-        return f"{head} | {s.per_s:.1f} req/s | errors {err} | {lat} (last {s.window_s:g} s)"
+        return f"{head} | {s.per_s:.1f} req/s | errors {err} | {lat} (last {s.window_s:.0f} s)"
 
     def _render(self) -> Table:
-        table = Table(title=f"phase {self.phase} · {self._left()}", title_justify="left",
+        table = Table(title=self._when(" · "), title_justify="left",
                       show_header=True, header_style="bold", box=None)
         table.add_column(f"last {LIVE_WINDOW_S:g} s")
         table.add_column("p50 ms", justify="right")

@@ -1,5 +1,7 @@
 """A finished run read back from disk (report.json and, beside it, the per-request samples), for
-``streamquake compare``: typed, with nothing taken on trust from the file."""
+``streamquake compare`` and ``history``: typed, with nothing taken on trust from the file. Each
+request's measurements go to the phases the run counted them in, by the run's one rule
+(``loadgen/scorecard.py``'s ``attribute``), so compare's figures are the report's."""
 
 from __future__ import annotations
 
@@ -10,9 +12,62 @@ from pathlib import Path
 from streamquake.errors import ScenarioError
 from streamquake.jsontypes import JsonDict, JsonValue
 from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.scorecard import attribute
 from streamquake.reports.csv_report import read_samples
-from streamquake.run.scoring import assign_phases
 from streamquake.run.timeline import PhaseWindow
+
+
+@dataclass
+class Share:
+    """What one request counts in one phase, as ``attribute`` tells it (a ``Cell``)."""
+
+    sample: RequestSample
+    first_byte: bool = False
+    first_token: bool = False
+    gaps: list[float] = field(default_factory=list)
+    ended: bool = False            # its end (outcome, E2E, tokens/s, stalls, chunks) counts here
+    late_errors: dict[str, int] = field(default_factory=dict)
+
+    def add_retried(self, s: RequestSample) -> None:
+        pass
+
+    def add_sent(self, s: RequestSample) -> None:
+        pass
+
+    def add_queue_delay(self, s: RequestSample) -> None:
+        pass
+
+    def add_unattributed(self, metric: str, n: int = 1) -> None:
+        pass
+
+    def add_first_byte(self, s: RequestSample) -> None:
+        self.first_byte = True
+
+    def add_first_token(self, s: RequestSample) -> None:
+        self.first_token = True
+
+    def add_gaps(self, gaps_ms: list[float], at: float | None = None) -> None:
+        self.gaps += gaps_ms
+
+    def add_outcome(self, s: RequestSample) -> None:
+        self.ended = True
+
+
+def shares(samples: list[RequestSample], windows: list[PhaseWindow]) -> dict[str, list[Share]]:
+    """Per phase, the share of each request that counts there (retried attempts are no
+    request: the run counts them apart)."""
+    out: dict[str, list[Share]] = {w.name: [] for w in windows}
+    for s in samples:
+        if not s.retried:
+            for name, share in _split(s, windows).items():
+                out[name].append(share)
+    return out
+
+
+def _split(s: RequestSample, windows: list[PhaseWindow]) -> dict[str, Share]:
+    mine: dict[str, Share] = {}
+    attribute(s, windows, lambda name: mine.setdefault(name, Share(s)))
+    return mine
 
 
 @dataclass
@@ -22,7 +77,7 @@ class LoadedPhase:
     end: float
     status: str
     stats: JsonDict
-    samples: list[RequestSample] = field(default_factory=list)   # scored in this phase
+    samples: list[Share] = field(default_factory=list)   # what of each request counts here
 
 
 @dataclass
@@ -34,6 +89,7 @@ class LoadedRun:
     exit_code: int
     phases: dict[str, LoadedPhase]
     has_samples: bool
+    slack_ms: float = 0.0           # its scenario's recovery.slack: the smallest latency change
 
     @property
     def label(self) -> str:
@@ -60,8 +116,15 @@ def load_run(path: Path) -> LoadedRun:
     if not isinstance(data, dict) or not str(data.get("schema", "")).startswith(
             "streamquake.report/"):
         raise ScenarioError(f"{report}: not a streamquake report (no 'schema' field)")
+    return loaded_from(data, report)
+
+
+def loaded_from(data: JsonDict, report: Path) -> LoadedRun:
+    """A run from its result as a dict (report.json's, or ``RunResult.to_dict()`` before
+    report.json is written), its samples beside ``report``."""
     phases: dict[str, LoadedPhase] = {}
-    for p in data.get("phases") or []:
+    listed = data.get("phases")
+    for p in listed if isinstance(listed, list) else []:
         if isinstance(p, dict) and isinstance(p.get("name"), str):
             stats = p.get("stats")
             phases[str(p["name"])] = LoadedPhase(
@@ -71,10 +134,11 @@ def load_run(path: Path) -> LoadedRun:
     samples_dir = report.parent / "run" / "samples"
     samples = read_samples(samples_dir) if samples_dir.is_dir() else []
     windows = [PhaseWindow(p.name, p.start, p.end) for p in phases.values()]
-    by_phase, _ = assign_phases(samples, windows)
-    for name, group in by_phase.items():
+    for name, group in shares(samples, windows).items():
         phases[name].samples = group
     env = data.get("environment")
+    echo = data.get("scenario_echo")
+    recovery = echo.get("recovery") if isinstance(echo, dict) else None
     return LoadedRun(
         path=report,
         scenario_name=str(data.get("scenario_name", "?")),
@@ -83,4 +147,17 @@ def load_run(path: Path) -> LoadedRun:
         exit_code=int(_float(data.get("exit_code"))),
         phases=phases,
         has_samples=bool(samples),
+        slack_ms=_float(recovery.get("slack")) if isinstance(recovery, dict) else 0.0,
     )
+
+
+def pool(runs: list[LoadedRun]) -> LoadedRun:
+    """Several runs as one: each phase's requests together (history's baseline for compare's
+    test); the newest run's identity, no point figures of its own."""
+    last = runs[-1]
+    phases = {name: LoadedPhase(name, 0.0, 0.0, "complete", {},
+                                [s for r in runs for s in r.phases[name].samples])
+              for name in last.phases
+              if all(name in r.phases and r.phases[name].status != "not run" for r in runs)}
+    return LoadedRun(last.path, last.scenario_name, last.scenario_sha256, last.started_at,
+                     last.exit_code, phases, all(r.has_samples for r in runs), last.slack_ms)

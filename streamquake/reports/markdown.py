@@ -19,6 +19,7 @@ from streamquake.reports.table import (
 from streamquake.reports.words import (
     class_reading,
     duration,
+    inconclusive_legend,
     interruption,
     pairs,
     run_t0,
@@ -88,6 +89,9 @@ def render_markdown(result: RunResult) -> str:
         lines += ["", "### SLO verdicts", "", head]
         lines += [f"| {_esc(label)} | " + " | ".join(_md(c.get(p)) for p in PHASE_COLUMNS) + " |"
                   for label, c in verdict_rows(result)]
+        legend = inconclusive_legend(result.checks)
+        if legend:
+            lines += ["", _esc(legend)]
     if result.faults:
         lines += ["", "### Faults", "",
                   "| fault | type | phase | settings | applied | reverted | read back at revert "

@@ -37,6 +37,16 @@ class Band:
 
 
 @dataclass
+class Mark:
+    """A ringed point with a label on hover: a run that regressed."""
+
+    x: float
+    y: float
+    label: str
+    color: str = "#d62728"
+
+
+@dataclass
 class Chart:
     key: str                              # data-chart attribute, for tests and CSS
     title: str
@@ -47,6 +57,8 @@ class Chart:
     edges: list[tuple[float, str]] = field(default_factory=list)   # (x, phase name)
     x_max: float | None = None
     y_max: float | None = None
+    x_ticks: list[tuple[float, str]] | None = None   # (x, label); default: evenly spaced
+    marks: list[Mark] = field(default_factory=list)
     width: int = 880
     height: int = 190
 
@@ -105,8 +117,10 @@ def render(chart: Chart) -> str:
     for y in _ticks(y_top):
         out.append(f'<line class="g" x1="{_L}" x2="{_L + w}" y1="{sy(y):.1f}" y2="{sy(y):.1f}"/>'
                    f'<text class="yl" x="{_L - 4}" y="{sy(y) + 3:.1f}">{_num(y)}</text>')
-    for x in _ticks(x_top, 8):
-        out.append(f'<text class="xl" x="{sx(x):.1f}" y="{_T + h + 13}">{_num(x)}</text>')
+    ticks = chart.x_ticks if chart.x_ticks is not None else [(x, _num(x))
+                                                             for x in _ticks(x_top, 8)]
+    for x, text in ticks:
+        out.append(f'<text class="xl" x="{sx(x):.1f}" y="{_T + h + 13}">{escape(text)}</text>')
     for x, name in chart.edges:
         out.append(f'<line class="e" x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{_T}" y2="{_T + h}"/>'
                    f'<text class="el" x="{sx(x) + 3:.1f}" y="{_T + h - 4}">{escape(name)}</text>')
@@ -117,6 +131,10 @@ def render(chart: Chart) -> str:
                f'<text x="4" y="{_T + h + 26}">y: {escape(chart.y_label)}</text>')
     for line in chart.lines:
         out += _polyline(line, sx, sy)
+    for m in chart.marks:
+        out.append(f'<circle class="mark" cx="{sx(m.x):.1f}" cy="{sy(m.y):.1f}" r="6" '
+                   f'fill="none" stroke="{m.color}" stroke-width="2">'
+                   f'<title>{escape(m.label)}</title></circle>')
     out.append(_legend(chart))
     out.append("</svg>")
     return "".join(out)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamquake.jsontypes import JsonDict
+from streamquake.reports.words import value_text
 from streamquake.result import Check, RunResult
 
 PHASE_COLUMNS = ("baseline", "fault", "recovery")
@@ -100,10 +101,10 @@ def _cell(check: Check) -> Cell:
     if not check.measurable:
         return Cell(text="not measurable", passed=check.passed, gating=check.gating,
                     measurable=False)
-    # "?": the confidence interval reaches both sides of the limit (see the sentence's CI).
-    mark = "?" if check.inconclusive else ""
-    return Cell(text=fmt_value(check.metric, check.observed) + mark, passed=check.passed,
-                gating=check.gating)
+    # "?": inconclusive (words.inconclusive_legend says why, under the grid).
+    mark = " ?" if check.inconclusive else ""
+    seen = "-" if check.observed is None else value_text(check.metric, check.observed)
+    return Cell(text=seen + mark, passed=check.passed, gating=check.gating)
 
 
 def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:

@@ -20,7 +20,7 @@ from streamquake.reports.table import (
     verdict_rows,
     verdict_word,
 )
-from streamquake.reports.words import interruption
+from streamquake.reports.words import inconclusive_legend, interruption
 from streamquake.result import RunResult
 
 
@@ -74,6 +74,9 @@ def print_result(result: RunResult, console: Console) -> None:
     for label, verdict_cells in verdict_rows(result):
         verdicts.add_row(escape(label), *(_render(verdict_cells.get(p)) for p in PHASE_COLUMNS))
     print_table(verdicts, console)
+    legend = inconclusive_legend(result.checks)
+    if legend:
+        console.print(legend, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
     for fault in result.faults:
         state = f"[red]{escape(fault.error)}[/]" if fault.error else "applied and reverted"

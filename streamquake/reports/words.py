@@ -88,6 +88,28 @@ def evidence(check: Check) -> str:
     return text
 
 
+def inconclusive_legend(checks: list[Check]) -> str | None:
+    """The line under a verdict grid that shows ``?``: what it means and why each one is, with
+    the count of values a percentile that too few values bound would need."""
+    reasons: dict[tuple[str, str], list[str]] = {}
+    for c in checks:
+        if not (c.inconclusive and c.ran and c.measurable and c.observed is not None):
+            continue
+        conf = f"{(c.confidence or 0.95) * 100:g}%"
+        why = (f"p{c.percentile:g} needs at least {c.samples_needed} values to be bounded"
+               if c.samples_needed is not None and c.percentile is not None else
+               f"its {conf} confidence interval reaches both sides of the limit")
+        worth = c.effective_samples
+        n = f"n={c.samples}" + (f", worth {worth} independent"
+                                if worth is not None and c.samples and worth < c.samples else "")
+        label = metric_label(c) + (f" [{c.cls}]" if c.cls else "")
+        reasons.setdefault((label, why), []).append(f"{c.phase} ({n})")
+    if not reasons:
+        return None
+    return "? inconclusive, more values could turn the verdict: " + "; ".join(
+        f"{label} in {', '.join(where)}: {why}" for (label, why), where in reasons.items())
+
+
 def sentence(check: Check) -> str:
     """What happened, for a reader: the observation first, then the limit, then the gap.
 

@@ -16,6 +16,7 @@ from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import Describes, FaultSpec, Injector, RunContext
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
+from streamquake.reference import settings_text
 from streamquake.result import FaultRecord
 from streamquake.run.lease import RunLease
 from streamquake.run.preflight import injector_problems
@@ -77,7 +78,7 @@ class Ledger:
         spec = fault.spec
         record = FaultRecord(name=spec.label, type=spec.type,
                              phase=fault.phase, configured=fault.describe(), owner=self.owner,
-                             at=spec.at or "local")
+                             at=spec.at or "local", settings=settings_text(spec))
         self.records.append(record)
         if self.lease is not None:
             try:
@@ -88,11 +89,13 @@ class Ledger:
         entry = self.journal.add(fault.journal_type or record.type, record.name)
         self._held.add(entry.entry_id)
         stack.callback(self._revert, record, fault.injector, entry)
+        started = time.perf_counter()
         try:
             record.applied = fault.injector.apply(entry)
         except InjectorError as exc:
             record.error = f"apply failed: {exc}"
             raise
+        record.apply_ms = (time.perf_counter() - started) * 1000
         record.applied_at = time.time()
         record.configured = fault.describe()   # complete now (netem: the table that was sent)
         self.events.emit(FaultApplied(record))

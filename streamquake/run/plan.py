@@ -6,14 +6,13 @@ from __future__ import annotations
 from streamquake.faults.catalog import families, fault_type
 from streamquake.faults.envelope import FaultSpec
 from streamquake.journal import journal_path
+from streamquake.reference import written_pairs
 from streamquake.run.parts import wanted_resources
 from streamquake.scenario import PHASE_ORDER, Scenario
 
 
 def _params(spec: FaultSpec) -> str:
-    fields = spec.model_dump(mode="json", by_alias=True, exclude_none=True,
-                             exclude={"type", "name", "phase", "at"})
-    return ", ".join(f"{k}={v}" for k, v in fields.items()) or "defaults"
+    return ", ".join(f"{k}={v}" for k, v in written_pairs(spec)) or "defaults"
 
 
 def _line(spec: FaultSpec, scenario: Scenario, when: str) -> str:

@@ -63,6 +63,7 @@ class Runner:
         self.warnings: list[str] = []
         self.aborted: str | None = None
         self.watch = Watch(self.work_dir / "samples", [])
+        self.phase_start: float | None = None    # the live figures never reach back past it
         self.guard = SaturationGuard(self.work_dir, [], self.events)
         self.lease_s = lease_s
         self.lease: RunLease | None = None
@@ -101,9 +102,8 @@ class Runner:
                     whole_run = stack.enter_context(contextlib.ExitStack())
                     for fault in (f for f in planned if f.phase == WHOLE_RUN):
                         self.ledger.apply(whole_run, fault)
-                    self.events.emit(RunStarted(self.scenario, self.out_dir))
-                    t0 = time.time() + STARTUP_LEAD_S
-                    windows = plan_windows(self.scenario, t0)
+                    windows = plan_windows(self.scenario, time.time() + STARTUP_LEAD_S)
+                    self.events.emit(RunStarted(self.scenario, self.out_dir, windows[0].start))
                     load = start_loadgen(stack, self.scenario, parts, windows, self.events)
                     self.watch = Watch(self.work_dir / "samples", self.scenario.abort_when)
                     if self.scenario.load.samples == "none":
@@ -186,7 +186,8 @@ class Runner:
               load: LocustRun, whole_run: contextlib.ExitStack) -> None:
         for w in windows:
             sleep_until(w.start, load, self.work_dir, self._tick)
-            self.events.emit(PhaseStarted(w.name, w.end - w.start))
+            self.phase_start = w.start
+            self.events.emit(PhaseStarted(w.name, w.end - w.start, w.start))
             with contextlib.ExitStack() as phase_stack:
                 refused = self.aborted is None and not self._apply(phase_stack, planned, w.name)
                 aborted_now = refused or sleep_until(w.end, load, self.work_dir, self._tick)
@@ -213,7 +214,7 @@ class Runner:
         """Feed the watch; report rolling stats; True once, when an abort condition holds."""
         self.watch.poll()
         self.guard.poll()
-        self.events.emit(Tick(self.watch.rolling()))
+        self.events.emit(Tick(self.watch.rolling(since=self.phase_start)))
         if self.aborted is None and self.lease is not None and (
                 lapsed := self.lease.lapsed()) is not None:
             self.aborted = lapsed

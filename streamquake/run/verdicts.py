@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Protocol
 
 from streamquake.loadgen.metrics import NOT_MEASURABLE
+from streamquake.loadgen.quantile_ci import min_samples_for_upper_bound
 from streamquake.result import Check
 from streamquake.scenario import HIGHER_IS_BETTER, SCORED_PHASES, RecoverySpec, Scenario, SLOSpec
 from streamquake.scenario.schema import VerdictSpec
@@ -63,6 +64,16 @@ def gate(point: bool, certain: bool | None, policy: str) -> bool:
     return policy == "pass"
 
 
+def needed(op: str, percentile: float | None, low: float | None, high: float | None,
+           confidence: float) -> int | None:
+    """For a percentile that no observed value bounds on the limit's side: the fewest
+    independent values that would bound it there."""
+    if percentile is None or (high if op == "<=" else low) is not None:
+        return None
+    p = percentile / 100
+    return min_samples_for_upper_bound(p if op == "<=" else 1 - p, confidence)
+
+
 def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = None,
               verdicts: VerdictSpec | None = None) -> Check:
     verdicts = verdicts or VerdictSpec()
@@ -101,6 +112,8 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
         ci_high=high,
         confidence=verdicts.confidence,
         inconclusive=certain is None,
+        samples_needed=needed(op, slo.percentile, low, high, verdicts.confidence)
+        if certain is None else None,
         measurable=measurable,
     )
 
@@ -155,6 +168,8 @@ def check_recovery(spec: RecoverySpec, baseline: PhaseStats, recovery: PhaseStat
                 ci_high=high,
                 confidence=verdicts.confidence,
                 inconclusive=certain is None,
+                samples_needed=needed(op, spec.percentile, low, high, verdicts.confidence)
+                if certain is None else None,
             )
         )
     return checks

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.tail import SampleTail
+from streamquake.run.timeline import TICK_S
 from streamquake.scenario.schema import AbortCondition
 
 LIVE_WINDOW_S = 10.0
@@ -21,6 +22,11 @@ LATENCIES = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")
 
 def _ended(s: RequestSample) -> float:
     return s.sent + (s.e2e_ms or 0.0) / 1000.0
+
+
+def _due(s: RequestSample) -> float:
+    """When it was due (open loop) or sent: the phase it belongs to, as the scorecard says."""
+    return s.scheduled if s.scheduled is not None else s.sent
 
 
 def _nearest_rank(values: list[float], p: float) -> float | None:
@@ -88,17 +94,23 @@ class Watch:
     def _window(self, now: float, seconds: float) -> list[RequestSample]:
         return [s for s in self._recent if now - seconds <= _ended(s) <= now]
 
-    def rolling(self, now: float | None = None) -> RollingStats:
+    def rolling(self, now: float | None = None, since: float | None = None) -> RollingStats:
+        """The last LIVE_WINDOW_S seconds, but only requests due at ``since`` (the phase's
+        start) or later: right after a phase edge, what the last phase did is not this one's."""
         now = time.time() if now is None else now
         window = self._window(now, LIVE_WINDOW_S)
+        span = LIVE_WINDOW_S
+        if since is not None:
+            window = [s for s in window if _due(s) >= since]
+            span = max(TICK_S, min(LIVE_WINDOW_S, now - since))
         p50, p95, counts = {}, {}, {}
         for m in LATENCIES:
             values = _values(window, m)
             p50[m], p95[m], counts[m] = (_nearest_rank(values, 50), _nearest_rank(values, 95),
                                          len(values))
-        return RollingStats(at=now, window_s=LIVE_WINDOW_S, requests=len(window),
+        return RollingStats(at=now, window_s=span, requests=len(window),
                             errors=sum(s.error is not None for s in window),
-                            per_s=len(window) / LIVE_WINDOW_S, p50=p50, p95=p95, counts=counts)
+                            per_s=len(window) / span, p50=p50, p95=p95, counts=counts)
 
     def abort_reason(self, now: float | None = None) -> str | None:
         """The first abort condition that holds now, as a sentence; None if none does."""

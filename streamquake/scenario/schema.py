@@ -23,6 +23,9 @@ from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.target.config import Protocol, TargetConfig
 from streamquake.units import (
     bools_as_text,
+    format_duration,
+    format_ms,
+    format_percent,
     parse_duration_ms,
     parse_duration_s,
     parse_fraction,
@@ -176,6 +179,13 @@ class TraceSpec(_Model):
         return {"file": v} if isinstance(v, str) else v
 
 
+def threshold_text(metric: str, value: float) -> str:
+    """A threshold in its metric's unit, as a scenario writes it: ``1%``, ``350ms``, ``10s``."""
+    if metric in RATE_METRICS:
+        return format_percent(value)
+    return format_ms(value) if metric.endswith("_ms") else f"{value:g}"
+
+
 def _threshold_value(v: Any) -> Any:
     """A threshold as written: rates as percentages ("1%"), ms metrics as durations ("350ms")."""
     if isinstance(v, str) and v.strip().endswith("%"):
@@ -218,7 +228,8 @@ class AbortCondition(_Model):
     @property
     def label(self) -> str:
         what = f"{self.metric} p{self.percentile:g}" if self.percentile else self.metric
-        return f"{what} above {self.above:g} for {self.for_s:g} s"
+        return (f"{what} above {threshold_text(self.metric, self.above)} for "
+                f"{format_duration(self.for_s)}")
 
 
 class VerdictSpec(_Model):
@@ -271,8 +282,8 @@ class SLOSpec(_Model):
         if self.name:
             return self.name
         what = f"{self.metric} p{self.percentile:g}" if self.percentile else self.metric
-        op = f"<= {self.max:g}" if self.max is not None else f">= {self.min:g}"
-        return f"{what} {op}"
+        op, limit = ("<=", self.max) if self.max is not None else (">=", self.min)
+        return f"{what} {op} {threshold_text(self.metric, limit or 0.0)}"
 
 
 class ReadSpec(_Model):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
 
 from streamquake.faults.envelope import FaultSpec
 from streamquake.units import parse_fraction
@@ -14,13 +14,18 @@ class GpuClocksFault(FaultSpec):
     """``{type: gpu_clocks, gpus: all, sm_clocks_mhz: [500, 800], power_limit: 70%}``."""
 
     type: Literal["gpu_clocks"] = "gpu_clocks"
-    gpus: Literal["all"] | list[int | str] = "all"
-    sm_clocks_mhz: tuple[PositiveInt, PositiveInt] | None = None
-    sm_clocks: tuple[float, float] | None = None  # fractions of the max SM clock
-    mem_clocks_mhz: tuple[PositiveInt, PositiveInt] | None = None
-    mem_clocks: tuple[float, float] | None = None  # fractions of the max memory clock
-    power_limit_w: PositiveFloat | None = None
-    power_limit: float | None = None  # fraction of the default power limit
+    gpus: Literal["all"] | list[int | str] = Field("all", description="GPU indexes or UUIDs")
+    sm_clocks_mhz: tuple[PositiveInt, PositiveInt] | None = Field(
+        None, description="lock the SM clock in [low, high] MHz")
+    sm_clocks: tuple[float, float] | None = Field(
+        None, description="lock the SM clock in [low, high], shares of its maximum")
+    mem_clocks_mhz: tuple[PositiveInt, PositiveInt] | None = Field(
+        None, description="lock the memory clock in [low, high] MHz")
+    mem_clocks: tuple[float, float] | None = Field(
+        None, description="lock the memory clock in [low, high], shares of its maximum")
+    power_limit_w: PositiveFloat | None = Field(None, description="cap the power, in watts")
+    power_limit: float | None = Field(None, description="cap the power, a share of its "
+                                      "default limit")
 
     @field_validator("gpus", mode="before")
     @classmethod

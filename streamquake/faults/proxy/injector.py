@@ -117,9 +117,12 @@ class SSEProxyInjector:
     def _control_url(self) -> str:
         url = self._proxy_url
         if not url:
+            # A run always has one (the family starts it): this is a fault held outside a run.
             raise InjectorError(
-                f"fault '{self.spec.label}' needs the streamquake SSE proxy, but this run has "
-                "none: the proxy family starts it (FaultProxy) when a scenario lists such a fault"
+                f"fault '{self.spec.label}' needs a streamquake SSE proxy to act in, and none "
+                "was named: start a standing one with `streamquake proxy --upstream URL` and "
+                "name it (`streamquake inject sse_proxy ... --proxy HOST:PORT`; in the agent's "
+                "API, `proxy`)"
             )
         return url
 

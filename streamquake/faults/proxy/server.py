@@ -24,7 +24,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -474,20 +474,28 @@ def _url_host(host: str) -> str:
     return f"[{host}]" if ":" in host else host
 
 
-async def serve(state: ProxyState, host: str, port: int) -> None:
+async def serve(state: ProxyState, host: str, port: int,
+                announce: Callable[[str], None] | None = None) -> None:
+    """Serve until SIGTERM or SIGINT (``announce(url)`` once bound). The faults still on then
+    are removed first, so that the streams still open end without them."""
     runner = web.AppRunner(build_app(state), access_log=None, handle_signals=False,
                            shutdown_timeout=1.0)
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024)
-    await site.start()
-    bound = runner.addresses[0][1]
-    print(f"LISTENING http://{_url_host(host)}:{bound}", flush=True)
-    stopping = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stopping.set)
     try:
+        site = web.TCPSite(runner, host, port, backlog=1024)
+        await site.start()
+        url = f"http://{_url_host(host)}:{runner.addresses[0][1]}"
+        if announce is not None:
+            announce(url)
+        print(f"LISTENING {url}", flush=True)
+        stopping = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stopping.set)
         await stopping.wait()
+        for name in list(state.faults):
+            log.info("stopping: fault '%s' removed", name)
+        state.faults.clear()
     finally:
         await runner.cleanup()
 

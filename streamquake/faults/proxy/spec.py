@@ -45,8 +45,8 @@ class _Part(BaseModel):
 class Stall(_Part):
     """Pause the stream for ``duration`` before an event, with ``probability`` per event."""
 
-    probability: float
-    duration_ms: float = Field(alias="duration")
+    probability: float = Field(description="of each event")
+    duration_ms: float = Field(alias="duration", description="how long the stream pauses")
 
     _p = field_validator("probability", mode="before")(_fraction)
     _d = field_validator("duration_ms", mode="before")(_positive_ms)
@@ -56,8 +56,9 @@ class Abort(_Part):
     """Answer ``status`` before streaming, without contacting the upstream."""
 
     status: int = Field(ge=400, le=599, description="an HTTP error status such as 503 or 429")
-    probability: float = 1.0
-    retry_after_s: float | None = Field(default=None, alias="retry_after")
+    probability: float = Field(1.0, description="of each request")
+    retry_after_s: float | None = Field(default=None, alias="retry_after",
+                                        description="sent as Retry-After")
 
     _p = field_validator("probability", mode="before")(_fraction)
 
@@ -74,8 +75,8 @@ class Abort(_Part):
 class Reset(_Part):
     """Reset the TCP connection (RST) after ``after_events`` events, with ``probability``."""
 
-    probability: float = 1.0
-    after_events: int = Field(default=0, ge=0)
+    probability: float = Field(1.0, description="of each stream")
+    after_events: int = Field(default=0, ge=0, description="events passed on first")
 
     _p = field_validator("probability", mode="before")(_fraction)
 
@@ -92,18 +93,26 @@ class SSEProxyFault(FaultSpec):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     type: Literal["sse_proxy"]
-    drop: float | None = None
-    delay_ms: float | None = Field(default=None, alias="delay")
-    delay_jitter_ms: float | None = Field(default=None, alias="delay_jitter")
-    delay_probability: float = 1.0
-    first_event_delay_ms: float | None = Field(default=None, alias="first_event_delay")
-    stall: Stall | None = None
-    truncate_after_events: int | None = Field(default=None, ge=0)
-    truncate_after_bytes: int | None = Field(default=None, ge=0)
-    abort: Abort | None = None
-    reset: Reset | None = None
-    corrupt: float | None = None
-    seed: int | None = None
+    drop: float | None = Field(None, description="content events dropped")
+    delay_ms: float | None = Field(default=None, alias="delay",
+                                   description="held back before each event")
+    delay_jitter_ms: float | None = Field(default=None, alias="delay_jitter",
+                                          description="the delay varies by up to this much")
+    delay_probability: float = Field(1.0, description="events delayed")
+    first_event_delay_ms: float | None = Field(default=None, alias="first_event_delay",
+                                               description="held back before the first event")
+    stall: Stall | None = Field(None, description="pause the stream for `duration` before an "
+                                "event, with `probability` per event")
+    truncate_after_events: int | None = Field(default=None, ge=0, description="end the "
+                                              "stream after this many events")
+    truncate_after_bytes: int | None = Field(default=None, ge=0, description="end the stream "
+                                             "after this much body")
+    abort: Abort | None = Field(None, description="answer `status` (with `retry_after`) "
+                                "instead, with `probability`, the upstream never asked")
+    reset: Reset | None = Field(None, description="reset the connection (RST) after "
+                                "`after_events` events, with `probability`")
+    corrupt: float | None = Field(None, description="events whose data is garbled")
+    seed: int | None = Field(None, description="for repeatable random choices")
 
     _f = field_validator("drop", "corrupt", "delay_probability", mode="before")(
         lambda v: None if v is None else _fraction(v)

@@ -48,6 +48,15 @@ def _where(spec: FaultSpec, scenario: Scenario) -> str:
             "handles")
 
 
+def _needs_target(spec: FaultSpec) -> str | None:
+    assert isinstance(spec, NetemFault | TbfFault)
+    if spec.scope == "interface" and spec.interface is not None:
+        return None
+    return (f"{spec.type} shapes the packets to one target: give --target HOST:PORT (e.g. "
+            "--target 10.0.0.7:8000), or interface=IFACE scope=interface to shape every "
+            "packet on an interface")
+
+
 def _resources(scenario: Scenario) -> Sequence[Resource]:
     if scenario.network.mode != "namespace":
         return ()
@@ -78,8 +87,9 @@ FAMILY = Family(
     faults=(
         FaultType("netem", NetemFault, _netem,
                   "delay, jitter, loss, duplication, corruption, reordering, rate (needs netem)",
-                  _where),
-        FaultType("tbf", TbfFault, _tbf, "a token-bucket bandwidth limit", _where),
+                  _where, _needs_target),
+        FaultType("tbf", TbfFault, _tbf, "a token-bucket bandwidth limit", _where,
+                  _needs_target),
     ),
     resources=_resources,
     implied=_implied,

@@ -59,9 +59,14 @@ class NetworkConfig(BaseModel):
 class TcPlacement(BaseModel):
     """Per-fault overrides of the scenario's ``network:`` section (None: take it from there)."""
 
-    interface: str | None = None
-    scope: Literal["target", "interface"] | None = None
-    direction: Literal["egress", "both"] | None = None
+    interface: str | None = Field(None, description="the interface to shape (default: "
+                                  "network.interface, else the one routing to the target)")
+    scope: Literal["target", "interface"] | None = Field(
+        None, description="target: only packets to and from the target's address and port; "
+        "interface: every packet on the interface (default: network.scope)")
+    direction: Literal["egress", "both"] | None = Field(
+        None, description="egress: packets toward the target; both: its answers too "
+        "(default: network.direction)")
 
 
 Distribution = Literal["normal", "pareto", "paretonormal"]
@@ -76,21 +81,29 @@ class NetemFault(FaultSpec, TcPlacement):
     """A netem fault as a scenario writes it (``delay: 100ms``, ``loss: 1.5%``, ``rate: 8mbit``)."""
 
     type: Literal["netem"] = "netem"
-    profile: str | None = None
-    delay_ms: float = Field(0.0, alias="delay", ge=0, le=3_600_000)
-    jitter_ms: float = Field(0.0, alias="jitter", ge=0, le=3_600_000)
-    correlation: float = 0.0  # of successive delays
-    distribution: Distribution | None = None
-    loss: float = 0.0
-    loss_correlation: float = 0.0
-    duplicate: float = 0.0
-    duplicate_correlation: float = 0.0
-    corrupt: float = 0.0
-    corrupt_correlation: float = 0.0
-    reorder: float = 0.0
-    reorder_correlation: float = 0.0
-    gap: int = Field(0, ge=0)
-    rate_bytes_per_s: float | None = Field(None, alias="rate", gt=0)
+    profile: str | None = Field(None, description="a named network path whose settings are "
+                                "the defaults here (README: network profiles)")
+    delay_ms: float = Field(0.0, alias="delay", ge=0, le=3_600_000,
+                            description="added to every packet")
+    jitter_ms: float = Field(0.0, alias="jitter", ge=0, le=3_600_000,
+                             description="the delay varies by up to this much")
+    correlation: float = Field(0.0, description="how much each delay follows the last one")
+    distribution: Distribution | None = Field(None, description="the jitter's shape "
+                                              "(default: uniform)")
+    loss: float = Field(0.0, description="packets dropped")
+    loss_correlation: float = Field(0.0, description="how much each loss follows the last")
+    duplicate: float = Field(0.0, description="packets sent twice")
+    duplicate_correlation: float = Field(0.0, description="how much each duplicate follows "
+                                         "the last")
+    corrupt: float = Field(0.0, description="packets with a flipped bit")
+    corrupt_correlation: float = Field(0.0, description="how much each corruption follows "
+                                       "the last")
+    reorder: float = Field(0.0, description="packets sent at once while the rest wait `delay`")
+    reorder_correlation: float = Field(0.0, description="how much each reordering follows "
+                                       "the last")
+    gap: int = Field(0, ge=0, description="reorder every Nth packet instead")
+    rate_bytes_per_s: float | None = Field(None, alias="rate", gt=0,
+                                           description="a bandwidth cap")
     limit: int = Field(1000, ge=1, description="packets netem may hold at once")
 
     _durations = field_validator("delay_ms", "jitter_ms", mode="before")(
@@ -176,11 +189,11 @@ _FULL_PACKET = 1514
 
 class TbfFault(FaultSpec, TcPlacement):
     type: Literal["tbf"] = "tbf"
-    rate_bytes_per_s: float = Field(alias="rate", gt=0)
-    # Bucket size: how much may go out at line speed after an idle spell. Default: 10 ms of rate.
-    burst_bytes: int | None = Field(None, alias="burst")
-    # How long a packet may wait for tokens; sets the queue limit (rate * latency + burst).
-    latency_ms: float = Field(50.0, alias="latency", gt=0)
+    rate_bytes_per_s: float = Field(alias="rate", gt=0, description="the bandwidth limit")
+    burst_bytes: int | None = Field(None, alias="burst", description="how much may go out at "
+                                    "line speed after an idle spell (default: 10 ms of rate)")
+    latency_ms: float = Field(50.0, alias="latency", gt=0, description="how long a packet may "
+                              "wait for tokens (the queue holds rate * latency + burst)")
 
     _rate = field_validator("rate_bytes_per_s", mode="before")(lambda v: parse_rate_bytes_per_s(v))
     _burst = field_validator("burst_bytes", mode="before")(
