@@ -295,7 +295,8 @@ def test_api_refuses_wrong_tokens_and_outside_the_allowlist_and_holds_leases(
     bad = run_cli("inject", "marker_file", f"path={flag}", "--for", "1m", "--at", url, env=env)
     assert bad.returncode == 3 and "(401): missing or wrong token" in bad.stderr
     env["STREAMQUAKE_AGENT_TOKEN"] = TOKEN
-    bad = run_cli("inject", "tbf", "rate=1mbit", "--for", "1m", "--at", url, env=env)
+    bad = run_cli("inject", "tbf", "rate=1mbit", "--for", "1m", "--at", url, "--target",
+                  "127.0.0.1:9", env=env)
     assert bad.returncode == 3 and "this agent may shape only lo" in bad.stderr
     assert not flag.exists()
     asked = time.monotonic()
@@ -303,6 +304,9 @@ def test_api_refuses_wrong_tokens_and_outside_the_allowlist_and_holds_leases(
                  "--at", url, env=env)
     assert ok.returncode == 0 and flag.exists(), ok.stderr
     assert "injected m1 (marker_file)" in ok.stdout and "held for 1m30s" in ok.stdout
+    # What is now in place, in one line for people (the agent's whole record: --json).
+    assert ok.stdout.splitlines()[1].startswith("in place ") and "ms after asking: " \
+        f"marker_file path={flag}" in ok.stdout and len(ok.stdout.splitlines()) == 2, ok.stdout
     listed = run_cli("status", "--at", url, "--json", env=env)
     since_s = time.monotonic() - asked               # two CLI runs: seconds on a busy machine
     (shown,) = json.loads(listed.stdout)["faults"]

@@ -43,7 +43,8 @@ def _stream(sent: float, ttft: float, gaps: list[float], cls: str = "chat",
             scheduled: float | None = None) -> RequestSample:
     return RequestSample(cls=cls, sent=sent, scheduled=scheduled, ttfb_ms=5.0, ttft_ms=ttft,
                          itl_ms=gaps, e2e_ms=ttft + sum(gaps) + 5.0,
-                         content_events=len(gaps) + 1, output_tokens=len(gaps) + 1)
+                         content_events=len(gaps) + 1, output_tokens=len(gaps) + 1,
+                         usage_tokens=len(gaps) + 1)
 
 
 def _nearest_rank(values: list[float], p: float) -> float:

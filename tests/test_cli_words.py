@@ -3,9 +3,15 @@ shown as flags, units on every quantity. Every case goes through the real CLI.""
 
 from __future__ import annotations
 
+import ast
+import json
 import os
+import re
 import socket
 import subprocess
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
 from pathlib import Path
 
 import pytest
@@ -101,3 +107,142 @@ def test_worker_gives_up_on_a_silent_master_after_connect_timeout() -> None:
     proc = run_cli("worker", "--master", f"127.0.0.1:{port}", "--connect-timeout", "1s")
     _one_sentence(proc, 3, f"127.0.0.1:{port}", "within 1s", "--connect-timeout")
     assert "Failed to connect" not in proc.stdout + proc.stderr    # no Locust retry log
+
+
+LIVE = """
+name: words
+target:
+  protocol: openai
+  embedded: {ttft: 20ms, itl: 5ms, output_tokens: {min: 5, max: 5}}
+load: {users: 2, think_time: {min: 50ms, max: 100ms}}
+phases: {warmup: 1s, baseline: 4s, fault: 6s, recovery: 8s}
+faults:
+  - {type: sse_proxy, name: slow-start, phase: fault, first_event_delay: 400ms}
+slos:
+  - {metric: ttft_ms, percentile: 95, max: 10s}
+  - {metric: error_rate, max: 1%}
+  - {metric: ttfb_ms, percentile: 99, max: 350ms, phases: [baseline]}
+"""
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """One real run, its output piped (a CI log): a 400 ms first-event delay in fault only."""
+    root = tmp_path_factory.mktemp("words")
+    (root / "words.yaml").write_text(LIVE)
+    proc = run_cli("run", str(root / "words.yaml"), "--out", str(root / "out"), timeout=200,
+                   env={"STREAMQUAKE_STATE_DIR": str(root / "state")})
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return proc, root / "out"
+
+
+def _live(stdout: str) -> list[str]:
+    return [ln for ln in stdout.splitlines() if ln.startswith("live: ")]
+
+
+def _ttft_p95(line: str) -> tuple[float | None, int]:
+    """The TTFT p95 (ms) and its count in a live line: ``TTFT p50 20.1 p95 22.3 (n=40)``."""
+    m = re.search(r"TTFT p50 \S+ p95 (\S+) \(n=(\d+)\)", line)
+    assert m, line
+    return (None if m[1] == "-" else float(m[1])), int(m[2])
+
+
+@pytest.mark.timeout(240)
+def test_live_lines_say_starting_and_never_reach_back_across_a_phase_edge(
+        run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    lines = _live(run[0].stdout)
+    assert lines[0].startswith("live: starting, warmup in "), lines[0]
+    assert not any("None" in ln for ln in lines), lines
+    fault = [p for ln in lines if ln.startswith("live: phase fault ")
+             for p, n in [_ttft_p95(ln)] if n and p is not None]
+    recovery = [(p, n) for ln in lines if ln.startswith("live: phase recovery ")
+                for p, n in [_ttft_p95(ln)] if n]
+    assert fault and recovery, lines
+    # Recovery's window holds recovery's requests only: none slowed by the fault before it.
+    assert all(p is not None and p < max(fault) / 2 for p, _ in recovery), (fault, recovery)
+
+
+@pytest.mark.timeout(240)
+def test_every_quantity_in_its_unit_and_the_question_mark_explained(
+        run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    proc, out = run
+    summary = (out / "summary.md").read_text()
+    for text in (proc.stdout, summary):
+        assert "ttft_ms p95 <= 10s" in text and "error_rate <= 1%" in text, text
+        assert "<= 10000" not in text and "<= 0.01" not in text
+        # Few baseline values: p99 cannot be bounded from above, and the legend says so.
+        legend = [ln for ln in text.splitlines() if ln.startswith("? inconclusive")]
+        assert len(legend) == 1, text
+        assert re.search(r"ttfb_ms p99 in baseline \(n=\d+[^)]*\)[^;]*: p99 needs at least "
+                         r"368 values to be bounded", legend[0]), legend[0]
+    verdict_rows = [ln for ln in proc.stdout.splitlines() if ln.startswith("│ ttfb_ms p99")]
+    assert len(verdict_rows) == 1 and " ms ?" in verdict_rows[0], verdict_rows
+    check = next(c for c in json.loads((out / "report.json").read_text())["checks"]
+                 if c["name"].startswith("ttfb_ms p99") and c["phase"] == "baseline")
+    assert check["inconclusive"] and check["samples"] < 368 and check["samples_needed"] == 368
+
+
+@pytest.mark.timeout(240)
+def test_a_fault_applied_is_one_line_in_its_units_with_the_record_in_the_report(
+        run: tuple[subprocess.CompletedProcess[str], Path]) -> None:
+    proc, out = run
+    (line,) = [ln for ln in proc.stdout.splitlines() if "fault applied" in ln]
+    assert re.search(r"fault applied slow-start \(sse_proxy\): first_event_delay=400ms, "
+                     r"in place in \d+ ms$", line), line
+    (record,) = json.loads((out / "report.json").read_text())["faults"]
+    assert record["applied"] and record["settings"] == "first_event_delay=400ms"
+
+
+@pytest.mark.timeout(60)
+def test_dry_run_says_each_setting_in_its_unit(tmp_path: Path) -> None:
+    scenario = tmp_path / "units.yaml"
+    scenario.write_text("""
+name: units
+target: {protocol: openai, url: "http://127.0.0.1:9"}
+phases: {baseline: 5s, fault: 5s, recovery: 5s}
+faults:
+  - {type: tbf, name: thin, rate: 200kbit, burst: 4kb, latency: 1.5s}
+  - {type: sse_proxy, name: late, phase: recovery, first_event_delay: 400ms, drop: 15%,
+     stall: {probability: 1%, duration: 2s}}
+""")
+    proc = run_cli("run", str(scenario), "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    assert "(rate=200kbit, burst=4kb, latency=1.5s" in proc.stdout, proc.stdout
+    assert "drop=15%" in proc.stdout and "first_event_delay=400ms" in proc.stdout
+    assert "stall.probability=1%, stall.duration=2s" in proc.stdout
+    assert "25000" not in proc.stdout and "400.0" not in proc.stdout
+
+
+@pytest.mark.timeout(60)
+def test_faults_says_each_note_once_describes_every_parameter_and_keeps_width_piped() -> None:
+    proc = run_cli("faults", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.count("1.5s, 1m30s") == 1 and proc.stdout.count("15% or 0.15") == 1
+    rows = [ln for ln in proc.stdout.splitlines() if "│" in ln]
+    # One row a parameter: piped, no cell wraps onto a line of its own.
+    assert not [r for r in rows if not r.split("│")[0].strip()], rows
+    docs = json.loads(run_cli("faults", "--json").stdout)
+    bare = [(d["type"], p["name"]) for d in docs for p in d["params"] if not p["description"]]
+    assert bare == [], bare
+
+
+@pytest.mark.timeout(30)
+def test_every_imported_package_is_declared() -> None:
+    def norm(name: str) -> str:
+        return re.sub(r"[-_.]+", "-", name).lower()
+
+    declared = {norm(re.split(r"[<>=!~\[; ]", d)[0]) for d in tomllib.loads(
+        (REPO / "pyproject.toml").read_text())["project"]["dependencies"]}
+    owners = packages_distributions()
+    imported: dict[str, str] = {}
+    for path in (REPO / "streamquake").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import) else
+                     [node.module] if isinstance(node, ast.ImportFrom) and node.module
+                     and not node.level else [])
+            for top in {n.split(".")[0] for n in names} - set(sys.stdlib_module_names):
+                imported.setdefault(top, str(path.relative_to(REPO)))
+    imported.pop("streamquake")
+    undeclared = {m: where for m, where in imported.items()
+                  if not {norm(d) for d in owners.get(m, [m])} & declared}
+    assert undeclared == {}, undeclared

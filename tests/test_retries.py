@@ -5,6 +5,7 @@ retried ones counted apart, so a retry never hides a failure."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -59,9 +60,15 @@ def test_retried_attempts_are_counted_apart(tmp_path: Path) -> None:
         samples = [json.loads(line) for f in (out / "run" / "samples").glob("*.jsonl")
                    for line in f.read_text().splitlines()]
         retried = [s for s in samples if s["retried"]]
+        # Shown with the other counts, in the terminal table and summary.md (retrying only).
+        rows = [ln for text in (proc.stdout, (out / "summary.md").read_text())
+                for ln in text.splitlines() if "retried attempts" in ln]
         if policy == "none":
             assert not retried and all(s["attempt"] == 1 for s in samples)
+            assert rows == [], rows
         else:
+            count = str(stats[policy]["requests_retried"])
+            assert len(rows) == 2 and all(count in re.split(r"[\s|│]+", r) for r in rows), rows
             assert retried and all(s["error"] == "http_status" and s["status"] == 500
                                    for s in retried)
             assert max(s["attempt"] for s in samples) <= 3

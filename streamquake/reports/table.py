@@ -16,6 +16,7 @@ SUMMARY_METRICS = (
     ("TTFT p95 from schedule ms", "ttft_scheduled_ms", "p95"),
     ("not attributed: TTFB/TTFT/ITL/end", "unattributed", None),
     ("errors", "error_rate", None),
+    ("retried attempts (not requests)", "requests_retried", None),   # with load.retries
     ("send p95 ms (connect + write)", "send_ms", "p95"),
     ("send: DNS p95 ms", "dns_ms", "p95"),              # these three where some were measured
     ("send: connect p95 ms", "connect_ms", "p95"),
@@ -67,7 +68,7 @@ def fmt_value(metric: str, value: float | None) -> str:
                   "shared_stamp_share", "bunching"):
         return f"{value * 100:.1f}%"
     if metric in ("requests", "sent", "not_sent", "client_stalls", "client_saturated_s",
-                  "tokens_counted"):
+                  "tokens_counted", "requests_retried"):
         return f"{int(value)}"
     return f"{value:.1f}"
 
@@ -117,6 +118,8 @@ def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
         if metric in NEW_CONNECTION_ROWS and not any(
                 _dict_of(p.stats.get(metric)).get("count") for p in result.phases):
             continue
+        if metric == "requests_retried" and not _retrying(result):
+            continue
         cells = {}
         for phase in PHASE_COLUMNS:
             stats: JsonDict = by_phase.get(phase, {})
@@ -129,6 +132,13 @@ def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
             cells[phase] = fmt_value(metric, value if isinstance(value, int | float) else None)
         rows.append((label, cells))
     return rows
+
+
+def _retrying(result: RunResult) -> bool:
+    """The load retried, or was allowed to (load.retries)."""
+    load = result.scenario_echo.get("load")
+    return (isinstance(load, dict) and load.get("retries") not in (None, "none")) or any(
+        p.stats.get("requests_retried") for p in result.phases)
 
 
 def _dict_of(value: object) -> dict[str, object]:

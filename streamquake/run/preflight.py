@@ -45,7 +45,7 @@ def header_problems(scenario: Scenario) -> list[str]:
     """What the load process would refuse in target.headers and target.path once ``${VAR}``
     is expanded from this environment (an unset variable, a line break in a value), found
     before anything starts rather than by Locust."""
-    from streamquake.loadgen.client import expand_headers, expand_path   # gevent: load side
+    from streamquake.loadgen.client import expand_headers, expand_path  # gevent: load side
 
     try:
         expand_headers(scenario.target.headers, os.environ)
