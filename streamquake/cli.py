@@ -866,7 +866,8 @@ def proxy_cmd(
     raise typer.Exit(code)
 
 
-@app.command("worker")
+@app.command("worker", epilog="Exit codes: 0 the run ended; 2 a wrong option; 3 no master "
+             "answered within --connect-timeout; else the worst Locust worker's code.")
 def worker_cmd(
     master: Annotated[str, typer.Option("--master", help="The run's master: HOST or HOST:PORT "
                                         "(its --master-bind; port 5557 by default).")],

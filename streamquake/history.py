@@ -311,6 +311,8 @@ def _load(runs: list[StoredRun], known: dict[int, LoadedRun]
             run = known.get(r.id) or load_run(Path(r.report))
         except StreamquakeError:
             return [], f"run {r.id}'s report {r.report} cannot be read"
+        if abs(run.started_at - r.started_at) > 0.001:     # an --out used again since
+            return [], f"run {r.id}'s report {r.report} is now a later run's"
         if not run.has_samples:
             return [], f"run {r.id}'s per-request samples are not beside its report {r.report}"
         loaded.append(run)

@@ -128,8 +128,8 @@ def test_controller_killed_mid_fault_each_agent_reverts_within_its_lease(
     wrong = _in(client_ns, "inject", "marker_file", f"path={a1.flag}", "--for", "1m", "--at",
                 a1.url, env={**env, "STREAMQUAKE_AGENT_TOKEN": "not-the-token-0123456789"})
     assert wrong.returncode == 3 and "(401): missing or wrong token" in wrong.stderr
-    outside = _in(client_ns, "inject", "tbf", "rate=1mbit", "interface=lo", "--for", "1m",
-                  "--at", a2.url, env=env)
+    outside = _in(client_ns, "inject", "tbf", "rate=1mbit", "interface=lo", "scope=interface",
+                  "--for", "1m", "--at", a2.url, env=env)
     assert outside.returncode == 3
     assert ("this agent does not allow tbf faults; it allows: marker_file" in outside.stderr)
     assert not a1.flag.exists() and not a2.flag.exists()

@@ -154,17 +154,34 @@ def _stats(ttfb_ms: float, n: int = 200) -> dict:
     return Stats.from_samples(samples).to_dict()
 
 
-def _append(store: Path, name: str, ttfb_ms: float, reports: Path) -> tuple[int, object]:
+def _append(store: Path, name: str, ttfb_ms: float, reports: Path,
+            report: Path | None = None, started: float | None = None) -> tuple[int, object]:
     from streamquake.history import append_run
     from streamquake.result import PhaseResult, RunResult
 
-    result = RunResult(name, f"{name}.yaml", {"recovery": {"slack": 5.0}}, "0", time.time(),
-                       time.time(), None,
+    started = time.time() if started is None else started
+    result = RunResult(name, f"{name}.yaml", {"recovery": {"slack": 5.0}}, "0", started,
+                       started + 1, None,
                        [PhaseResult(p, 0.0, 1.0, _stats(ttfb_ms)) for p in
                         ("baseline", "fault", "recovery")], [], [], {},
                        environment={"scenario_sha256": "x", "host": "h"})
-    report = reports / f"{name}-{time.monotonic_ns()}" / "report.json"   # never written
+    report = report or reports / f"{name}-{time.monotonic_ns()}" / "report.json"  # unwritten
     return append_run(store, result, report), result
+
+
+@pytest.mark.timeout(120)
+def test_a_report_a_later_run_overwrote_is_no_baseline(runs: Runs, tmp_path: Path) -> None:
+    # Nightly runs that reuse one --out: every stored path names the latest report. The
+    # earlier runs' figures are then the stored ones, never the latest run's requests again.
+    report = runs["a"].out / "report.json"
+    started = json.loads(report.read_text())["started_at"]
+    store = tmp_path / "history.sqlite"
+    _append(store, "quick", 4.759, tmp_path, report, started - 86400)
+    _append(store, "quick", 4.759, tmp_path, report, started)
+    proc = run_cli("history", str(store), "--window", "1", "--min-runs", "1")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert f"run 1's report {report} is now a later run's" in proc.stdout, proc.stdout
+    assert "point estimates" in proc.stdout
 
 
 @pytest.mark.timeout(60)
@@ -175,22 +192,24 @@ def test_a_move_within_the_scenarios_slack_is_no_regression(tmp_path: Path) -> N
     from streamquake.history import read_runs, trend
 
     store = tmp_path / "history.sqlite"
+    latest = {}
     for name, moved in (("small", 7.373), ("big", 34.759)):
         for _ in range(3):
             _append(store, name, 4.759, tmp_path)
-        run_id, result = _append(store, name, moved, tmp_path)
-        marks = trend(store, run_id, result, tmp_path / "gone" / "report.json")[-1]
-        assert set(marks.regressed) == (set() if name == "small" else {
-            f"{p}.ttfb_ms.p95" for p in ("baseline", "fault", "recovery")}), marks
-    assert len(read_runs(store, "small")) == 4
+        latest[name] = _append(store, name, moved, tmp_path)
     proc = run_cli("history", str(store))
     assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "point estimates" in proc.stdout and "cannot be read" in proc.stdout
-    assert _flagged(proc.stdout) == {f"{p}.ttfb_ms.p95" for p in ("baseline", "fault",
-                                                                   "recovery")}
+    ttfb = {f"{p}.ttfb_ms.p95" for p in ("baseline", "fault", "recovery")}
+    assert _flagged(proc.stdout) == ttfb, proc.stdout
     assert all("big run" in line for line in proc.stdout.splitlines()
                if line.startswith("REGRESSION")), proc.stdout
     assert "small: latest run 4 has no regression" in proc.stdout
+    assert "point estimates" in proc.stdout and "cannot be read" in proc.stdout
+    # report.html's trend rings what the default check flags, by the same judgement.
+    assert len(read_runs(store, "small")) == 4
+    for name, (run_id, result) in latest.items():
+        marks = trend(store, run_id, result, tmp_path / "gone" / "report.json")[-1]
+        assert set(marks.regressed) == (set() if name == "small" else ttfb), marks
 
 
 @pytest.mark.timeout(60)

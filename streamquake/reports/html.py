@@ -354,7 +354,7 @@ def _trend(page: _Page) -> None:
         return
     page.add("<h2>Trend: this scenario in the history store</h2><p class=\"cap\">One point per "
              "run (its id in the store), oldest first; this run is the last. Ringed: a "
-             "regression by the default `streamquake history` check.</p>",
+             "regression by the default check of <code>streamquake history</code>.</p>",
              f"<p>{_t(trend[-1].judgement)}</p>" if trend[-1].judgement else "")
     ticks = [(i + 0.5, str(tp.run_id)) for i, tp in enumerate(trend)]
     for metric, title in (("ttft_ms", "TTFT p95"), ("itl_ms", "ITL p95"), ("e2e_ms", "E2E p95")):

@@ -132,7 +132,11 @@ def loaded_from(data: JsonDict, report: Path) -> LoadedRun:
                 status=str(p.get("status") or "complete"),
                 stats=stats if isinstance(stats, dict) else {})
     samples_dir = report.parent / "run" / "samples"
-    samples = read_samples(samples_dir) if samples_dir.is_dir() else []
+    try:
+        samples = read_samples(samples_dir) if samples_dir.is_dir() else []
+    except OSError as exc:
+        raise ScenarioError(f"{samples_dir}: cannot read the run's samples "
+                            f"({exc.strerror or exc})") from exc
     windows = [PhaseWindow(p.name, p.start, p.end) for p in phases.values()]
     for name, group in shares(samples, windows).items():
         phases[name].samples = group
