@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -28,6 +29,13 @@ def state_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     d = tmp_path / "state"
     monkeypatch.setenv("STREAMQUAKE_STATE_DIR", str(d))
     return d
+
+
+def free_port() -> int:
+    """A loopback port free a moment ago (another process may take it before it is used)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 def cli_cmd(*args: str) -> list[str]:

@@ -32,6 +32,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from streamquake.procs import spawn, stop
+from tests.conftest import free_port
 from tests.timing import wait_until
 
 Flavour = Literal["streaming", "buffered", "gzip"]
@@ -95,12 +96,6 @@ class Gateway:
         return path.read_text(errors="replace") if path.exists() else ""
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _accepts(port: int) -> bool:
     try:
         with socket.create_connection(("127.0.0.1", port), timeout=1):
@@ -125,7 +120,7 @@ def nginx(upstream: str, flavour: Flavour, root: Path) -> Iterator[Gateway]:
     assert parts.scheme == "http" and parts.hostname in ("127.0.0.1", "localhost"), upstream
     (root / "tmp").mkdir(parents=True, exist_ok=True)
     for _ in range(_BIND_TRIES):
-        port = _free_port()     # free a moment ago: another process may take it (retried)
+        port = free_port()     # free a moment ago: another process may take it (retried)
         conf = root / "nginx.conf"
         conf.write_text(_CONF.format(
             root=root, port=port, upstream_host=parts.netloc,

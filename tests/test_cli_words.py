@@ -7,7 +7,6 @@ import ast
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 import tomllib
@@ -16,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, run_cli
+from tests.conftest import REPO, free_port, run_cli
 
 GOOD = REPO / "tests" / "scenarios" / "good_minimal.yaml"
 
@@ -31,12 +30,6 @@ def _one_sentence(proc: subprocess.CompletedProcess[str], code: int, *words: str
     for word in words:
         assert word in lines[0], out
     return lines[0]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.mark.timeout(120)
@@ -103,7 +96,7 @@ def test_inject_a_tc_fault_without_target_is_a_usage_error(state_dir: Path) -> N
 
 @pytest.mark.timeout(120)
 def test_worker_gives_up_on_a_silent_master_after_connect_timeout() -> None:
-    port = _free_port()          # nothing listens there on loopback
+    port = free_port()          # nothing listens there on loopback
     proc = run_cli("worker", "--master", f"127.0.0.1:{port}", "--connect-timeout", "1s")
     _one_sentence(proc, 3, f"127.0.0.1:{port}", "within 1s", "--connect-timeout")
     assert "Failed to connect" not in proc.stdout + proc.stderr    # no Locust retry log

@@ -223,7 +223,8 @@ def test_json_answer_instead_of_a_stream_is_a_content_type_error(server: str) ->
     s = measure(plan_for(server, "/s?json=1"))
     assert (s.error, s.status) == ("content_type", 200)
     assert s.error_detail == ("HTTP 200 with Content-Type application/json; charset=utf-8, not "
-                              "text/event-stream: the target did not stream")
+                              "text/event-stream: the target did not stream; it began "
+                              "'{\"text\": \"not a stream\"}'")
 
 
 @pytest.mark.timeout(30)

@@ -26,7 +26,7 @@ from streamquake.run.scoring import score_samples
 from streamquake.run.series import per_second
 from streamquake.run.timeline import PhaseWindow
 from streamquake.scenario.loader import load_scenario
-from tests.conftest import REPO, cli_cmd
+from tests.conftest import REPO, cli_cmd, free_port
 from tests.netns_fixtures import client_ns  # noqa: F401 - a fixture
 from tests.timing import wait_until
 
@@ -37,14 +37,6 @@ load: {{users: 6, think_time: {{min: 50ms, max: 100ms}}}}
 phases: {{warmup: 1s, baseline: {baseline}s, fault: 0s, recovery: 0s}}
 """
 EMBEDDED = "{protocol: openai, embedded: {ttft: 20ms, itl: 5ms, output_tokens: {min: 10, max: 10}}}"
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _worker(master: str, env: dict[str, str], netns: str | None = None,
@@ -102,7 +94,7 @@ def env(state_dir: Path) -> Iterator[dict[str, str]]:
 @pytest.mark.timeout(120)
 def test_two_remote_workers_lose_nothing_and_merge_exactly(tmp_path: Path,
                                                           env: dict[str, str]) -> None:
-    port = _free_port()
+    port = free_port()
     scenario = tmp_path / "s.yaml"
     scenario.write_text(SCENARIO.format(target=EMBEDDED, baseline=4))
     out = tmp_path / "out"
@@ -201,7 +193,7 @@ def test_a_worker_in_another_namespace_joins_over_veth(
 
 @pytest.mark.timeout(150)
 def test_a_worker_killed_mid_run_is_reported(tmp_path: Path, env: dict[str, str]) -> None:
-    port = _free_port()
+    port = free_port()
     scenario = tmp_path / "s.yaml"
     scenario.write_text(SCENARIO.format(target=EMBEDDED, baseline=10))
     out = tmp_path / "out"
@@ -240,7 +232,7 @@ def test_workers_elsewhere_cannot_reach_this_hosts_loopback(tmp_path: Path,
     scenario = tmp_path / "s.yaml"
     scenario.write_text(SCENARIO.format(target=EMBEDDED, baseline=2))
     run = _run([str(scenario), "--out", str(tmp_path / "out"), "--remote-workers", "1",
-                "--master-bind", f"0.0.0.0:{_free_port()}"], env)
+                "--master-bind", f"0.0.0.0:{free_port()}"], env)
     output, _ = run.communicate(timeout=50)
     assert run.returncode == 3, output[-2000:]
     assert "workers on other hosts would send to http://127.0.0.1:" in output

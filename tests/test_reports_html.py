@@ -151,3 +151,32 @@ def test_reports_of_runs_that_stopped_early_render(browser: Chromium, runs: Runs
     assert "not run" in text
     charts, text = _load(browser, runs, "d")
     assert charts == [] and "RUN FAILED (exit 3)" in text and "is unreachable" in text
+
+
+# Every word (a run of non-space, non-comma characters) of the fault ledger's key=value cells
+# that fits a cell: on how many lines it was drawn.
+LEDGER_JS = r"""JSON.stringify((() => {
+  const broken = []; let words = 0;
+  for (const td of document.querySelectorAll('td.kv')) {
+    const walk = document.createTreeWalker(td, NodeFilter.SHOW_TEXT);
+    for (let n = walk.nextNode(); n; n = walk.nextNode()) {
+      for (const m of n.data.matchAll(/[^\s,]+/g)) {
+        if (m[0].length > 30) continue;
+        words++;
+        const r = document.createRange();
+        r.setStart(n, m.index); r.setEnd(n, m.index + m[0].length);
+        const tops = new Set([...r.getClientRects()].map(x => Math.round(x.top)));
+        if (tops.size > 1) broken.push(m[0]);
+      }
+    }
+  }
+  return {words, broken};
+})())"""
+
+
+@pytest.mark.timeout(120)
+def test_the_fault_ledger_breaks_its_cells_between_words(browser: Chromium, runs: Runs) -> None:
+    loaded = browser.load(runs["a"].out / "report.html", {"ledger": LEDGER_JS})
+    ledger = json.loads(loaded.values["ledger"])
+    assert ledger["words"] > 20, ledger
+    assert ledger["broken"] == [], ledger

@@ -12,15 +12,11 @@ and to merge, and nothing the garbage collector tracks one by one (a Stats per b
 
 from __future__ import annotations
 
-import base64
-import binascii
-import sys
-from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamquake.loadgen.histogram import bucket_index, count_ms
+from streamquake.loadgen.histogram import bucket_index, count_ms, pack_pairs, unpack_pairs
 from streamquake.loadgen.quantile_ci import BATCHES
 
 SIG_FIGS = 2
@@ -128,20 +124,11 @@ class TimeBatches:
 
 
 def _pack(table: dict[int, int]) -> str:
-    flat = array("I", [x for pair in sorted(table.items()) for x in pair])
-    if sys.byteorder == "big":
-        flat.byteswap()
-    return base64.b64encode(flat.tobytes()).decode("ascii")
+    return pack_pairs(sorted(table.items()))
 
 
 def _unpack(packed: str) -> dict[int, int]:
-    flat = array("I")
-    try:
-        flat.frombytes(base64.b64decode(packed, validate=True))
-    except (ValueError, binascii.Error) as exc:
-        raise ValueError(f"not packed time batches: {exc}") from None
-    if sys.byteorder == "big":
-        flat.byteswap()
-    if len(flat) % 2 or any(key >> _SHIFT >= BATCHES for key in flat[::2]):
-        raise ValueError("packed time batches: a key without its count, or past the batches")
+    flat = unpack_pairs(packed, "time batches")
+    if any(key >> _SHIFT >= BATCHES for key in flat[::2]):
+        raise ValueError("packed time batches: a key past the batches")
     return dict(zip(flat[::2], flat[1::2], strict=True))

@@ -269,22 +269,11 @@ class SparseHistogram:
     def pack(self) -> str:
         """The buckets as base64 of little-endian uint32 pairs (index, count): the compact form
         the timeline's seconds use (a few hundred buckets; read back with no decoding loop)."""
-        flat = array("I", [x for pair in self.buckets() for x in pair])
-        if sys.byteorder == "big":
-            flat.byteswap()
-        return base64.b64encode(flat.tobytes()).decode("ascii")
+        return pack_pairs(self.buckets())
 
     @classmethod
     def unpack(cls, packed: str, sig_figs: int) -> SparseHistogram:
-        flat = array("I")
-        try:
-            flat.frombytes(base64.b64decode(packed, validate=True))
-        except (ValueError, binascii.Error) as exc:
-            raise ValueError(f"not packed buckets: {exc}") from None
-        if sys.byteorder == "big":
-            flat.byteswap()
-        if len(flat) % 2:
-            raise ValueError("packed buckets: an index without its count")
+        flat = unpack_pairs(packed, "buckets")
         out = cls(sig_figs)
         indices, counts = flat[::2], flat[1::2]
         if indices and max(indices) >= _layout(sig_figs).counts_len:
@@ -292,3 +281,26 @@ class SparseHistogram:
         out.counts = dict(zip(indices, counts, strict=True))
         out.total = sum(counts)
         return out
+
+
+def pack_pairs(pairs: Iterable[tuple[int, int]]) -> str:
+    """(key, count) pairs as base64 of little-endian uint32s."""
+    flat = array("I", [x for pair in pairs for x in pair])
+    if sys.byteorder == "big":
+        flat.byteswap()
+    return base64.b64encode(flat.tobytes()).decode("ascii")
+
+
+def unpack_pairs(packed: str, what: str) -> array[int]:
+    """What :func:`pack_pairs` wrote, flat (key, count, key, count...); ValueError, naming
+    ``what``, for anything else."""
+    flat = array("I")
+    try:
+        flat.frombytes(base64.b64decode(packed, validate=True))
+    except (ValueError, binascii.Error) as exc:
+        raise ValueError(f"not packed {what}: {exc}") from None
+    if sys.byteorder == "big":
+        flat.byteswap()
+    if len(flat) % 2:
+        raise ValueError(f"packed {what}: a key without its count")
+    return flat

@@ -46,7 +46,7 @@ td:first-child,th:first-child{text-align:left}.l{text-align:left}
 .met{color:#2a7d2a}.broken{color:#c0392b;font-weight:700}.ng,.nr{color:#888}.nm{color:#b7791f}
 .note{background:#fff6e0;border-left:4px solid #b9770e;padding:6px 10px}
 code,pre{font:12px ui-monospace,monospace}pre{background:#f6f6f6;padding:8px;overflow:auto}
-.kv{font:12px ui-monospace,monospace;text-align:left;word-break:break-all;max-width:340px}
+.kv{font:12px ui-monospace,monospace;text-align:left;overflow-wrap:break-word;max-width:340px}
 svg.chart{display:block;margin:6px 0}svg .t{font:600 13px sans-serif}
 svg text{font:11px sans-serif;fill:#444}svg .yl{text-anchor:end}svg .xl{text-anchor:middle}
 svg .g{stroke:#eee}svg .a{stroke:#999}svg .e{stroke:#999;stroke-dasharray:2 3}

@@ -8,7 +8,6 @@ fails the tests that need it, with the command that builds it: CI always builds 
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import urllib.error
 import urllib.request
@@ -19,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from streamquake.procs import spawn, stop
+from tests.conftest import free_port
 from tests.engines.model import SPECIAL_IDS, write_model
 from tests.timing import HANG_S, wait_until
 
@@ -56,12 +56,6 @@ def binary() -> Path:
     return Path(done.stdout.strip().splitlines()[-1])
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _healthy(url: str) -> bool:
     try:
         with urllib.request.urlopen(f"{url}/health", timeout=5) as r:
@@ -75,7 +69,7 @@ def serve(workdir: Path, slots: int = 4, threads: int = 1) -> Iterator[LlamaServ
     answers, and stop it after, whatever happened."""
     exe = binary()
     model = write_model(workdir / "tiny-llama.gguf")
-    port = _free_port()
+    port = free_port()
     log = workdir / "llama-server.log"
     cmd = [str(exe), "-m", str(model), "-a", ALIAS, "--host", "127.0.0.1", "--port", str(port),
            "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(1024 * slots),
