@@ -315,10 +315,10 @@ def child_pipeline(data: Path) -> dict[str, Any]:
 
     import streamquake.reports.outputs as outputs
     import streamquake.run.runner as runner_mod
-    from streamquake.events import Events
     from streamquake.journal import Journal
-    from streamquake.loadgen.launcher import LocustRun
     from streamquake.reports.terminal import print_result
+    from streamquake.run.events import Events
+    from streamquake.run.launcher import LocustRun
     from streamquake.run.saturation import SaturationGuard
     from streamquake.run.timeline import STARTUP_LEAD_S, plan_windows
     from streamquake.scenario import parse_scenario

@@ -25,6 +25,7 @@ from streamquake.errors import (
     StreamquakeError,
     TargetError,
 )
+from streamquake.version import __version__
 
 if TYPE_CHECKING:
     from streamquake.faults.contract import (
@@ -40,7 +41,6 @@ if TYPE_CHECKING:
     from streamquake.run.runner import Runner
     from streamquake.scenario import Scenario, load_scenario, parse_scenario
 
-__version__ = "0.1.0"
 
 _LAZY = {
     "Family": "streamquake.faults.contract",

@@ -18,7 +18,6 @@ from streamquake.errors import ScenarioError, StreamquakeError
 if TYPE_CHECKING:
     from typer._click import Context, Parameter
 
-    from streamquake.result import RunResult
 
 EXIT_CODES_HELP = """\
 Exit codes: 0 all SLOs met; 1 an SLO broken; 2 scenario or usage error;
@@ -77,7 +76,7 @@ _state: dict[str, bool] = {"debug": False}
 
 def _print_version(value: bool) -> None:
     if value:
-        from streamquake import __version__
+        from streamquake.version import __version__
 
         console.print(f"streamquake {__version__}", highlight=False)
         raise typer.Exit()
@@ -171,8 +170,6 @@ def run(
     ] = False,
 ) -> None:
     """Run a scenario: baseline, fault, recovery; print verdicts; write reports."""
-    import time
-
     # Bad flags and an unreadable file are usage errors: one sentence, exit 2, nothing written.
     try:
         lease_s = None if no_watchdog else _duration_option("--lease", lease)
@@ -191,75 +188,13 @@ def run(
         return
     _check_out_dir(out)
 
-    from streamquake.events import Events
-    from streamquake.reports.live import LiveView, attach_live_log
-    from streamquake.reports.outputs import write_reports
-    from streamquake.reports.terminal import print_result
-    from streamquake.run.failed import failed_result
-    from streamquake.run.runner import Runner
-    from streamquake.scenario import Scenario, parse_scenario
+    from streamquake.reports.session import RunRequest, run_and_report
 
-    # With --json, stdout carries one JSON document and nothing else.
-    console = err_console if as_json else _console
-    started = time.time()
-    scenario: Scenario | None = None
-    result: RunResult | None = None
-    metrics = None
-    metrics_url: str | None = None
-    live: LiveView | None = None
-    try:
-        scenario = parse_scenario(text, str(scenario_file), overrides)
-        events = Events()
-        attach_live_log(events, console)
-        live = LiveView(console, scenario)
-        live.attach(events)
-        runner = Runner(scenario, str(scenario_file), out, events=events, lease_s=lease_s)
-        if metrics_port is not None or metrics_file is not None:
-            from streamquake.metrics_server import MetricsServer
-
-            metrics = MetricsServer(scenario.name, runner.work_dir / "samples", metrics_port,
-                                    metrics_host)
-            metrics.attach(events)
-            metrics.start()
-            if metrics_port is not None:
-                metrics_url = metrics.url
-                console.print(f"serving Prometheus metrics at {metrics_url}", highlight=False)
-        result = runner.run()
-    except StreamquakeError as exc:
-        _print_problems(exc)
-        result = failed_result(scenario_file, scenario, exc, started)
-    finally:
-        if live is not None:
-            live.stop()
-        if metrics is not None:
-            metrics.stop()
-    assert result is not None
-    if metrics_url is not None:
-        result.environment["metrics_url"] = metrics_url
-    if history is not None:
-        _record_history(history, result, out)
-    print_result(result, console)     # the verdict first: it must reach the terminal
-    written, failed = write_reports(result, out)
-    if metrics is not None and metrics_file is not None:
-        try:
-            metrics.write(metrics_file)
-            written.append(metrics_file)
-        except OSError as exc:
-            failed.append((metrics_file, exc.strerror or str(exc)))
-    for path in written:
-        size = f" ({path.stat().st_size / 1024:.0f} KB)" if path.suffix == ".html" else ""
-        console.print(f"wrote {path}{size}", highlight=False)
-    if as_json:
-        import json
-
-        from streamquake.reports.verdicts_json import verdicts_document
-
-        print(json.dumps(verdicts_document(result, out), indent=2))
-    for path, why in failed:
-        err_console.print(f"Error: could not write {path}: {why}; the verdict above stands",
-                          markup=False, highlight=False, soft_wrap=True)
-    # Lost reports are an environment problem (3), never "an SLO broke" (1) unless one did.
-    raise typer.Exit(result.exit_code if result.exit_code or not failed else 3)
+    request = RunRequest(scenario_file=scenario_file, text=text, overrides=overrides, out=out,
+                         lease_s=lease_s, history=history, metrics_port=metrics_port,
+                         metrics_host=metrics_host, metrics_file=metrics_file,
+                         as_json=as_json)
+    raise typer.Exit(run_and_report(request, _console, err_console, _print_problems))
 
 
 def _load_flags(workers: str | None, remote_workers: int | None,
@@ -296,7 +231,7 @@ def _metrics_file_option(path: Path) -> None:
 
 
 def _read_scenario(path: Path) -> bytes:
-    from streamquake.scenario.loader import read_file
+    from streamquake.located_yaml import read_file
 
     return read_file(path, "scenario file")
 
@@ -348,20 +283,6 @@ def _check_out_dir(out: Path) -> None:
     finally:
         with contextlib.suppress(OSError):      # a path under a file: nothing to remove
             probe.unlink(missing_ok=True)
-
-
-def _record_history(path: Path, result: RunResult, out: Path) -> None:
-    """Append the run and load its scenario's trend; a store that fails is a warning, not a
-    reason to lose the run's reports."""
-    from streamquake.history import append_run, trend
-
-    try:
-        report = (out / "report.json").resolve()
-        run_id = append_run(path, result, report)
-        result.trend = trend(path, run_id, result, report)
-        console.print(f"history: run {run_id} appended to {path}", highlight=False)
-    except StreamquakeError as exc:
-        result.errors.append(str(exc))
 
 
 @app.command(epilog="Exit codes: 0 no regression; 1 a metric is worse beyond the tolerance; "
@@ -444,7 +365,7 @@ def history_cmd(
 ) -> None:
     """Trends per scenario from the history store; flags a latest run that regressed against
     the runs before it, by compare's interval test."""
-    from streamquake.history import read_runs
+    from streamquake.reports.history import read_runs
     from streamquake.reports.history_terminal import print_history
 
     try:
@@ -602,7 +523,7 @@ def _print_json(doc: object) -> None:
 @app.command()
 def recover() -> None:
     """Undo every fault the journal lists as applied and not reverted (after a killed run)."""
-    from streamquake.run.recovery import recover_all
+    from streamquake.faults.recovery import recover_all
 
     try:
         lines, failed = recover_all()

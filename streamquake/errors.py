@@ -6,6 +6,12 @@ Library exceptions (pyroute2, pynvml, aiohttp, ruamel) are converted at the boun
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
+    from pydantic_core import ErrorDetails
+
 EXIT_OK = 0
 EXIT_SLO_BROKEN = 1
 EXIT_SCENARIO = 2
@@ -62,3 +68,18 @@ class RevertError(InjectorError):
     """A fault could not be reverted: the system may still be degraded."""
 
     exit_code = EXIT_REVERT_FAILED
+
+
+def validation_message(err: ErrorDetails) -> str:
+    """One pydantic error's message as a sentence (without pydantic's "Value error, ")."""
+    return str(err["msg"]).removeprefix("Value error, ")
+
+
+def validation_sentences(exc: ValidationError, prefix: str = "") -> list[str]:
+    """One ``where: what`` sentence per problem, ``where`` dotted after ``prefix``
+    (``fault.delay: ...``); a problem with the whole object is its message alone."""
+    out = []
+    for err in exc.errors(include_url=False):
+        loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
+        out.append(f"{loc}: {validation_message(err)}" if loc else validation_message(err))
+    return out

@@ -88,3 +88,16 @@ def stop(proc: subprocess.Popen[bytes], timeout_s: float = 5.0) -> int | None:
             proc.kill()
             proc.wait(timeout=timeout_s)
     return proc.returncode
+
+
+_TAIL_BYTES = 64 * 1024   # a child's log can be long: its last lines are in its last bytes
+
+
+def log_tail(log: Path | int, lines: int) -> list[str]:
+    """The last ``lines`` complete lines of a log, given by path or by an open descriptor (which
+    is left open); undecodable bytes replaced. Raises OSError if it cannot be read."""
+    with open(log, "rb", closefd=not isinstance(log, int)) as f:
+        size = f.seek(0, os.SEEK_END)
+        f.seek(max(0, size - _TAIL_BYTES))
+        text = f.read().decode(errors="replace").splitlines()
+    return (text[1:] if size > _TAIL_BYTES else text)[-lines:] if lines > 0 else []

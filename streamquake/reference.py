@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 
 from streamquake.faults.catalog import families
-from streamquake.faults.envelope import FaultSpec
+from streamquake.faults.envelope import ENVELOPE, FaultSpec
 from streamquake.jsontypes import JsonDict, JsonValue
 from streamquake.units import format_ms, format_percent, format_rate, format_size
 
@@ -38,7 +38,6 @@ QUANTITIES: dict[Quantity, str] = {
     "rate": "a rate: 8mbit (bits/s), 1mbps or 1MB/s (bytes/s)",
     "size": "a size: 32kb, 1mb or a number of bytes",
 }
-ENVELOPE = ("type", "name", "phase", "at")
 
 
 def _names_in(fn: Callable[..., object], depth: int = 1) -> set[str]:

@@ -39,6 +39,17 @@ class Check:
 
 
 @dataclass
+class FlapEdge:
+    """One switch of a flapping fault: when it began (epoch s), to which state, how long the
+    apply or revert took, and what went wrong, if anything."""
+
+    at: float
+    state: str                     # "on" (applied) | "off" (reverted)
+    took_ms: float | None = None
+    error: str | None = None
+
+
+@dataclass
 class FaultRecord:
     name: str
     type: str
@@ -53,6 +64,10 @@ class FaultRecord:
     owner: str = ""                # host:pid of the process that applied it
     error: str | None = None
     at: str = "local"              # where it ran: "local" or the agent's name (scenario agents)
+    # A flapping fault (envelope ``flap``): one record for all its switches, each an edge, and
+    # its phase's measurements split by the state they were due in ("on", "off"; run/flapping.py).
+    edges: list[FlapEdge] = field(default_factory=list)
+    states: dict[str, JsonDict] = field(default_factory=dict)
 
 
 @dataclass

@@ -4,11 +4,15 @@
 from __future__ import annotations
 
 import re
+import time
 import types
 import typing
 import unicodedata
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Annotated, Literal, TypeVar
 
-from pydantic import BaseModel
+from pydantic import AfterValidator, BaseModel, BeforeValidator
 
 _NUM = r"(?P<num>[0-9]+(?:\.[0-9]+)?)"
 _DURATION = re.compile(rf"^\s*{_NUM}\s*(?P<unit>us|ms|s|m|h)?\s*$")
@@ -46,7 +50,7 @@ def _compound_s(text: str) -> float | None:
     return sum(float(n) * _DURATION_SCALE_S[u] for n, u in parts)
 
 
-def parse_duration_s(value: str | int | float) -> float:
+def parse_duration_s(value: object) -> float:
     """``"100ms"`` -> 0.1, ``"1m30s"`` -> 90.0. A bare number is seconds."""
     if isinstance(value, bool):
         raise ValueError(f"expected {_DURATION_HELP}, got {value!r}")
@@ -64,7 +68,7 @@ def parse_duration_s(value: str | int | float) -> float:
     return compound
 
 
-def parse_duration_ms(value: str | int | float) -> float:
+def parse_duration_ms(value: object) -> float:
     """``"1.5s"`` -> 1500.0, ``"1m30s"`` -> 90000.0. A bare number is milliseconds."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         if value < 0:
@@ -86,6 +90,11 @@ def format_duration(seconds: float) -> str:
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     return "".join(f"{n}{u}" for n, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if n) or "0s"
+
+
+def format_clock(epoch: float) -> str:
+    """An epoch time as this host's wall clock, ``14:03:27``."""
+    return time.strftime("%H:%M:%S", time.localtime(epoch))
 
 
 def format_ms(ms: float) -> str:
@@ -118,7 +127,7 @@ def format_size(size_bytes: float) -> str:
     return f"{size_bytes:g}b"
 
 
-def parse_fraction(value: str | int | float) -> float:
+def parse_fraction(value: object) -> float:
     """``"15%"`` -> 0.15; a bare number in [0, 1] is taken as a fraction."""
     if isinstance(value, bool):
         raise ValueError(f"expected a percentage like '15%' or a fraction like 0.15, got {value!r}")
@@ -142,7 +151,7 @@ def parse_fraction(value: str | int | float) -> float:
     return frac
 
 
-def parse_rate_bytes_per_s(value: str | int | float) -> float:
+def parse_rate_bytes_per_s(value: object) -> float:
     """``"8mbit"`` -> 1_000_000.0 bytes/s (tc units: *bit = bits/s, *bps = bytes/s; and
     ``"2kB/s"`` -> 2000.0)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
@@ -153,7 +162,7 @@ def parse_rate_bytes_per_s(value: str | int | float) -> float:
     return float(m["num"]) * _RATE_SCALE_BYTES[m["unit"].lower()]
 
 
-def parse_size_bytes(value: str | int) -> int:
+def parse_size_bytes(value: object) -> int:
     """``"32kb"`` -> 32768. A bare number is bytes."""
     if isinstance(value, int) and not isinstance(value, bool):
         return value
@@ -204,3 +213,58 @@ def plain_name(value: str) -> str:
             raise ValueError(f"a name cannot hold U+{ord(ch):04X} ({what}): use printable "
                              "characters")
     return value
+
+
+# -- quantities as field types -----------------------------------------------------------------
+# A spec declares a field's unit by its type (``delay_ms: DurationMs``); the before-validator
+# turns the text a scenario writes into the number the model holds, and the ``Unit`` marker in
+# the field's metadata tells the CLI's reference which text the field takes.
+
+QuantityKind = Literal["duration", "percentage", "rate", "size"]
+_T = TypeVar("_T")
+
+
+@dataclass(frozen=True)
+class Unit:
+    """The quantities a field takes as text: ``Unit(("duration",))``."""
+
+    kinds: tuple[QuantityKind, ...]
+
+
+DURATION = Unit(("duration",))
+PERCENTAGE = Unit(("percentage",))
+RATE = Unit(("rate",))
+SIZE = Unit(("size",))
+
+
+def unit_of(annotation: object, metadata: typing.Iterable[object] = ()) -> Unit | None:
+    """The ``Unit`` a field's type declares (``DurationMs``, ``Rate | None``), if any."""
+    found = [m for m in metadata if isinstance(m, Unit)]
+    if not found and typing.get_origin(annotation) is Annotated:
+        found = [m for m in typing.get_args(annotation)[1:] if isinstance(m, Unit)]
+    if not found and typing.get_origin(annotation) in (typing.Union, types.UnionType):
+        found = [u for a in typing.get_args(annotation) if (u := unit_of(a)) is not None]
+    return found[0] if found else None
+
+
+def text_only(parse: Callable[[object], _T]) -> Callable[[object], _T | object]:
+    """``parse`` for text; anything else goes on to the field's own type check."""
+    return lambda v: parse(v) if isinstance(v, str) else v
+
+
+DurationS = Annotated[float, DURATION, BeforeValidator(parse_duration_s)]
+"""Seconds; a bare number is seconds."""
+DurationMs = Annotated[float, DURATION, BeforeValidator(parse_duration_ms)]
+"""Milliseconds; a bare number is milliseconds."""
+Fraction = Annotated[float, PERCENTAGE, BeforeValidator(parse_fraction)]
+"""0.15 for ``15%`` or ``0.15``."""
+Rate = Annotated[float, RATE, BeforeValidator(parse_rate_bytes_per_s)]
+"""Bytes/s from ``8mbit`` or ``1MB/s``; a bare number is refused (bits or bytes?)."""
+RateOrBytes = Annotated[float, RATE, BeforeValidator(text_only(parse_rate_bytes_per_s))]
+"""Bytes/s from ``2kB/s``; a bare number is bytes/s."""
+Size = Annotated[int, SIZE, BeforeValidator(parse_size_bytes)]
+"""Bytes from ``32kb`` or a number."""
+SizeOrBytes = Annotated[int, SIZE, BeforeValidator(text_only(parse_size_bytes))]
+"""Bytes from ``32kb``; a number must be a whole number of bytes."""
+PlainName = Annotated[str, AfterValidator(plain_name)]
+"""A name as reports print it (``plain_name``)."""

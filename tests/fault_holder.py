@@ -20,12 +20,12 @@ import tempfile
 from pathlib import Path
 
 from streamquake.errors import StreamquakeError
-from streamquake.events import Events
 from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import Resource, RunContext
 from streamquake.faults.proxy.resources import FaultProxy
 from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.journal import Journal
+from streamquake.run.events import Events
 from streamquake.run.ledger import Ledger, PlannedFault
 from streamquake.run.signals import Signals
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 
 from streamquake.errors import EXIT_SLO_BROKEN
-from streamquake.loadgen.launcher import start_locust
 from streamquake.loadgen.plan import LoadPlan
+from streamquake.run.launcher import start_locust
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import start_target
 from tests.conftest import run_cli

@@ -27,8 +27,8 @@ from hypothesis import strategies as st
 
 from streamquake.errors import ScenarioError
 from streamquake.loadgen.sse import SSEEvent, SSELimitError, SSELimits, SSEParser
+from streamquake.located_yaml import MAX_NUMBER, parse_yaml
 from streamquake.scenario import parse_scenario
-from streamquake.scenario.loader import MAX_NUMBER, parse_yaml
 from tests.conftest import REPO
 from tests.timing import cpu_s
 

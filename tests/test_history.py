@@ -28,7 +28,7 @@ def runs() -> Runs:
 APPENDER = r"""
 import sys, time
 from pathlib import Path
-from streamquake.history import append_run
+from streamquake.reports.history import append_run
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
 from streamquake.result import PhaseResult, RunResult
@@ -80,7 +80,7 @@ def test_sigkill_mid_append_leaves_the_store_intact(tmp_path: Path) -> None:
                 (got,) = db.execute("SELECT COUNT(*) FROM metrics WHERE run_id = ?",
                                     (run_id,)).fetchone()
                 assert got == n > 0
-    from streamquake.history import read_runs
+    from streamquake.reports.history import read_runs
 
     assert [r.id for r in read_runs(store)] == committed
     proc = run_cli("history", str(store), "--scenario", "kill-0")
@@ -125,7 +125,7 @@ def test_history_says_what_compare_says_on_the_same_two_runs(runs: Runs,
     cmp = run_cli("compare", reports[-2], reports[-1], "--different-scenarios", "--json",
                   str(out))
     assert cmp.returncode == proc.returncode, cmp.stdout + cmp.stderr
-    from streamquake.history import WATCHED
+    from streamquake.reports.history import WATCHED
 
     watched = {(m, None if s == "value" else float(s[1:])): s for m, s in WATCHED}
     worse = {f"{r['phase']}.{r['metric']}.{watched[(r['metric'], r['percentile'])]}"
@@ -156,7 +156,7 @@ def _stats(ttfb_ms: float, n: int = 200) -> dict:
 
 def _append(store: Path, name: str, ttfb_ms: float, reports: Path,
             report: Path | None = None, started: float | None = None) -> tuple[int, object]:
-    from streamquake.history import append_run
+    from streamquake.reports.history import append_run
     from streamquake.result import PhaseResult, RunResult
 
     started = time.time() if started is None else started
@@ -189,7 +189,7 @@ def test_a_move_within_the_scenarios_slack_is_no_regression(tmp_path: Path) -> N
     # The issue's case: TTFB p95 4.759 -> 7.373 ms (+55%), a 2.6 ms move, inside the
     # scenario's 5 ms slack; a 30 ms move is a regression. The reports are gone: point
     # estimates against the same margin, and the output says so.
-    from streamquake.history import read_runs, trend
+    from streamquake.reports.history import read_runs, trend
 
     store = tmp_path / "history.sqlite"
     latest = {}

@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 
 from streamquake.errors import InjectorError
+from streamquake.faults.recovery import recover_all
 from streamquake.journal import Journal, JournalRecord, owner_alive, pid_start_time
-from streamquake.run.recovery import recover_all
 
 REPO = Path(__file__).resolve().parent.parent
 

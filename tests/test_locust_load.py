@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from streamquake.errors import EXIT_SCENARIO
-from streamquake.loadgen.launcher import LocustRun, start_locust
 from streamquake.loadgen.plan import LoadPlan
 from streamquake.loadgen.samples import RequestSample
+from streamquake.run.launcher import LocustRun, start_locust
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import TargetProcess, start_target
 
@@ -161,7 +161,7 @@ def test_missing_header_variable_fails_the_load_process_naming_it(
 
 @pytest.mark.timeout(30)
 def test_launcher_imports_neither_locust_nor_gevent() -> None:
-    code = ("import sys, streamquake.loadgen.launcher; "
+    code = ("import sys, streamquake.run.launcher; "
             "bad = [m for m in ('locust', 'gevent') if m in sys.modules]; "
             "sys.exit(str(bad) if bad else 0)")
     repo = Path(__file__).resolve().parent.parent

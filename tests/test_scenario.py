@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from streamquake.errors import ScenarioError
+from streamquake.located_yaml import MAX_FILE_BYTES, MAX_VALUES, parse_yaml
 from streamquake.scenario import load_scenario, parse_scenario
-from streamquake.scenario.loader import MAX_FILE_BYTES, MAX_VALUES, parse_yaml
 from tests.conftest import REPO, run_cli
 from tests.timing import cpu_s
 

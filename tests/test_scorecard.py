@@ -24,8 +24,9 @@ from streamquake.loadgen.metrics import HISTOGRAM_METRICS
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.loadgen.scorecard import Scorecard, Window, read_scorecards
 from streamquake.run.scoring import score
-from streamquake.run.series import nearest_rank, per_second
+from streamquake.run.series import per_second
 from streamquake.scenario.loader import parse_scenario
+from streamquake.stats import percentile
 
 T0 = 1_700_000_000.0
 WINDOWS = [Window("warmup", T0, T0 + 2), Window("baseline", T0 + 2, T0 + 12),
@@ -145,7 +146,7 @@ def test_merged_percentiles_are_the_raw_unions_nearest_rank(tmp_path: Path) -> N
     gaps.sort()
     assert stats.count("itl_ms") == len(gaps) > 1000
     for p in (1, 50, 90, 95, 99, 99.9, 100):
-        raw = nearest_rank(gaps, p)
+        raw = percentile(gaps, p)
         assert raw is not None
         got = stats.percentile("itl_ms", p)
         # The bucket's top: at or above the raw value, within 4 significant digits of it.

@@ -6,10 +6,9 @@ a network fault can itself cause) the agent reverts it on its own within the lea
 the watchdog behind ``streamquake inject``; on a serving host (GPU clocks on the GPU host, netem
 on the server's interface) it is the remote agent a scenario names with ``at: NAME``.
 
-Modules: ``ref`` (the scenario's ``agents:`` entries; light, ``validate`` imports it), ``api``
-(the JSON bodies, typed), ``policy`` (what this agent may touch), ``holder`` (leases, the
-watchdog, the journal), ``server`` (aiohttp, auth, TLS), ``client`` (blocking, for the runner and
-the CLI), ``owner`` (the user's owner key, which alone renews or reverts their faults),
-``local`` (the per-user daemon ``inject`` starts), ``params`` (``k=v`` fault parameters on the
-command line).
+Modules: ``policy`` (what this agent may touch), ``holder`` (leases, the watchdog, the
+journal), ``server`` (aiohttp, auth, TLS), ``local`` (the per-user daemon ``inject`` starts),
+``commands`` (the CLI's agent commands), ``params`` (``k=v`` fault parameters on the command
+line), ``runs`` (watching local runs). What crosses the wire (API bodies, agent references, the
+HTTP client, the owner key) is in ``streamquake/agentwire``, which the run and the CLI share.
 """

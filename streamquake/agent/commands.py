@@ -18,22 +18,22 @@ from pydantic import BaseModel, JsonValue, ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from streamquake.agent.api import ApplyRequest, Reverted, TargetAddr
-from streamquake.agent.client import (
+from streamquake.agent.local import ensure_local_agent, find_local_agent, local_orphans
+from streamquake.agent.params import parse_assignments
+from streamquake.agentwire.api import ApplyRequest, Reverted, TargetAddr
+from streamquake.agentwire.client import (
     AgentClient,
     AgentRefused,
     AgentUnreachable,
     TlsFiles,
     token_from_env,
 )
-from streamquake.agent.holder import validation_sentences
-from streamquake.agent.local import ensure_local_agent, find_local_agent, local_orphans
-from streamquake.agent.params import parse_assignments
 from streamquake.errors import (
     InjectorError,
     RevertError,
     ScenarioError,
     StreamquakeError,
+    validation_sentences,
 )
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.proxy.standing import (
@@ -43,7 +43,7 @@ from streamquake.faults.proxy.standing import (
     running_proxies,
 )
 from streamquake.reference import settings_text
-from streamquake.units import format_duration, parse_duration_s
+from streamquake.units import format_clock, format_duration, parse_duration_s
 
 
 @dataclass(frozen=True)
@@ -69,10 +69,6 @@ class Where:
             return ensure_local_agent().client()
         found = find_local_agent()
         return found.client() if found is not None else None
-
-
-def _stamp(epoch: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(epoch))
 
 
 def _print_json(console: Console, model: BaseModel | dict[str, JsonValue]) -> None:
@@ -186,7 +182,7 @@ def inject(console: Console, type_name: str, words: list[str], lease: str, name:
     if control_url is not None:
         at += f" into the SSE proxy at {proxy_address(control_url)}"
     console.print(f"injected {held.name} ({held.type}) on {held.host} through {at}: held for "
-                  f"{format_duration(held.lease_s)}, until {_stamp(held.expires_at)}; revert "
+                  f"{format_duration(held.lease_s)}, until {format_clock(held.expires_at)}; revert "
                   f"early with `streamquake revert {held.name}"
                   f"{'' if where.url is None else ' --at ' + where.url}`",
                   markup=False, highlight=False, soft_wrap=True)
@@ -238,7 +234,7 @@ def status(console: Console, where: Where, as_json: bool) -> None:
         table.add_column(col, no_wrap=col != "owner")
     for f in held.faults:
         table.add_row(f.name, f.type, f.owner or "-", format_duration(f.remaining_s),
-                      _stamp(f.expires_at), str(f.renewals),
+                      format_clock(f.expires_at), str(f.renewals),
                       f.state + (f": {f.error}" if f.error else ""))
     console.print(table)
 
@@ -266,7 +262,7 @@ def revert(console: Console, key: str | None, every: bool, where: Where,
     except AgentRefused as exc:
         ended = exc.problem.ended
         if exc.status == 410 and ended is not None:
-            console.print(f"{ended.name} was already reverted at {_stamp(ended.reverted_at)} "
+            console.print(f"{ended.name} was already reverted at {format_clock(ended.reverted_at)} "
                           f"({ended.by})", markup=False, highlight=False)
             return
         raise _refused(exc) from exc

@@ -26,7 +26,9 @@ from typing import TypeVar
 
 from pydantic import JsonValue, ValidationError
 
-from streamquake.agent.api import (
+from streamquake.agent.policy import Allowlist
+from streamquake.agent.runs import LocalRun, RunWatch
+from streamquake.agentwire.api import (
     ApplyRequest,
     EndedBy,
     FaultState,
@@ -34,9 +36,7 @@ from streamquake.agent.api import (
     Reverted,
     RevertedAll,
 )
-from streamquake.agent.policy import Allowlist
-from streamquake.agent.runs import LocalRun, RunWatch
-from streamquake.errors import StreamquakeError
+from streamquake.errors import StreamquakeError, validation_sentences
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.contract import FaultSpec, Injector, Preflights, RunContext
 from streamquake.faults.proxy.resources import FaultProxy
@@ -46,6 +46,7 @@ from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
 from streamquake.reference import as_written
+from streamquake.units import format_clock
 
 APPLY_TIMEOUT_S = 30.0
 REVERT_TIMEOUT_S = 30.0
@@ -68,19 +69,6 @@ class AgentError(Exception):
         self.error = error
         self.problems = problems or []
         self.ended = ended
-
-
-def validation_sentences(exc: ValidationError, prefix: str) -> list[str]:
-    out = []
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in (prefix, *err["loc"]) if p != "")
-        msg = str(err["msg"]).removeprefix("Value error, ")
-        out.append(f"{loc}: {msg}")
-    return out
-
-
-def _stamp(epoch: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(epoch))
 
 
 @dataclass
@@ -134,7 +122,7 @@ class Holder:
 
     def recover_at_start(self) -> list[str]:
         """Undo what this agent's previous incarnation left (its journal's orphans)."""
-        from streamquake.run.recovery import recover_all
+        from streamquake.faults.recovery import recover_all
 
         orphans = self.journal.orphans()
         if not orphans and not self.journal.damaged:
@@ -336,7 +324,7 @@ class Holder:
                      expires_mono=now + req.lease_s, applied=applied)
         self._held[fault_id] = held
         self.log(f"applied {name} ({spec.type}, id {fault_id}) for owner {req.owner or '-'}; "
-                 f"lease {req.lease_s:g} s, until {_stamp(held.expires_at)} unless renewed")
+                 f"lease {req.lease_s:g} s, until {format_clock(held.expires_at)} unless renewed")
         return self.view(held)
 
     async def _undo_partial(self, name: str, injector: Injector, entry: JournalEntry) -> str:
@@ -358,7 +346,7 @@ class Holder:
             (e for e in reversed(self._ended.values()) if e.name == key), None)
         if ended is not None:
             raise AgentError(410, f"{ended.name} is no longer held: it was reverted at "
-                             f"{_stamp(ended.reverted_at)} ({ended.by})", ended=ended)
+                             f"{format_clock(ended.reverted_at)} ({ended.by})", ended=ended)
         raise AgentError(404, f"no fault with the id or name {key!r} is held by this agent")
 
     def _owned(self, held: _Held, owner_key: str | None, what: str, force: bool = False) -> None:

@@ -23,10 +23,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from streamquake.agent.client import AgentClient, AgentUnreachable
+from streamquake.agentwire.client import AgentClient, AgentUnreachable
 from streamquake.errors import InjectorError, StreamquakeError
 from streamquake.journal import Journal, journal_path, owner_alive, state_dir
-from streamquake.procs import child_env, python_module_cmd
+from streamquake.procs import child_env, log_tail, python_module_cmd
 
 LOCAL_TOKEN_ENV = "STREAMQUAKE_LOCAL_AGENT_TOKEN"
 IDLE_EXIT_S = 60.0
@@ -145,7 +145,7 @@ def _wait_ready(sd: Path) -> LocalAgent:
 
 def _tail(path: Path, lines: int = 4) -> str:
     try:
-        return " | ".join(path.read_text(errors="replace").splitlines()[-lines:]) or "(empty)"
+        return " | ".join(log_tail(path, lines)) or "(empty)"
     except OSError:
         return "(no log)"
 

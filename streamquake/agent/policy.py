@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from streamquake.agent.api import Allowed
+from streamquake.agentwire.api import Allowed
 from streamquake.faults.envelope import FaultSpec
 from streamquake.faults.gpu.spec import GpuClocksFault
 from streamquake.faults.proxy.spec import SSEProxyFault

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamquake.agent.api import EndedBy, RunState, WatchedRun, WatchRun
+from streamquake.agentwire.api import EndedBy, RunState, WatchedRun, WatchRun
 from streamquake.journal import Journal
 
 ENDED_KEPT = 64
@@ -134,7 +134,7 @@ class RunWatch:
     def undo(self, run: LocalRun) -> tuple[list[str], bool]:
         """Blocking, for a worker thread: revert what the run owns in the journal (alive or
         not). Touches only the journal; ``undone`` records the answer on the loop's thread."""
-        from streamquake.run.recovery import recover_owner
+        from streamquake.faults.recovery import recover_owner
 
         assert self.journal_path is not None
         return recover_owner(Journal(self.journal_path), run.pid, run.pid_start)

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import fcntl
 import hmac
-import ipaddress
 import itertools
 import json
 import os
@@ -32,8 +31,9 @@ from aiohttp import web
 from aiohttp.typedefs import Middleware
 from pydantic import BaseModel, ValidationError
 
-from streamquake import __version__
-from streamquake.agent.api import (
+from streamquake.agent.holder import AgentError, Holder
+from streamquake.agent.policy import Allowlist
+from streamquake.agentwire.api import (
     API_VERSION,
     MAX_JSON_DEPTH,
     OWNER_KEY_HEADER,
@@ -44,11 +44,11 @@ from streamquake.agent.api import (
     Renew,
     WatchRun,
 )
-from streamquake.agent.holder import AgentError, Holder, validation_sentences
-from streamquake.agent.policy import Allowlist
-from streamquake.errors import ScenarioError, StreamquakeError
+from streamquake.errors import ScenarioError, StreamquakeError, validation_sentences
 from streamquake.faults.catalog import fault_types
 from streamquake.journal import Journal, pid_start_time
+from streamquake.loopback import is_loopback
+from streamquake.version import __version__
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 HOLDER: web.AppKey[Holder] = web.AppKey("holder", Holder)
@@ -88,15 +88,6 @@ def parse_listen(text: str) -> tuple[str, int]:
         raise ScenarioError(f"--listen {text!r}: give HOST:PORT, e.g. 127.0.0.1:7355 or "
                             "[::1]:7355 (port 0: any free port)")
     return host.strip("[]"), int(port)
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def check_config(cfg: AgentConfig) -> None:
@@ -248,7 +239,7 @@ def _parsed(model: type[B], raw: object) -> B:
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
-        problems = validation_sentences(exc, "")
+        problems = validation_sentences(exc)
         raise AgentError(400, "; ".join(problems), problems) from None
 
 
@@ -284,7 +275,7 @@ async def _apply(request: web.Request) -> web.Response:
 
 
 async def _list(request: web.Request) -> web.Response:
-    from streamquake.agent.api import HeldFaults
+    from streamquake.agentwire.api import HeldFaults
 
     holder = request.app[HOLDER]
     return _answer(HeldFaults(host=holder.host, faults=holder.faults()))

@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from importlib.metadata import entry_points
 
 from streamquake.errors import StreamquakeError
-from streamquake.faults.contract import Family, FaultType, Recoverer
+from streamquake.faults.contract import Family, FaultSpec, FaultType, Recoverer, Recovers
 
 FAMILIES_ENV = "STREAMQUAKE_FAULT_FAMILIES"
 ENTRY_POINT_GROUP = "streamquake.faults"
@@ -54,12 +54,12 @@ def families() -> tuple[Family, ...]:
     return tuple(found)
 
 
-def fault_types() -> dict[str, FaultType]:
+def fault_types() -> dict[str, FaultType[FaultSpec]]:
     """Every fault type by name, sorted, so messages that list them read the same everywhere."""
     return dict(sorted((t.name, t) for f in families() for t in f.faults))
 
 
-def fault_type(name: str) -> FaultType:
+def fault_type(name: str) -> FaultType[FaultSpec]:
     try:
         return fault_types()[name]
     except KeyError:
@@ -79,7 +79,6 @@ def recoverer(entry_type: str) -> Recoverer:
         if entry_type in family.recoverers:
             return family.recoverers[entry_type]()
     factory = fault_type(entry_type).injector()
-    recover = getattr(factory, "recover", None)
-    if recover is None:
+    if not isinstance(factory, Recovers):
         raise StreamquakeError(f"fault type {entry_type!r} cannot be recovered from the journal")
-    return recover  # type: ignore[no-any-return]
+    return factory.recover

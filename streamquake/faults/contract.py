@@ -33,21 +33,63 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, Protocol, TypeVar, runtime_checkable
+from typing import Generic, Literal, Protocol, TypeVar, runtime_checkable
 
+from streamquake.errors import InjectorError, PreflightError, RevertError
 from streamquake.faults.envelope import FaultSpec
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict, JsonValue
 
-if TYPE_CHECKING:
-    from streamquake.faults.tc.spec import NetworkConfig
-    from streamquake.scenario import Scenario
-
-
 __all__ = [
-    "Describes", "Family", "FaultSpec", "FaultType", "Injector", "JsonDict", "JsonValue",
-    "Preflights", "Recoverer", "Resource", "RunContext", "Wiring",
+    "AgentAbility", "AllowOption", "Allows", "Describes", "Family", "FaultSpec", "FaultType",
+    "HoldRequest", "Injector", "InjectorError", "InjectorFactory", "Journal", "JournalEntry",
+    "JsonDict", "JsonValue", "NetworkView", "PreflightError", "Preflights", "Recoverer",
+    "Recovers", "Resource", "RevertError", "RunContext", "ScenarioView", "TargetView", "Wiring",
 ]
+
+
+class NetworkView(Protocol):
+    """The scenario's ``network:`` section as families read it (the scenario schema owns the
+    model): where the target lives and where tc faults land by default."""
+
+    @property
+    def mode(self) -> Literal["host", "namespace"]: ...
+
+    @property
+    def interface(self) -> str | None: ...
+
+    @property
+    def scope(self) -> Literal["target", "interface"]: ...
+
+    @property
+    def direction(self) -> Literal["egress", "both"]: ...
+
+    @property
+    def profile(self) -> str | None: ...
+
+
+class TargetView(Protocol):
+    """The scenario's ``target:`` as families read it."""
+
+    @property
+    def embedded(self) -> object | None: ...   # None: a ``url`` target, not the embedded one
+
+    @property
+    def verify_tls(self) -> bool: ...
+
+
+class ScenarioView(Protocol):
+    """All a family may read of a scenario: the scenario satisfies it, and no family imports
+    the scenario (its schema unions the families' specs)."""
+
+    @property
+    def target(self) -> TargetView: ...
+
+    @property
+    def network(self) -> NetworkView: ...
+
+    @property
+    def faults(self) -> Sequence[FaultSpec]: ...
 
 
 @dataclass
@@ -66,7 +108,7 @@ class Wiring:
     load_url: str = ""
 
 
-R = TypeVar("R", bound="Resource")
+_R = TypeVar("_R", bound="Resource")
 
 
 @dataclass
@@ -83,12 +125,12 @@ class RunContext:
     run_dir: Path
     target_netns: str | None = None
     client_netns: str | None = None
-    network: NetworkConfig | None = None
+    network: NetworkView | None = None
     seed: int = 0
     journal: Journal | None = None
     resources: list[Resource] = field(default_factory=list)
 
-    def find(self, kind: type[R]) -> R | None:
+    def find(self, kind: type[_R]) -> _R | None:
         """The running resource of this class, if the run has one."""
         for r in self.resources:
             if isinstance(r, kind):
@@ -113,8 +155,29 @@ class Describes(Protocol):
     def describe(self) -> JsonDict: ...
 
 
-Recoverer = Callable[[dict[str, object]], str]
-InjectorFactory = Callable[[FaultSpec, RunContext], Injector]
+class Recoverer(Protocol):
+    """What undoes a journal entry after a killed run, from its saved state alone; says what it
+    did in a sentence."""
+
+    def __call__(self, state: dict[str, object], /) -> str: ...
+
+
+@runtime_checkable
+class Recovers(Protocol):
+    """An injector class that can undo its fault from the journal (a classmethod ``recover``)."""
+
+    def recover(self, state: dict[str, object], /) -> str: ...
+
+
+_S = TypeVar("_S", bound=FaultSpec)
+_S_co = TypeVar("_S_co", bound=FaultSpec, covariant=True)
+_S_contra = TypeVar("_S_contra", bound=FaultSpec, contravariant=True)
+
+
+class InjectorFactory(Protocol[_S_contra]):
+    """An injector class, called as ``injector(spec, ctx)``."""
+
+    def __call__(self, spec: _S_contra, ctx: RunContext, /) -> Injector: ...
 
 
 @runtime_checkable
@@ -138,26 +201,77 @@ class Resource(Protocol):
 
 
 @dataclass(frozen=True)
-class FaultType:
+class FaultType(Generic[_S_co]):
     """One scenario ``type:``: its spec model and, imported only when a run needs it, its
-    injector class (called as ``injector(spec, ctx)``)."""
+    injector class (called as ``injector(spec, ctx)``). The catalog hands each function only
+    specs of this type's ``spec``."""
 
     name: str
-    spec: type[FaultSpec]
-    injector: Callable[[], InjectorFactory]
+    spec: type[_S_co]
+    injector: Callable[[], InjectorFactory[_S_co]]
     summary: str = ""
     # For `run --dry-run`: where this fault would act, in words, from the scenario alone.
-    where: Callable[[FaultSpec, Scenario], str] | None = None
+    where: Callable[[_S_co, ScenarioView], str] | None = None
     # For `inject`: why this fault, as configured, needs the target's address (--target),
     # with what to give; None when it does not.
-    needs_target: Callable[[FaultSpec], str | None] | None = None
+    needs_target: Callable[[_S_co], str | None] | None = None
 
 
-def _none(scenario: Scenario) -> Sequence[Resource]:
+Allows = Mapping[str, frozenset[str] | None]
+"""An agent's allowlist values by ``AllowOption.name`` (None: that option was not given, so
+anything)."""
+
+
+@dataclass(frozen=True)
+class HoldRequest:
+    """What a controller's request to an agent says around the fault: the network section it
+    runs under and the standing SSE proxy (control URL) the fault would go into."""
+
+    network: NetworkView | None = None
+    proxy: str | None = None
+
+
+@dataclass(frozen=True)
+class AllowOption:
+    """An allowlist option of ``streamquake agent``: ``--allow-<name> V[,V..]``, repeatable;
+    not given, anything. Its values show as ``allow.<name>`` in the agent's ``/v1/info``."""
+
+    name: str
+    help: str
+    # How the agent's start-up line names the values ("GPUs any; SSE proxies 10.0.0.5:9000").
+    title: str
+    # Each value as the refusal compares it; a ValueError is a sentence for the operator.
+    normalise: Callable[[str], str] | None = None
+
+
+def _anything(spec: FaultSpec, allows: Allows, request: HoldRequest) -> str | None:
+    return None
+
+
+def _no_capabilities() -> Mapping[str, bool]:
+    return {}
+
+
+@dataclass(frozen=True)
+class AgentAbility:
+    """What an agent may allow of a family, so an agent holds its faults knowing only this.
+
+    ``options`` extend the agent's command line; ``refusal(spec, allows, request)`` says why
+    the agent must not apply ``spec`` (of this family) under ``allows`` (None: it may), in a
+    sentence that names what is allowed; ``capabilities()`` what the agent reports of its host
+    for this family (``cap_net_admin``, ``nvml``), cheap and never raising.
+    """
+
+    options: Sequence[AllowOption] = ()
+    refusal: Callable[[FaultSpec, Allows, HoldRequest], str | None] = _anything
+    capabilities: Callable[[], Mapping[str, bool]] = _no_capabilities
+
+
+def _none(scenario: ScenarioView) -> Sequence[Resource]:
     return ()
 
 
-def _no_faults(scenario: Scenario) -> Sequence[FaultSpec]:
+def _no_faults(scenario: ScenarioView) -> Sequence[FaultSpec]:
     return ()
 
 
@@ -169,11 +283,13 @@ class Family:
     (called for every scenario, whether or not it lists the family's faults: a namespace or GPU
     telemetry may be wanted anyway). ``implied(scenario)`` returns faults the scenario implies
     for the whole run. ``recoverers`` maps journal entry types that are not fault types (a
-    namespace, say) to what undoes them after a killed run.
+    namespace, say) to what undoes them after a killed run. ``agent``: what an agent may be told
+    to allow of it (any agent holds any family's faults; this narrows what it accepts).
     """
 
     name: str
-    faults: Sequence[FaultType]
-    resources: Callable[[Scenario], Sequence[Resource]] = _none
-    implied: Callable[[Scenario], Sequence[FaultSpec]] = _no_faults
+    faults: Sequence[FaultType[FaultSpec]]
+    resources: Callable[[ScenarioView], Sequence[Resource]] = _none
+    implied: Callable[[ScenarioView], Sequence[FaultSpec]] = _no_faults
     recoverers: Mapping[str, Callable[[], Recoverer]] = field(default_factory=dict)
+    agent: AgentAbility = AgentAbility()

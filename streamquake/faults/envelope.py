@@ -11,6 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
+from streamquake.faults.flap import Flap
 from streamquake.units import bools_as_text, plain_name
 
 PhaseName = Literal["warmup", "baseline", "fault", "recovery"]
@@ -40,6 +41,13 @@ class FaultSpec(BaseModel):
         # One spelling of "here", so specs dumped with exclude_none stay as they were.
         return None if v is None or v.strip() in ("", LOCAL) else v.strip()
 
+    # Switched on and off inside the fault's window rather than on throughout (faults/flap.py).
+    flap: Flap | None = None
+
     @property
     def label(self) -> str:
         return self.name or self.type
+
+
+# The envelope's fields, in order (``type`` first): what every fault takes besides its own.
+ENVELOPE: tuple[str, ...] = tuple(FaultSpec.model_fields)

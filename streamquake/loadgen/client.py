@@ -36,6 +36,7 @@ from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError, HTTPSocketResponse
 from geventhttpclient.url import URL
 
+from streamquake.envref import ENV_REF, is_env_name, not_a_name
 from streamquake.errors import ScenarioError
 from streamquake.loadgen import saturation
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
@@ -57,7 +58,6 @@ _DRAIN_MAX = 1 << 20    # ... and how much of it to read before dropping the con
 _YIELD_S = 0.01         # a socket that never runs dry must still let other users run
 _BACKLOG = _BLOCK // 2  # a read this big says the socket had more waiting
 _DETAIL_MAX = 300       # characters of an error's reason kept in a sample
-_ENV_REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # What a header may hold (RFC 9110 field names and values; no CR, LF or NUL).
 _HEADER_NAME = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
 _HEADER_VALUE = re.compile(r"[\t\x20-\x7e\x80-\xff]*")
@@ -227,7 +227,7 @@ def expand_headers(headers: Mapping[str, str], environ: Mapping[str, str]) -> di
         if not _HEADER_NAME.fullmatch(name):
             missing.append(f"header name {name!r} is not a valid HTTP header name")
         elif not _HEADER_VALUE.fullmatch(expanded):
-            refs = ", ".join(f"${{{v}}}" for v in _ENV_REF.findall(value))
+            refs = ", ".join(f"${{{v}}}" for v in ENV_REF.findall(value))
             source = f" (after expanding {refs})" if refs else ""
             missing.append(f"header {name!r} holds a line break or another control character"
                            f"{source}: an HTTP header cannot carry it")
@@ -257,12 +257,15 @@ def check_templates(plan: LoadPlan, environ: Mapping[str, str]) -> None:
 def _expand(text: str, environ: Mapping[str, str], what: str, missing: list[str]) -> str:
     def repl(m: re.Match[str]) -> str:
         var = m.group(1)
+        if not is_env_name(var):
+            missing.append(f"{what}: {not_a_name(var)}")
+            return ""
         if var not in environ:
             missing.append(f"{what} uses ${{{var}}}, but {var} is not set in the environment "
                            "of the load process: export it before the run")
             return ""
         return environ[var]
-    return _ENV_REF.sub(repl, text)
+    return ENV_REF.sub(repl, text)
 
 
 class Redactor:
@@ -280,11 +283,11 @@ class Redactor:
         secrets: list[str] = []
         for name, template in templates.items():
             value = headers.get(name, "")
-            if _SECRET_HEADER.search(name) or _ENV_REF.search(template):
+            if _SECRET_HEADER.search(name) or ENV_REF.search(template):
                 scheme, _, token = value.partition(" ")    # "Bearer sk-...", "Basic ..."
                 secrets += [value, token.strip()] if token.strip() else [value]
         for text in (*templates.values(), path_template):
-            secrets += [environ.get(var, "") for var in _ENV_REF.findall(text)]
+            secrets += [environ.get(var, "") for var in ENV_REF.findall(text)]
         secrets += [m.group(2) for m in _SECRET_PARAM.finditer(path)]
         return cls(secrets)
 
@@ -338,12 +341,13 @@ class Arrival:
     ``with_headers``: the latest bytes came in the headers' read (timed at the headers).
     """
 
-    __slots__ = ("at", "seen", "kernel", "with_headers", "_plain")
+    __slots__ = ("at", "seen", "kernel", "with_headers", "_plain", "_drained")
 
     def __init__(self, sock: object, floor: float) -> None:
         self.at = self.seen = floor
         self.kernel = self.with_headers = False
         self._plain = sock is not None and not _is_tls(sock)
+        self._drained = False      # the latest read left the socket empty, most likely
 
     def buffered(self) -> None:
         """Bytes the HTTP parser already held came in the headers' read: they arrived by the
@@ -355,7 +359,13 @@ class Arrival:
         stamp: float | None = None
         data: bytes
         if self._plain:
+            if self._drained and (wait := getattr(sock, "_wait", None)) is not None:
+                # Wait until readable before the recvmsg, as a selector loop does: gevent's own
+                # recvmsg would try first, and on a drained socket pay a failed syscall and an
+                # exception per read. A wake-up without data is retried by gevent's recvmsg.
+                wait(sock._read_event)
             data, ancillary, _flags, _addr = sock.recvmsg(size, _CMSG_BYTES)
+            self._drained = len(data) < size
             if ancillary:       # room for one message: the stamp, when there is one
                 level, kind, raw = ancillary[0]
                 if kind == SO_TIMESTAMPNS and level == _SOL_SOCKET:

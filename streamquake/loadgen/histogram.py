@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import math
 import struct
 import sys
 import zlib
@@ -26,6 +25,8 @@ from collections.abc import Iterable
 from functools import cache
 
 from hdrh.histogram import HdrHistogram
+
+from streamquake.stats import nearest_rank
 
 HIGHEST = 3_600_000_000          # one hour in microseconds; 1e6 tokens/s in milli-tokens/s
 # HdrHistogram's V2 wire format: cookies (the low nibble's word-size bits masked off) and the
@@ -145,7 +146,7 @@ class SparseHistogram:
         at or below it (hdrh's own rounds the rank to the nearest instead)."""
         if not self.total:
             return None
-        target = max(1, math.ceil(p * self.total / 100.0 - 1e-9))
+        target = nearest_rank(p, self.total)
         seen = 0
         for index, count in self.buckets():
             seen += count

@@ -39,8 +39,7 @@ from locust.runners import (
 from streamquake.errors import EXIT_SCENARIO, ScenarioError
 from streamquake.loadgen import holds, relay
 from streamquake.loadgen.client import StreamClient, check_templates
-from streamquake.loadgen.launcher import PLAN_ENV
-from streamquake.loadgen.plan import LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
+from streamquake.loadgen.plan import PLAN_ENV, LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
 from streamquake.loadgen.retry import retry_delay
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.loadgen.saturation import start as start_saturation_guard
@@ -84,7 +83,7 @@ def _plan() -> LoadPlan:
                                    f"{relay.PLAN_WAIT_S:g} s")
         else:
             raise RuntimeError(f"{PLAN_ENV} is not set: start this locustfile through "
-                               "streamquake.loadgen.launcher")
+                               "streamquake.run.launcher")
     assert _Process.plan is not None
     return _Process.plan
 

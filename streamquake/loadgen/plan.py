@@ -6,11 +6,16 @@ from its own environment, so secrets are never written to disk.
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from streamquake.target.config import Protocol
+from streamquake.protocols import Protocol
+
+# The environment variable that gives the load process its plan file, and the locustfile it runs.
+PLAN_ENV = "STREAMQUAKE_LOAD_PLAN"
+LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 
 
 class _Frozen(BaseModel):

@@ -165,7 +165,7 @@ def start(runner: object, directory: Path | None = None,
             return None     # the master runs no users: nothing of its timing is measured
     if sink is None:    # a remote worker passes its relay (loadgen/relay.py) instead
         if directory is None:
-            from streamquake.loadgen.launcher import PLAN_ENV
+            from streamquake.loadgen.plan import PLAN_ENV
 
             directory = Path(os.environ[PLAN_ENV]).parent
         sink = open(directory / f"{FILE_PREFIX}{os.getpid()}.jsonl", "a",  # noqa: SIM115

@@ -15,7 +15,7 @@ from types import FrameType
 
 from streamquake import procs
 from streamquake.errors import PreflightError, ScenarioError
-from streamquake.loadgen.launcher import LOCUSTFILE, PLAN_ENV
+from streamquake.loadgen.plan import LOCUSTFILE, PLAN_ENV
 from streamquake.loadgen.relay import REMOTE_ENV
 from streamquake.units import format_duration
 

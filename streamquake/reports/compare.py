@@ -30,6 +30,7 @@ from streamquake.jsontypes import JsonDict
 from streamquake.reports.loaded import LoadedPhase, LoadedRun, Share
 from streamquake.reports.words import value_text
 from streamquake.run.series import values_of
+from streamquake.stats import nearest_rank
 
 PHASES = ("baseline", "fault", "recovery")
 # (metric, percentile or None for a rate); lower is better except tokens/s.
@@ -150,7 +151,7 @@ def _metric(prep: _Prepared, weights: Sequence[int], metric: str,
     cum = list(itertools.accumulate(weights[i] for i in owners))
     if not cum or cum[-1] == 0:
         return None
-    rank = max(1, math.ceil(pct / 100.0 * cum[-1]))
+    rank = nearest_rank(pct, cum[-1])
     return values[bisect.bisect_left(cum, rank)]
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.scorecard import SERIES_METRICS, due_at, ended_at, window_at
 from streamquake.result import RunResult
-from streamquake.run.series import nearest_rank
 from streamquake.run.timeline import PhaseWindow
+from streamquake.stats import percentile
 
 
 def write_timeline_csv(result: RunResult, path: Path) -> Path:
@@ -83,7 +83,7 @@ def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path:
             out.writerow([phase, state, s.cls, f"{s.sent:.6f}", f"{s.sent - t0:.3f}",
                           "" if s.scheduled is None else f"{s.scheduled:.6f}",
                           _num(s.ttfb_ms), _num(s.ttft_ms), _num(s.e2e_ms), len(gaps),
-                          _num(nearest_rank(gaps, 50)), _num(gaps[-1] if gaps else None),
+                          _num(percentile(gaps, 50)), _num(gaps[-1] if gaps else None),
                           s.content_events, s.output_tokens, s.missing_events, s.expected_events,
                           s.stalls, s.client_stalls, s.clock,
                           "" if s.status is None else s.status, s.error or "",

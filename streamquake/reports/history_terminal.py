@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from streamquake.history import StoredRun, check_latest
+from streamquake.reports.history import StoredRun, check_latest
 from streamquake.reports.terminal import print_table
 from streamquake.reports.words import value_text, when
 

@@ -16,7 +16,7 @@ from rich.live import Live
 from rich.markup import escape
 from rich.table import Table
 
-from streamquake.events import (
+from streamquake.run.events import (
     Events,
     FaultApplied,
     FaultReverted,

@@ -7,7 +7,6 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
-from streamquake import __version__
 from streamquake.errors import StreamquakeError
 from streamquake.loadgen.metrics import Stats
 from streamquake.result import RunResult
@@ -15,6 +14,7 @@ from streamquake.run.outcome import redacted_echo
 from streamquake.run.series import environment
 from streamquake.run.verdicts import evaluate
 from streamquake.scenario import SCORED_PHASES, Scenario
+from streamquake.version import __version__
 
 
 def failed_result(scenario_file: Path, scenario: Scenario | None, exc: StreamquakeError,

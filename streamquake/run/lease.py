@@ -22,8 +22,8 @@ import threading
 import time
 from collections.abc import Collection
 
-from streamquake.agent.api import WatchRun
-from streamquake.agent.client import AgentClient, AgentRefused
+from streamquake.agentwire.api import WatchRun
+from streamquake.agentwire.client import AgentClient, AgentRefused
 from streamquake.errors import LeaseLapsed, StreamquakeError
 from streamquake.journal import Journal, pid_start_time
 

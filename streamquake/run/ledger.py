@@ -11,13 +11,13 @@ from dataclasses import dataclass
 
 from streamquake.deadline import run_with_deadline
 from streamquake.errors import InjectorError, LeaseLapsed, PreflightError
-from streamquake.events import Events, FaultApplied, FaultReverted
 from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import Describes, FaultSpec, Injector, RunContext
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
 from streamquake.reference import settings_text
-from streamquake.result import FaultRecord
+from streamquake.result import FaultRecord, FlapEdge
+from streamquake.run.events import Events, FaultApplied, FaultReverted
 from streamquake.run.lease import RunLease
 from streamquake.run.preflight import injector_problems
 from streamquake.run.signals import Signals
@@ -61,7 +61,8 @@ class Ledger:
                             *((s, s.phase) for s in listed)]:
             type_name = spec.type
             if spec.at is not None:    # held by an agent elsewhere (streamquake/run/remote.py)
-                from streamquake.run.remote import JOURNAL_TYPE, remote_injector
+                from streamquake.faults.agent_lease import JOURNAL_TYPE
+                from streamquake.run.remote import remote_injector
 
                 remote = remote_injector(spec, ctx, self.owner)
                 problems += injector_problems(spec.label, type_name, remote)
@@ -74,12 +75,17 @@ class Ledger:
             raise PreflightError(problems)
         return planned
 
-    def apply(self, stack: contextlib.ExitStack, fault: PlannedFault) -> None:
+    def apply(self, stack: contextlib.ExitStack, fault: PlannedFault,
+              record: FaultRecord | None = None) -> FaultRecord:
+        """Apply ``fault``, its revert on ``stack``; a flapping fault's later on-edges pass the
+        ``record`` of its first, and each apply and revert adds an edge to it."""
         spec = fault.spec
-        record = FaultRecord(name=spec.label, type=spec.type,
-                             phase=fault.phase, configured=fault.describe(), owner=self.owner,
-                             at=spec.at or "local", settings=settings_text(spec))
-        self.records.append(record)
+        if record is None:
+            record = FaultRecord(name=spec.label, type=spec.type,
+                                 phase=fault.phase, configured=fault.describe(), owner=self.owner,
+                                 at=spec.at or "local", settings=settings_text(spec))
+            self.records.append(record)
+        edge = FlapEdge(time.time(), "on") if spec.flap is not None else None
         if self.lease is not None:
             try:
                 self.lease.check(self._held)     # never a fault on a lapsed lease
@@ -89,16 +95,24 @@ class Ledger:
         entry = self.journal.add(fault.journal_type or record.type, record.name)
         self._held.add(entry.entry_id)
         stack.callback(self._revert, record, fault.injector, entry)
+        if edge is not None:
+            record.edges.append(edge)
         started = time.perf_counter()
         try:
             record.applied = fault.injector.apply(entry)
         except InjectorError as exc:
             record.error = f"apply failed: {exc}"
+            if edge is not None:
+                edge.error = record.error
             raise
         record.apply_ms = (time.perf_counter() - started) * 1000
-        record.applied_at = time.time()
+        if edge is not None:
+            edge.took_ms = record.apply_ms
+        if edge is None or record.applied_at is None:   # a flapping fault's: its first on-edge
+            record.applied_at = time.time()
         record.configured = fault.describe()   # complete now (netem: the table that was sent)
         self.events.emit(FaultApplied(record))
+        return record
 
     def _revert(self, record: FaultRecord, injector: Injector, entry: JournalEntry) -> None:
         with self.signals.shield():
@@ -116,11 +130,17 @@ class Ledger:
                   "removed under this run by another process (its journal entry vanished)")
             record.error = f"{by} before the phase ended; the phase was not faulted throughout"
             self.errors.append(f"fault '{record.name}': {record.error}")
+        edge = FlapEdge(time.time(), "off") if record.edges else None
+        if edge is not None:
+            record.edges.append(edge)
+        started = time.perf_counter()
         try:
             record.reverted = run_with_deadline(
                 injector.revert, REVERT_TIMEOUT_S, f"reverting {record.name}"
             )
         except Exception as exc:  # noqa: BLE001 - a failed revert must never stop other reverts
+            if edge is not None:
+                edge.error = f"revert failed: {exc}"
             self.revert_failed = True
             record.error = (record.error + "; " if record.error else "") + f"revert failed: {exc}"
             self.errors.append(
@@ -130,5 +150,7 @@ class Ledger:
             self.events.emit(FaultReverted(record))
             return
         record.reverted_at = time.time()
+        if edge is not None:
+            edge.took_ms = (time.perf_counter() - started) * 1000
         entry.done()
         self.events.emit(FaultReverted(record))

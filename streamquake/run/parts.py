@@ -12,12 +12,13 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from streamquake.errors import PreflightError
-from streamquake.events import Events
 from streamquake.faults.catalog import families
 from streamquake.faults.contract import Resource, RunContext, Wiring
 from streamquake.journal import Journal
 from streamquake.jsontypes import JsonDict
-from streamquake.loadgen.launcher import LocustRun, start_load
+from streamquake.loopback import is_loopback
+from streamquake.run.events import Events
+from streamquake.run.launcher import LocustRun, start_load
 from streamquake.run.timeline import PhaseWindow
 from streamquake.scenario import Scenario
 
@@ -43,6 +44,13 @@ def wanted_resources(scenario: Scenario) -> list[Resource]:
     for family in families():
         for r in family.resources(scenario):
             found.setdefault(r.key, r)
+    if scenario.agents:
+        # Faults held by agents on other hosts (``at: NAME``): the scenario's agents, checked
+        # once in preflight and reported under ``telemetry.agents``.
+        from streamquake.run.remote import AgentDirectory
+
+        directory = AgentDirectory(scenario.agents)
+        found.setdefault(directory.key, directory)
     return list(found.values())
 
 
@@ -117,16 +125,12 @@ def check_reachable(url: str, timeout_s: float) -> None:
         ) from exc
 
 
-def _is_loopback(host: str) -> bool:
-    return host in ("localhost", "::1") or host.startswith("127.")
-
-
 def _check_remote_reach(scenario: Scenario, load_url: str) -> None:
     """Workers on other hosts send to the same URL as local ones: not to this host's loopback."""
     load = scenario.load
     bind_host = load.master_bind.rpartition(":")[0].strip("[]")
     host = urlsplit(load_url).hostname or ""
-    if load.remote_workers and not _is_loopback(bind_host) and _is_loopback(host):
+    if load.remote_workers and not is_loopback(bind_host) and is_loopback(host):
         raise PreflightError(
             f"load.remote_workers: workers on other hosts would send to {load_url}, which is "
             "this host's loopback (the embedded target and the SSE proxy listen there); give "

@@ -22,47 +22,27 @@ import time
 import urllib.parse
 import uuid
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Literal
 
-from streamquake.agent.api import API_VERSION, AgentInfo, ApplyRequest, TargetAddr
-from streamquake.agent.client import (
+from streamquake.agentwire.api import API_VERSION, AgentInfo, ApplyRequest, TargetAddr
+from streamquake.agentwire.client import (
     APPLY_READ_TIMEOUT_S,
-    CONNECT_TIMEOUT_S,
-    READ_TIMEOUT_S,
     AgentClient,
     AgentRefused,
     AgentUnreachable,
-    TlsFiles,
+    agent_client,
 )
-from streamquake.agent.ref import AgentRef
-from streamquake.agent.server import is_loopback
+from streamquake.agentwire.ref import AgentRef
 from streamquake.errors import InjectorError, PreflightError, RevertError
 from streamquake.faults.contract import FaultSpec, RunContext, Wiring
 from streamquake.journal import JournalEntry
 from streamquake.jsontypes import JsonDict, JsonValue
+from streamquake.loopback import is_loopback
+from streamquake.scenario.network import NetworkConfig
+from streamquake.units import format_clock
 
-JOURNAL_TYPE = "agent_lease"
 REVERT_READ_TIMEOUT_S = 40.0     # the agent's own revert deadline is 30 s
 _MAX_RENEW_ERRORS_KEPT = 5
-
-
-def _stamp(epoch: float) -> str:
-    return time.strftime("%H:%M:%S", time.localtime(epoch))
-
-
-def _tls(ca: str | None, cert: str | None, key: str | None) -> TlsFiles:
-    return TlsFiles(ca_cert=Path(ca) if ca else None, client_cert=Path(cert) if cert else None,
-                    client_key=Path(key) if key else None)
-
-
-def agent_client(ref: AgentRef, connect_timeout_s: float = CONNECT_TIMEOUT_S,
-                 read_timeout_s: float = READ_TIMEOUT_S) -> AgentClient:
-    """A client for a scenario's agent; it sends this user's owner key (``agent.owner``), so a
-    killed run's ``recover`` still owns what the run applied."""
-    return AgentClient(ref.url, os.environ.get(ref.token_env) or None,
-                       tls=_tls(ref.ca_cert, ref.client_cert, ref.client_key), label=ref.name,
-                       connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)
 
 
 class AgentDirectory:
@@ -172,8 +152,9 @@ class RemoteInjector:
             fault=fault, lease=self.ref.lease_s, owner=self.owner, id=self.id,
             target=(TargetAddr(host=self.ctx.target_host, port=self.ctx.target_port)
                     if self.ctx.target_host else None),
-            network=(net.model_dump(mode="json", exclude_none=True)
-                     if net is not None and net.mode == "host" else None),
+            network=(NetworkConfig.model_validate(net, from_attributes=True).model_dump(
+                mode="json", exclude_none=True) if net is not None and net.mode == "host"
+                else None),
         )
 
     # -- the contract --------------------------------------------------------------------------
@@ -265,12 +246,12 @@ class RemoteInjector:
 
     def _renew_failed(self, exc: InjectorError) -> None:
         if len(self.renew_errors) < _MAX_RENEW_ERRORS_KEPT:
-            self.renew_errors.append(f"{_stamp(time.time())}: {exc}")
+            self.renew_errors.append(f"{format_clock(time.time())}: {exc}")
 
     def _lose(self, exc: AgentRefused) -> None:
         """The agent no longer holds it (its lease lapsed, or it restarted): the phase is not
         faulted any more. Dropping the journal entry makes the ledger report exactly that."""
-        self.lost = f"{_stamp(time.time())}: {exc.problem.error}"
+        self.lost = f"{format_clock(time.time())}: {exc.problem.error}"
         if self._entry is not None:
             self._entry.done()
 
@@ -287,41 +268,6 @@ class RemoteInjector:
 
     def _unreachable(self, exc: AgentUnreachable) -> JsonDict:
         ends = self._expires_at
-        when = f"at {_stamp(ends)}" if ends is not None else "when its lease lapses"
+        when = f"at {format_clock(ends)}" if ends is not None else "when its lease lapses"
         return {"by": "lease expiry", "agent_unreachable": str(exc), "lease_ends_at": ends,
                 "note": f"the agent could not be asked to revert; it reverts on its own {when}"}
-
-
-def recover_lease(state: dict[str, object]) -> str:
-    """``streamquake recover`` for a remote fault a killed run left: ask its agent to revert
-    it; if the agent cannot be reached, the lease's end says whether it has already."""
-    url, fault_id = state.get("url"), state.get("fault_id")
-    if not isinstance(url, str) or not isinstance(fault_id, str):
-        return "nothing to undo: the fault was never sent to an agent"
-    name = str(state.get("agent") or url)
-
-    def text(key: str) -> str | None:
-        v = state.get(key)
-        return v if isinstance(v, str) else None
-
-    ref = AgentRef(name=name if name != "local" else "agent", url=url,
-                   token_env=text("token_env") or "STREAMQUAKE_AGENT_TOKEN",
-                   ca_cert=text("ca_cert"), client_cert=text("client_cert"),
-                   client_key=text("client_key"))
-    expires = state.get("expires_at")
-    try:
-        done = agent_client(ref, connect_timeout_s=2.0).revert(fault_id)
-    except AgentRefused as exc:
-        if exc.status in (404, 410):
-            return f"agent {name} no longer held it: {exc.problem.error}"
-        problem: InjectorError = exc
-    except AgentUnreachable as exc:
-        problem = exc
-    else:
-        return f"agent {name} (host {done.host}) reverted it"
-    if isinstance(expires, int | float) and time.time() > expires:
-        return (f"could not ask agent {name} ({problem}), but its lease ended at "
-                f"{_stamp(expires)}, so the agent has reverted it on its own")
-    ends = _stamp(float(expires)) if isinstance(expires, int | float) else "an unknown time"
-    raise RevertError(f"{problem}; its lease ends at {ends}: the agent reverts it then; run "
-                      "`streamquake recover` again after that")

@@ -13,7 +13,6 @@ import contextlib
 import time
 from pathlib import Path
 
-from streamquake import __version__
 from streamquake.errors import (
     EXIT_OK,
     EXIT_SLO_BROKEN,
@@ -21,15 +20,17 @@ from streamquake.errors import (
     PreflightError,
     StreamquakeError,
 )
-from streamquake.events import Events, PhaseStarted, RunFinished, RunStarted, Tick
 from streamquake.faults.catalog import families
 from streamquake.faults.contract import FaultSpec
 from streamquake.journal import Journal
 from streamquake.jsontypes import JsonDict
-from streamquake.loadgen.launcher import LocustRun
 from streamquake.loadgen.scorecard import Scorecard
 from streamquake.result import Check, PhaseResult, RunResult
 from streamquake.run import preflight, probe
+from streamquake.run.capacity import capacity_check
+from streamquake.run.events import Events, PhaseStarted, RunFinished, RunStarted, Tick
+from streamquake.run.flapping import Flapper, attribute_states
+from streamquake.run.launcher import LocustRun
 from streamquake.run.lease import RunLease
 from streamquake.run.ledger import WHOLE_RUN, Ledger, PlannedFault
 from streamquake.run.outcome import exit_code_for, redacted_echo
@@ -44,6 +45,7 @@ from streamquake.run.watch import Watch
 from streamquake.run.workers import summarise as summarise_workers
 from streamquake.scenario import Scenario
 from streamquake.scenario.advice import scenario_warnings
+from streamquake.version import __version__
 
 DEFAULT_LEASE_S = 10.0     # how long the watchdog waits for a renewal before undoing faults
 
@@ -160,6 +162,10 @@ class Runner:
     def _preflight(self) -> None:
         problems, warnings = preflight.journal_problems(self.journal)
         problems += preflight.header_problems(self.scenario)
+        short, sizing = capacity_check(self.scenario)
+        problems += short
+        if not short:
+            self.events.message(f"capacity: {sizing}")
         warnings += scenario_warnings(self.scenario)
         for w in warnings:
             self.events.message(f"warning: {w}")
@@ -190,7 +196,10 @@ class Runner:
             self.events.emit(PhaseStarted(w.name, w.end - w.start, w.start))
             with contextlib.ExitStack() as phase_stack:
                 refused = self.aborted is None and not self._apply(phase_stack, planned, w.name)
-                aborted_now = refused or sleep_until(w.end, load, self.work_dir, self._tick)
+                flaps = [Flapper.plan(f, w, self.scenario.load.seed) for f in planned
+                         if f.phase == w.name and f.spec.flap is not None and not refused
+                         and self.aborted is None]
+                aborted_now = refused or self._flap_until(w, flaps, phase_stack, load)
             if aborted_now:
                 # The phase's faults were reverted as its stack closed; the whole-run ones now.
                 whole_run.close()
@@ -203,12 +212,29 @@ class Runner:
         """Apply the phase's faults; False (the run aborted) if the lease lapsed first."""
         try:
             for fault in planned:
-                if fault.phase == phase:
+                if fault.phase == phase and fault.spec.flap is None:
                     self.ledger.apply(stack, fault)
         except LeaseLapsed as exc:
             self.aborted = str(exc)
             return False
         return True
+
+    def _flap_until(self, w: PhaseWindow, flaps: list[Flapper], stack: contextlib.ExitStack,
+                    load: LocustRun) -> bool:
+        """Sleep to the window's end, switching each flapping fault at its edges (the same
+        sleep, so the load's watch goes on); True if the run aborted (a lease lapsed first)."""
+        while True:
+            edge = min((t for f in flaps if (t := f.next_edge()) is not None), default=w.end)
+            if sleep_until(min(edge, w.end), load, self.work_dir, self._tick):
+                return True
+            if edge >= w.end:
+                return False
+            try:
+                for f in flaps:
+                    f.switch(time.time(), self.ledger, stack)
+            except LeaseLapsed as exc:
+                self.aborted = str(exc)
+                return True
 
     def _tick(self) -> bool:
         """Feed the watch; report rolling stats; True once, when an abort condition holds."""
@@ -228,6 +254,8 @@ class Runner:
                 interrupted: str | None, target_info: JsonDict,
                 telemetry: JsonDict, stopped_at: float | None = None) -> RunResult:
         scored = score(self.scenario, windows, card)
+        scored.warnings += attribute_states(self.ledger.records, windows, self.work_dir / "samples",
+                                            sampled=self.scenario.load.samples != "none")
         measured = {k: v for k, v in scored.stats.items() if k != "warmup"}
         checks = evaluate(self.scenario, measured, scored.class_stats)
         load_processes, worker_warnings = summarise_workers(self.work_dir, windows)

@@ -37,14 +37,15 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from streamquake.events import Events
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.saturation import FILE_PREFIX, bucket_ms
 from streamquake.loadgen.tail import new_lines
 from streamquake.result import Check, PhaseResult
+from streamquake.run.events import Events
 from streamquake.run.timeline import PhaseWindow
+from streamquake.stats import counts_percentile, percentile
 
 CPU_PCT = 90.0
 HUB_LAG_P90_MS = 10.0
@@ -59,22 +60,9 @@ CHECK_NAME = "load generator not saturated"
 CHECK_METRIC = "client_saturated_s"
 
 
-def _rank(ordered: list[float], p: float) -> float | None:
-    if not ordered:
-        return None
-    return ordered[max(0, math.ceil(p / 100.0 * len(ordered)) - 1)]
-
-
 def _hist_rank(hist: dict[int, int], p: float) -> float | None:
-    total = sum(hist.values())
-    if not total:
-        return None
-    want, seen = math.ceil(p / 100.0 * total), 0
-    for bucket in sorted(hist):
-        seen += hist[bucket]
-        if seen >= want:
-            return bucket_ms(bucket)
-    return None
+    bucket = counts_percentile(hist, p)
+    return None if bucket is None else bucket_ms(bucket)
 
 
 @dataclass(frozen=True)
@@ -127,7 +115,7 @@ class LoadSecond:
         out = []
         if self.cpu_pct >= CPU_PCT:
             out.append(f"CPU {self.cpu_pct:.0f}% of a core")
-        lag = _rank(self.lag_ms, 90)
+        lag = percentile(self.lag_ms, 90)   # sorted when read
         if lag is not None and lag >= HUB_LAG_P90_MS:
             out.append(f"hub lag p90 {lag:.1f} ms")
         seen = _hist_rank(self.seen, 90)

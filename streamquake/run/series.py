@@ -11,23 +11,22 @@ import socket
 import sys
 from collections.abc import Mapping, Sequence
 
-from streamquake import __version__
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import SERIES_METRICS, Scorecard, WindowLike, series_values
+from streamquake.loadgen.scorecard import (
+    SERIES_METRICS,
+    Scorecard,
+    WindowLike,
+    series_values,
+    window_at,
+)
 from streamquake.result import Cdf, SecondStats
+from streamquake.version import __version__
 
 CDF_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")
 # 1..99 in steps of 1, then the tail: enough to draw a CDF, small enough for the report.
 CDF_PERCENTILES: tuple[float, ...] = (*(float(p) for p in range(1, 100)), 99.5, 99.9, 100.0)
-
-
-def nearest_rank(values: Sequence[float], p: float) -> float | None:
-    """The ``p``-th percentile of sorted ``values`` by nearest rank (an observed value)."""
-    if not values:
-        return None
-    return values[max(0, math.ceil(p / 100.0 * len(values)) - 1)]
 
 
 def values_of(s: RequestSample, metric: str) -> list[float]:
@@ -56,7 +55,7 @@ def per_second(card: Scorecard, windows: Sequence[WindowLike],
         # of second i, slots 0..i (slot 0 holds everything before too).
         started += card.starts.get(i, 0)
         ended += card.ends.get(i, 0)
-        phase = next((w.name for w in windows if w.start <= mid < w.end), "")
+        phase = home.name if (home := window_at(mid, windows)) is not None else ""
         second = card.seconds.get(i)
         point = SecondStats(t=float(i), phase=phase,
                             sent=0 if second is None else second.sent,

@@ -7,7 +7,7 @@ import signal
 from collections.abc import Callable, Iterator
 from types import FrameType
 
-from streamquake.events import Events
+from streamquake.run.events import Events
 
 _SignalHandler = Callable[[int, FrameType | None], object] | int | signal.Handlers | None
 

@@ -5,7 +5,6 @@ with the count behind each; the verdicts still come from the full HDR histograms
 
 from __future__ import annotations
 
-import math
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.tail import SampleTail
 from streamquake.run.timeline import TICK_S
 from streamquake.scenario.schema import AbortCondition
+from streamquake.stats import percentile
 
 LIVE_WINDOW_S = 10.0
 LATENCIES = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")
@@ -27,13 +27,6 @@ def _ended(s: RequestSample) -> float:
 def _due(s: RequestSample) -> float:
     """When it was due (open loop) or sent: the phase it belongs to, as the scorecard says."""
     return s.scheduled if s.scheduled is not None else s.sent
-
-
-def _nearest_rank(values: list[float], p: float) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    return ordered[max(0, math.ceil(p / 100.0 * len(ordered)) - 1)]
 
 
 def _values(samples: list[RequestSample], metric: str) -> list[float]:
@@ -105,9 +98,8 @@ class Watch:
             span = max(TICK_S, min(LIVE_WINDOW_S, now - since))
         p50, p95, counts = {}, {}, {}
         for m in LATENCIES:
-            values = _values(window, m)
-            p50[m], p95[m], counts[m] = (_nearest_rank(values, 50), _nearest_rank(values, 95),
-                                         len(values))
+            values = sorted(_values(window, m))
+            p50[m], p95[m], counts[m] = percentile(values, 50), percentile(values, 95), len(values)
         return RollingStats(at=now, window_s=span, requests=len(window),
                             errors=sum(s.error is not None for s in window),
                             per_s=len(window) / span, p50=p50, p95=p95, counts=counts)
@@ -120,8 +112,8 @@ class Watch:
                 continue        # the window is not full of this run yet
             window = self._window(now, c.for_s)
             if c.percentile is not None:
-                values = _values(window, c.metric)
-                value, n = _nearest_rank(values, c.percentile), len(values)
+                values = sorted(_values(window, c.metric))
+                value, n = percentile(values, c.percentile), len(values)
             else:
                 value, n = _rate(window, c.metric)
             if value is not None and len(window) >= c.min_requests and value > c.above:

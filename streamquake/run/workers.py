@@ -10,6 +10,7 @@ from pathlib import Path
 
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.relay import WORKERS_FILE
+from streamquake.loadgen.scorecard import window_at
 from streamquake.run.timeline import PhaseWindow
 
 MAX_SKEW_S = 0.1        # one-way, network delay included: beyond this, say so
@@ -32,9 +33,8 @@ def _records(run_dir: Path) -> list[dict[str, object]]:
 
 
 def _where(t: float, windows: list[PhaseWindow]) -> str:
-    for w in windows:
-        if w.start <= t < w.end:
-            return f"{w.name} phase, {t - w.start:.1f} s in"
+    if (w := window_at(t, windows)) is not None:
+        return f"{w.name} phase, {t - w.start:.1f} s in"
     return "after the phases" if windows and t >= windows[-1].end else "before the phases"
 
 

@@ -22,4 +22,14 @@ def scenario_warnings(scenario: Scenario) -> list[str]:
                 "chunk_loss counts gaps in SSE event ids; it is measurable only if the target "
                 "numbers its events (`id:` lines), which the Gemini, OpenAI and Anthropic APIs "
                 "do not")
+    for f in scenario.faults:
+        length = scenario.phases.duration_s(f.phase)
+        if f.flap is None:
+            continue
+        on, off = f.flap.typical_s("on"), f.flap.typical_s("off")
+        if on + off > length:
+            warnings.append(
+                f"fault '{f.label}' flaps on {on:g}s / off {off:g}s, longer than its phase "
+                f"'{f.phase}' ({length:g}s): it switches at most once or twice, so its on/off "
+                "split measures little")
     return warnings

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from streamquake.errors import ScenarioError
-from streamquake.scenario.loader import Pos, YamlDoc
+from streamquake.located_yaml import Pos, YamlDoc
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 from streamquake.errors import ScenarioError
-from streamquake.scenario.loader import Pos, YamlDoc, parse_yaml
+from streamquake.located_yaml import Pos, YamlDoc, parse_yaml
 
 
 def parse_override(item: str) -> tuple[list[str | int], str]:

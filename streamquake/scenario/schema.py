@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     ValidationInfo,
@@ -16,22 +17,28 @@ from pydantic import (
     model_validator,
 )
 
-from streamquake.agent.ref import AgentRef
+from streamquake.agentwire.ref import AgentRef
+from streamquake.envref import ENV_REF, is_env_name, not_a_name
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.envelope import FaultSpec, PhaseName
-from streamquake.faults.tc.spec import NetworkConfig
+from streamquake.scenario.network import NetworkConfig
 from streamquake.target.config import Protocol, TargetConfig
 from streamquake.units import (
+    DURATION,
+    PERCENTAGE,
+    DurationMs,
+    DurationS,
+    Fraction,
+    PlainName,
+    RateOrBytes,
+    SizeOrBytes,
+    Unit,
     bools_as_text,
     format_duration,
     format_ms,
     format_percent,
     parse_duration_ms,
-    parse_duration_s,
     parse_fraction,
-    parse_rate_bytes_per_s,
-    parse_size_bytes,
-    plain_name,
 )
 
 SCORED_PHASES: tuple[PhaseName, ...] = ("baseline", "fault", "recovery")
@@ -62,10 +69,6 @@ RATE_METRICS: tuple[str, ...] = typing.get_args(RateMetric)
 # Metrics where a bigger number is the better one.
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"output_tokens_per_s"})
 
-ENV_REF = re.compile(r"\$\{([^}]*)\}")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-
-
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -75,27 +78,19 @@ class _Model(BaseModel):
         return bools_as_text(cls, data)
 
 
-def _dur_s(v: Any) -> float:
-    return parse_duration_s(v)
-
-
 class TargetSpec(_Model):
     protocol: Protocol
-    model: str = "sim-1"
-
-    _n = field_validator("model")(lambda v: v if v is None else plain_name(v))
+    model: PlainName = "sim-1"
     url: str | None = None
     embedded: TargetConfig | None = None
     path: str | None = None
     headers: dict[str, str] = Field(default_factory=dict)
     verify_tls: bool = True
-    timeout_s: float = Field(default=60.0, alias="timeout", gt=0)
-    connect_timeout_s: float = Field(default=5.0, alias="connect_timeout", gt=0)
+    timeout_s: DurationS = Field(default=60.0, alias="timeout", gt=0)
+    connect_timeout_s: DurationS = Field(default=5.0, alias="connect_timeout", gt=0)
     # One real streaming request per class before the load (run/probe.py); false skips it, for
     # a target that is meant to fail.
     probe: bool = True
-
-    _t = field_validator("timeout_s", "connect_timeout_s", mode="before")(_dur_s)
 
     @field_validator("url")
     @classmethod
@@ -106,13 +101,13 @@ class TargetSpec(_Model):
             )
         return v.rstrip("/") if v else v
 
-    @field_validator("headers")
+    @field_validator("headers", "path")
     @classmethod
-    def _env_refs(cls, v: dict[str, str]) -> dict[str, str]:
-        for value in v.values():
+    def _env_refs(cls, v: dict[str, str] | str | None) -> dict[str, str] | str | None:
+        for value in (v or {}).values() if isinstance(v, dict) else [v or ""]:
             for name in ENV_REF.findall(value):
-                if not _ENV_NAME.match(name):
-                    raise ValueError(f"'${{{name}}}' is not an environment variable name")
+                if not is_env_name(name):
+                    raise ValueError(not_a_name(name))
         return v
 
     @field_validator("headers")
@@ -135,10 +130,8 @@ class TargetSpec(_Model):
 
 
 class ThinkTime(_Model):
-    min_s: float = Field(default=0.0, alias="min", ge=0)
-    max_s: float = Field(default=0.0, alias="max", ge=0)
-
-    _t = field_validator("min_s", "max_s", mode="before")(_dur_s)
+    min_s: DurationS = Field(default=0.0, alias="min", ge=0)
+    max_s: DurationS = Field(default=0.0, alias="max", ge=0)
 
     @model_validator(mode="after")
     def _order(self) -> ThinkTime:
@@ -186,13 +179,17 @@ def threshold_text(metric: str, value: float) -> str:
     return format_ms(value) if metric.endswith("_ms") else f"{value:g}"
 
 
-def _threshold_value(v: Any) -> Any:
+def _threshold_value(v: object) -> object:
     """A threshold as written: rates as percentages ("1%"), ms metrics as durations ("350ms")."""
     if isinstance(v, str) and v.strip().endswith("%"):
         return parse_fraction(v)
     if isinstance(v, str):
         return parse_duration_ms(v)
     return v
+
+
+Threshold = Annotated[float, Unit(PERCENTAGE.kinds + DURATION.kinds),
+                      BeforeValidator(_threshold_value)]
 
 
 class AbortCondition(_Model):
@@ -206,16 +203,9 @@ class AbortCondition(_Model):
 
     metric: AbortMetric
     percentile: float | None = Field(default=None, gt=0, le=100)
-    above: float
-    for_s: float = Field(default=10.0, alias="for", gt=0)
+    above: Threshold
+    for_s: DurationS = Field(default=10.0, alias="for", gt=0)
     min_requests: int = Field(default=5, ge=1)
-
-    _f = field_validator("for_s", mode="before")(_dur_s)
-
-    @field_validator("above", mode="before")
-    @classmethod
-    def _threshold(cls, v: Any) -> Any:
-        return _threshold_value(v)
 
     @model_validator(mode="after")
     def _shape(self) -> AbortCondition:
@@ -243,27 +233,18 @@ class VerdictSpec(_Model):
     ``unmeasurable`` says how that gates: ``warn`` (reported, not failed), ``fail`` or ``pass``.
     A metric with no data because requests failed is not that: it fails."""
 
-    confidence: float = Field(default=0.95, gt=0.5, lt=1.0)
+    confidence: Fraction = Field(default=0.95, gt=0.5, lt=1.0)
     inconclusive: Literal["warn", "fail", "pass"] = "warn"
     unmeasurable: Literal["warn", "fail", "pass"] = "warn"
-
-    _c = field_validator("confidence", mode="before")(lambda v: parse_fraction(v))
 
 
 class SLOSpec(_Model):
     metric: Metric
-
-    _n = field_validator("name")(lambda v: v if v is None else plain_name(v))
     percentile: float | None = Field(default=None, gt=0, le=100)
-    max: float | None = None
-    min: float | None = None
+    max: Threshold | None = None
+    min: Threshold | None = None
     phases: list[PhaseName] = Field(default_factory=lambda: list(SCORED_PHASES))
-    name: str | None = None
-
-    @field_validator("max", "min", mode="before")
-    @classmethod
-    def _threshold(cls, v: Any) -> Any:
-        return _threshold_value(v)
+    name: PlainName | None = None
 
     @model_validator(mode="after")
     def _shape(self) -> SLOSpec:
@@ -293,16 +274,10 @@ class ReadSpec(_Model):
     connect; the kernel doubles it and keeps its own minimum), so that the server's writes
     back up (README "A slow consumer")."""
 
-    rate_bytes_per_s: float | None = Field(default=None, alias="rate", gt=0)
-    pause_s: float = Field(default=0.0, alias="pause", ge=0)
+    rate_bytes_per_s: RateOrBytes | None = Field(default=None, alias="rate", gt=0)
+    pause_s: DurationS = Field(default=0.0, alias="pause", ge=0)
     every: int = Field(default=1, ge=1)
-    receive_buffer: int | None = Field(default=None, ge=1)
-
-    _r = field_validator("rate_bytes_per_s", mode="before")(
-        lambda v: parse_rate_bytes_per_s(v) if isinstance(v, str) else v)
-    _p = field_validator("pause_s", mode="before")(_dur_s)
-    _b = field_validator("receive_buffer", mode="before")(
-        lambda v: parse_size_bytes(v) if isinstance(v, str) else v)
+    receive_buffer: SizeOrBytes | None = Field(default=None, ge=1)
 
     @field_validator("every", mode="before")
     @classmethod
@@ -323,9 +298,7 @@ class ReadSpec(_Model):
 
 
 class RequestClass(_Model):
-    name: str = "default"
-
-    _n = field_validator("name")(lambda v: v if v is None else plain_name(v))
+    name: PlainName = "default"
     weight: float = Field(default=1.0, gt=0)
     prompt: str | None = None
     prompts: list[str] | None = None
@@ -354,12 +327,9 @@ class StreamLimits(_Model):
     """How much one stream may make the load generator hold (loadgen/sse.py has the reasons
     for the defaults); a stream that breaks one fails as error kind ``limit``."""
 
-    line_bytes: int = Field(default=1 << 20, alias="line", ge=1024)
-    event_bytes: int = Field(default=4 << 20, alias="event", ge=1024)
+    line_bytes: SizeOrBytes = Field(default=1 << 20, alias="line", ge=1024)
+    event_bytes: SizeOrBytes = Field(default=4 << 20, alias="event", ge=1024)
     data_lines: int = Field(default=65_536, ge=16)
-
-    _b = field_validator("line_bytes", "event_bytes", mode="before")(
-        lambda v: parse_size_bytes(v) if isinstance(v, str) else v)
 
 
 class LoadSpec(_Model):
@@ -369,7 +339,7 @@ class LoadSpec(_Model):
     arrival: Arrival | None = None
     trace: TraceSpec | None = None
     classes: list[RequestClass] = Field(default_factory=lambda: [RequestClass()])
-    stall_threshold_ms: float = Field(default=250.0, alias="stall_threshold", gt=0)
+    stall_threshold_ms: DurationMs = Field(default=250.0, alias="stall_threshold", gt=0)
     workers: int = Field(default=0, ge=0, description="Locust worker processes; 0 = one process")
     # Workers on other hosts (`streamquake worker --master HOST:PORT`): the master waits for this
     # many to join, on master_bind, and sends each the plan (loadgen/relay.py).
@@ -389,8 +359,6 @@ class LoadSpec(_Model):
     # rolling figures and abort conditions read them. "none" writes (and relays) none.
     samples: Literal["all", "none"] = "all"
 
-    _st = field_validator("stall_threshold_ms", mode="before")(lambda v: parse_duration_ms(v))
-
     @model_validator(mode="after")
     def _loop(self) -> LoadSpec:
         if self.think_time is not None and self.arrival is not None:
@@ -408,12 +376,10 @@ class LoadSpec(_Model):
 
 
 class PhasesSpec(_Model):
-    warmup_s: float = Field(default=0.0, alias="warmup", ge=0)
-    baseline_s: float = Field(alias="baseline", gt=0)
-    fault_s: float = Field(alias="fault", ge=0)
-    recovery_s: float = Field(alias="recovery", ge=0)
-
-    _d = field_validator("warmup_s", "baseline_s", "fault_s", "recovery_s", mode="before")(_dur_s)
+    warmup_s: DurationS = Field(default=0.0, alias="warmup", ge=0)
+    baseline_s: DurationS = Field(alias="baseline", gt=0)
+    fault_s: DurationS = Field(alias="fault", ge=0)
+    recovery_s: DurationS = Field(alias="recovery", ge=0)
 
     def duration_s(self, phase: str) -> float:
         return float(getattr(self, f"{phase}_s"))
@@ -426,15 +392,12 @@ class PhasesSpec(_Model):
 class RecoverySpec(_Model):
     """Recovery must come back to within ``tolerance`` of baseline (plus an absolute slack)."""
 
-    tolerance: float = 0.10
+    tolerance: Fraction = 0.10
     percentile: float = Field(default=95.0, gt=0, le=100)
     metrics: list[HistogramMetric] = Field(
         default_factory=lambda: typing.cast(list[HistogramMetric], ["ttft_ms", "itl_ms"])
     )
-    slack_ms: float = Field(default=5.0, alias="slack", ge=0)
-
-    _t = field_validator("tolerance", mode="before")(lambda v: parse_fraction(v))
-    _s = field_validator("slack_ms", mode="before")(lambda v: parse_duration_ms(v))
+    slack_ms: DurationMs = Field(default=5.0, alias="slack", ge=0)
 
 
 def _fault_union() -> Any:
@@ -451,9 +414,7 @@ else:
 
 
 class Scenario(_Model):
-    name: str
-
-    _n = field_validator("name")(lambda v: v if v is None else plain_name(v))
+    name: PlainName
     description: str = ""
     target: TargetSpec
     network: NetworkConfig = Field(default_factory=NetworkConfig)
@@ -499,6 +460,13 @@ class Scenario(_Model):
         for f in self.faults:
             if self.phases.duration_s(f.phase) <= 0:
                 raise ValueError(f"fault '{f.label}' lives in phase '{f.phase}', which lasts 0 s")
+            if f.flap is not None and (
+                    first := f.flap.shortest_s(f.flap.start)) >= self.phases.duration_s(f.phase):
+                raise ValueError(
+                    f"fault '{f.label}' flaps, but its first state ({f.flap.start}, at least "
+                    f"{first:g}s) fills its phase '{f.phase}' "
+                    f"({self.phases.duration_s(f.phase):g}s): it would never switch; shorten "
+                    f"flap.{f.flap.start} or leave flap out")
         return self
 
 

@@ -22,7 +22,7 @@ CONFIG_SHAPE = ("the target configuration is a mapping of a scenario's target.em
 def load_config_file(path: Path) -> TargetConfig:
     """A ``--config`` file, with the scenario loader's limits and ``file:line:col`` errors;
     raises ScenarioError."""
-    from streamquake.scenario.loader import load_model
+    from streamquake.located_yaml import load_model
 
     return load_model(path, TargetConfig, "target configuration", CONFIG_SHAPE)
 

@@ -5,11 +5,11 @@ from __future__ import annotations
 import typing
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 # Re-exported: the scenario schema and the load plan name protocols through this module.
 from streamquake.protocols import Protocol as Protocol
-from streamquake.units import bools_as_text, parse_duration_ms, parse_fraction
+from streamquake.units import DurationMs, Fraction, bools_as_text
 
 
 class _Frozen(BaseModel):
@@ -23,32 +23,23 @@ class _Frozen(BaseModel):
 
 class Fixed(_Frozen):
     dist: Literal["fixed"] = "fixed"
-    value_ms: float = Field(alias="value")
-
-    _v = field_validator("value_ms", mode="before")(lambda v: parse_duration_ms(v))
+    value_ms: DurationMs = Field(alias="value")
 
 
 class Normal(_Frozen):
     """Normal, truncated at zero."""
 
     dist: Literal["normal"]
-    mean_ms: float = Field(alias="mean")
-    stddev_ms: float = Field(alias="stddev")
-
-    _v = field_validator("mean_ms", "stddev_ms", mode="before")(lambda v: parse_duration_ms(v))
+    mean_ms: DurationMs = Field(alias="mean")
+    stddev_ms: DurationMs = Field(alias="stddev")
 
 
 class LogNormal(_Frozen):
     """Lognormal with the given median; ``sigma`` is the shape (std-dev of the log)."""
 
     dist: Literal["lognormal"]
-    median_ms: float = Field(alias="median")
+    median_ms: DurationMs = Field(alias="median")
     sigma: float = Field(ge=0.0, le=3.0)
-
-    _v = field_validator("median_ms", mode="before")(lambda v: parse_duration_ms(v))
-
-
-Delay = Annotated[Fixed | Normal | LogNormal, Field(discriminator="dist")]
 
 
 def _coerce_delay(v: object) -> object:
@@ -56,6 +47,10 @@ def _coerce_delay(v: object) -> object:
     if isinstance(v, str | int | float) and not isinstance(v, bool):
         return {"dist": "fixed", "value": v}
     return v
+
+
+Delay = Annotated[Fixed | Normal | LogNormal, Field(discriminator="dist"),
+                  BeforeValidator(_coerce_delay)]
 
 
 class OutputLength(_Frozen):
@@ -71,7 +66,8 @@ class TargetConfig(_Frozen):
     itl: Delay = Field(default_factory=lambda: Fixed.model_validate({"value": "20ms"}))
     output_tokens: OutputLength = Field(default_factory=OutputLength)
     capacity: int = Field(default=256, ge=1, description="streams served at once; more wait")
-    error_rate: float = Field(default=0.0, description="fraction answered 500 before streaming")
+    error_rate: Fraction = Field(default=0.0, description="fraction answered 500 before "
+                                 "streaming")
     seed: int = 0
     gpu_clock_scale: bool = Field(
         default=False,
@@ -103,6 +99,3 @@ class TargetConfig(_Frozen):
     )
     tls_cert: str | None = None
     tls_key: str | None = None
-
-    _d = field_validator("ttft", "itl", mode="before")(lambda v: _coerce_delay(v))
-    _e = field_validator("error_rate", mode="before")(lambda v: parse_fraction(v))

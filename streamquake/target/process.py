@@ -59,12 +59,9 @@ def _tail(stream: IO[bytes], lines: int) -> str:
         return ""
     try:
         stream.flush()
-        with open(stream.fileno(), "rb", closefd=False) as f:
-            f.seek(0)
-            data = f.read()
+        return "\n".join(procs.log_tail(stream.fileno(), lines))
     except OSError:
         return ""
-    return "\n".join(data.decode(errors="replace").splitlines()[-lines:])
 
 
 def _healthy(url: str, timeout_s: float) -> bool:

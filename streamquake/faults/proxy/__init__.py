@@ -7,22 +7,29 @@ each event), ``framing`` (SSE events on the wire), ``injector`` (the control API
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
-from streamquake.faults.contract import Family, FaultSpec, FaultType, InjectorFactory, Resource
+from streamquake.faults.contract import (
+    AgentAbility,
+    AllowOption,
+    Allows,
+    Family,
+    FaultSpec,
+    FaultType,
+    HoldRequest,
+    InjectorFactory,
+    Resource,
+    ScenarioView,
+)
 from streamquake.faults.proxy.spec import SSEProxyFault
 
-if TYPE_CHECKING:
-    from streamquake.scenario import Scenario
 
-
-def _injector() -> InjectorFactory:
+def _injector() -> InjectorFactory[SSEProxyFault]:
     from streamquake.faults.proxy.injector import SSEProxyInjector
 
-    return SSEProxyInjector  # type: ignore[return-value]
+    return SSEProxyInjector
 
 
-def _resources(scenario: Scenario) -> Sequence[Resource]:
+def _resources(scenario: ScenarioView) -> Sequence[Resource]:
     if not any(f.type == "sse_proxy" for f in scenario.faults):
         return ()
     from streamquake.faults.proxy.resources import FaultProxy
@@ -30,15 +37,38 @@ def _resources(scenario: Scenario) -> Sequence[Resource]:
     return (FaultProxy(insecure=not scenario.target.verify_tls),)
 
 
-def _where(spec: FaultSpec, scenario: Scenario) -> str:
+def _where(spec: SSEProxyFault, scenario: ScenarioView) -> str:
     return ("inside the SSE proxy this run starts in front of the target (a process of its "
             "own), switched on and off through its control API; nothing outside it changes")
 
 
+def _address(text: str) -> str:
+    from streamquake.faults.proxy.standing import control_url_for, proxy_address
+
+    return proxy_address(control_url_for(text))
+
+
+def _refusal(spec: FaultSpec, allows: Allows, request: HoldRequest) -> str | None:
+    proxies = allows.get("proxies")
+    if not isinstance(spec, SSEProxyFault) or request.proxy is None or proxies is None:
+        return None
+    from streamquake.faults.proxy.standing import proxy_address
+
+    address = proxy_address(request.proxy)
+    if address in proxies:
+        return None
+    return (f"this agent may not touch the SSE proxy at {address}; it may touch only "
+            f"{', '.join(sorted(proxies))} (its --allow-proxies)")
+
+
 FAMILY = Family(
     name="proxy",
-    faults=(FaultType("sse_proxy", SSEProxyFault, _injector,
-                      "drop, delay, stall, truncate, abort, reset or corrupt SSE events",
-                      _where),),
+    faults=(FaultType[SSEProxyFault]("sse_proxy", SSEProxyFault, _injector,
+                                     "drop, delay, stall, truncate, abort, reset or corrupt SSE "
+                                     "events", _where),),
     resources=_resources,
+    agent=AgentAbility(
+        options=(AllowOption("proxies", "Standing SSE proxies (HOST:PORT) sse_proxy faults may "
+                             "go into (default: any).", "SSE proxies", _address),),
+        refusal=_refusal),
 )

@@ -201,6 +201,17 @@ class StreamFaults:
                 ) or (spec.truncate_after_bytes is not None
                       and self.bytes >= spec.truncate_after_bytes)
 
+    def pass_through(self, nbytes: int, events: int) -> None:
+        """Counts what went out while no fault was active, as ``decide`` and ``count_forwarded``
+        would have, event by event."""
+        self.bytes += nbytes
+        self.events += events
+        self.first = self.first and not events
+        totals = self.totals
+        totals.events_seen += events
+        totals.events_forwarded += events
+        totals.bytes += nbytes
+
     def count_forwarded(self, faults: list[FaultStream], nbytes: int, event: bool) -> None:
         self.bytes += nbytes
         self.events += event

@@ -15,6 +15,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+import orjson
+
 from streamquake import protocols
 
 _LINE_END = re.compile(rb"\r\n|\r|\n")
@@ -32,29 +34,54 @@ class SSEFramer:
     """Cuts a byte stream into raw SSE blocks, each ending with its blank line (LF, CR, CRLF)."""
 
     def __init__(self) -> None:
-        self._buf = bytearray()
-        self._line = 0  # where the line being scanned starts in _buf
+        self._rest = bytearray()
+        self._line = 0  # where the line being scanned starts in _rest
+
+    def feed_joined(self, chunk: bytes) -> tuple[bytes, list[int]]:
+        """The complete blocks so far, as one ``bytes`` (no copy when ``chunk`` ends on a block's
+        end and nothing was left before it), and where in it each block ends."""
+        buf: bytes | bytearray = chunk
+        if self._rest:
+            self._rest += chunk
+            buf = self._rest
+        ends: list[int] = []
+        pos = self._line
+        if b"\r" in buf:
+            while (m := _LINE_END.search(buf, pos)) is not None:
+                if m.end() == len(buf) and m.end() - m.start() == 1 and buf[m.start()] == 0x0D:
+                    break  # a lone CR at the end may be the first half of a CRLF
+                if m.start() == pos:
+                    ends.append(m.end())
+                pos = m.end()
+        else:  # LF only, as every engine writes it: memchr-speed searches
+            while pos < len(buf):
+                if buf[pos] == 0x0A:  # the line starting here is blank: it ends the block
+                    pos += 1
+                else:
+                    blank = buf.find(b"\n\n", pos)
+                    if blank < 0:
+                        pos = buf.rfind(b"\n", pos) + 1 or pos  # the last line's start
+                        break
+                    pos = blank + 2
+                ends.append(pos)
+        done = ends[-1] if ends else 0
+        self._line = pos - done
+        if buf is chunk:
+            if done < len(chunk):
+                self._rest += chunk[done:]
+            return chunk[:done], ends  # the chunk itself when it ends on a block's end
+        data = bytes(buf[:done])
+        del self._rest[:done]
+        return data, ends
 
     def feed(self, chunk: bytes) -> list[bytes]:
-        buf = self._buf
-        buf += chunk
-        blocks: list[bytes] = []
-        start, pos = 0, self._line
-        while (m := _LINE_END.search(buf, pos)) is not None:
-            if m.end() == len(buf) and m.end() - m.start() == 1 and buf[m.start()] == 0x0D:
-                break  # a lone CR at the end may be the first half of a CRLF
-            if m.start() == pos:
-                blocks.append(bytes(buf[start:m.end()]))
-                start = m.end()
-            pos = m.end()
-        del buf[:start]
-        self._line = pos - start
-        return blocks
+        data, ends = self.feed_joined(chunk)
+        return [data[start:end] for start, end in zip([0, *ends], ends, strict=False)]
 
     def flush(self) -> bytes:
         """What is left at the end of the body: an event without its blank line, or nothing."""
-        rest = bytes(self._buf)
-        self._buf.clear()
+        rest = bytes(self._rest)
+        self._rest.clear()
         self._line = 0
         return rest
 
@@ -83,6 +110,19 @@ def parse_event(raw: bytes) -> SSEEvent | None:
     if not fields:
         return None
     return SSEEvent(name, b"\n".join(data) if data else None)
+
+
+def count_events(data: bytes, ends: list[int]) -> int:
+    """How many of ``feed_joined``'s blocks are events (``parse_event`` is not ``None``)."""
+    events = start = 0
+    for end in ends:
+        first = data[start]
+        if first == 0x3A:  # a comment first: another line may still be a field
+            events += parse_event(data[start:end]) is not None
+        elif first != 0x0A and first != 0x0D:  # a block that starts blank is that blank line
+            events += 1
+        start = end
+    return events
 
 
 def _scan_json(obj: Any, depth: int = 0) -> tuple[bool, bool]:
@@ -132,9 +172,12 @@ def is_content_event(ev: SSEEvent, protocol: str | None = None) -> bool:
     if not payload or payload == b"[DONE]":
         return False
     try:
-        obj = json.loads(payload)
+        obj = orjson.loads(payload)
     except ValueError:
-        return True
+        try:  # what orjson refuses and json takes (NaN, huge integers, UTF-16): as before
+            obj = json.loads(payload)
+        except ValueError:
+            return True
     if isinstance(obj, dict) and "error" in obj:
         return False
     text, finished = _scan_json(obj)

@@ -40,13 +40,11 @@ from streamquake.faults.proxy.resources import FaultProxy
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.journal import JournalEntry
 
-CONTROL_PREFIX = "/_streamquake"
 _HTTP_TIMEOUT_S = 5.0
 _PREFLIGHT_TIMEOUT_S = 2.0
 # `recover` acts only on faults whose run is gone, so their proxy is gone or dying with it: a
 # short wait is enough to tell, and `recover` must finish within seconds.
 _RECOVER_TIMEOUT_S = 1.0
-_ENVELOPE = {"type", "name", "phase"}
 
 
 # --- talking to the proxy -----------------------------------------------------------------------

@@ -36,6 +36,7 @@ from multidict import CIMultiDict
 from pydantic import ValidationError
 from yarl import URL
 
+from streamquake.errors import validation_sentences
 from streamquake.faults.proxy.decisions import (
     CONTINUE,
     END,
@@ -45,8 +46,8 @@ from streamquake.faults.proxy.decisions import (
     StreamFaults,
 )
 from streamquake.faults.proxy.framing import SSEFramer, parse_event
-from streamquake.faults.proxy.injector import CONTROL_PREFIX
 from streamquake.faults.proxy.spec import fault_from_params
+from streamquake.faults.proxy.wire import CONTROL_PREFIX
 from streamquake.procs import child_env, python_module_cmd, read_listening_line, spawn, stop
 from streamquake.units import parse_duration_s
 
@@ -373,10 +374,6 @@ async def _relay_raw(resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
 # --- control API --------------------------------------------------------------------------------
 
 
-def _problems(exc: ValidationError) -> list[str]:
-    return [f"{'.'.join(str(p) for p in e['loc']) or 'fault'}: {e['msg']}" for e in exc.errors()]
-
-
 async def put_fault(request: web.Request) -> web.Response:
     proxy = request.app[PROXY]
     name = request.match_info["name"]
@@ -391,7 +388,7 @@ async def put_fault(request: web.Request) -> web.Response:
     try:
         spec = fault_from_params(params)
     except ValidationError as exc:
-        return web.json_response({"error": f"invalid fault '{name}'", "problems": _problems(exc)},
+        return web.json_response({"error": f"invalid fault '{name}'", "problems": validation_sentences(exc)},
                                  status=400)
     seed = spec.seed if spec.seed is not None else proxy.seed
     replaced = proxy.faults.pop(name, None) is not None

@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from streamquake.faults.envelope import FaultSpec
+from streamquake.faults.envelope import ENVELOPE, FaultSpec
 from streamquake.units import (
     bools_as_text,
     parse_duration_ms,
@@ -16,9 +16,6 @@ from streamquake.units import (
     parse_fraction,
     parse_size_bytes,
 )
-
-_ENVELOPE = {"type", "name", "phase"}
-
 
 def _fraction(v: Any) -> float:
     return parse_fraction(v)
@@ -146,7 +143,7 @@ class SSEProxyFault(FaultSpec):
 
     def proxy_params(self) -> dict[str, Any]:
         """The parameters as the proxy's control API takes them (explicit units, no envelope)."""
-        params = self.model_dump(mode="json", exclude=_ENVELOPE, exclude_none=True)
+        params = self.model_dump(mode="json", exclude=set(ENVELOPE), exclude_none=True)
         if self.delay_ms is None:
             params.pop("delay_probability")  # a default that means nothing without a delay
         return params
@@ -154,5 +151,5 @@ class SSEProxyFault(FaultSpec):
 
 def fault_from_params(params: dict[str, Any]) -> SSEProxyFault:
     """Validate what a control API caller sent (``ValidationError`` if it is wrong)."""
-    body = {k: v for k, v in params.items() if k not in _ENVELOPE}
+    body = {k: v for k, v in params.items() if k not in ENVELOPE}
     return SSEProxyFault.model_validate({"type": "sse_proxy", **body})

@@ -22,12 +22,12 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from streamquake.errors import ScenarioError, StreamquakeError
-from streamquake.faults.proxy.injector import CONTROL_PREFIX
+from streamquake.faults.proxy.wire import CONTROL_PREFIX
 from streamquake.journal import owner_alive, pid_start_time, state_dir
+from streamquake.loopback import is_loopback
 from streamquake.units import parse_duration_s
 
 START_HINT = "streamquake proxy --upstream URL"
-_LOOPBACK = ("localhost", "127.0.0.1", "::1")
 
 
 def control_url_for(text: str) -> str:
@@ -141,7 +141,7 @@ def serve_standing(upstream: str, listen: str, *, seed: int = 0, insecure: bool 
               f"`streamquake inject sse_proxy drop=15% --for 2m --proxy {address}`\n"
               "stop it with Ctrl-C or SIGTERM: every fault inside it is removed first",
               flush=True)
-        if host not in _LOOPBACK:
+        if not is_loopback(host):
             print(f"WARNING: the control API takes faults from anyone who can reach {address}"
                   " (it has no token): keep that port off shared networks", file=sys.stderr,
                   flush=True)

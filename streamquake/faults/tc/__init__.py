@@ -7,32 +7,38 @@ fault), ``netns`` (the target's own namespace), ``profiles`` (named network path
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
-from streamquake.errors import PreflightError
-from streamquake.faults.contract import Family, FaultType, InjectorFactory, Recoverer, Resource
-from streamquake.faults.envelope import FaultSpec
-from streamquake.faults.tc.spec import NetemFault, TbfFault, network_profile_fault
+from streamquake.faults.contract import (
+    AgentAbility,
+    AllowOption,
+    Allows,
+    Family,
+    FaultSpec,
+    FaultType,
+    HoldRequest,
+    InjectorFactory,
+    PreflightError,
+    Recoverer,
+    Resource,
+    ScenarioView,
+)
+from streamquake.faults.tc.spec import NetemFault, TbfFault, TcPlacement, network_profile_fault
 
-if TYPE_CHECKING:
-    from streamquake.scenario import Scenario
 
-
-def _netem() -> InjectorFactory:
+def _netem() -> InjectorFactory[NetemFault]:
     from streamquake.faults.tc.netem import NetemInjector
 
-    return NetemInjector  # type: ignore[return-value]
+    return NetemInjector
 
 
-def _tbf() -> InjectorFactory:
+def _tbf() -> InjectorFactory[TbfFault]:
     from streamquake.faults.tc.tbf import TbfInjector
 
-    return TbfInjector  # type: ignore[return-value]
+    return TbfInjector
 
 
-def _where(spec: FaultSpec, scenario: Scenario) -> str:
-    assert isinstance(spec, NetemFault | TbfFault)
+def _where(spec: NetemFault | TbfFault, scenario: ScenarioView) -> str:
     net = scenario.network
     scope, direction = spec.scope or net.scope, spec.direction or net.direction
     iface = spec.interface or net.interface
@@ -48,8 +54,7 @@ def _where(spec: FaultSpec, scenario: Scenario) -> str:
             "handles")
 
 
-def _needs_target(spec: FaultSpec) -> str | None:
-    assert isinstance(spec, NetemFault | TbfFault)
+def _needs_target(spec: NetemFault | TbfFault) -> str | None:
     if spec.scope == "interface" and spec.interface is not None:
         return None
     return (f"{spec.type} shapes the packets to one target: give --target HOST:PORT (e.g. "
@@ -57,7 +62,7 @@ def _needs_target(spec: FaultSpec) -> str | None:
             "packet on an interface")
 
 
-def _resources(scenario: Scenario) -> Sequence[Resource]:
+def _resources(scenario: ScenarioView) -> Sequence[Resource]:
     if scenario.network.mode != "namespace":
         return ()
     if scenario.target.embedded is None:
@@ -70,7 +75,7 @@ def _resources(scenario: Scenario) -> Sequence[Resource]:
     return (TargetNamespace(),)
 
 
-def _implied(scenario: Scenario) -> Sequence[FaultSpec]:
+def _implied(scenario: ScenarioView) -> Sequence[FaultSpec]:
     """A network profile (``network.profile``) shapes the path for the whole run."""
     profile = network_profile_fault(scenario.network)
     return () if profile is None else (profile,)
@@ -82,16 +87,47 @@ def _namespace_recoverer() -> Recoverer:
     return NamespaceTopology.recover
 
 
+def _refusal(spec: FaultSpec, allows: Allows, request: HoldRequest) -> str | None:
+    if not isinstance(spec, TcPlacement):
+        return None
+    network = request.network
+    if network is not None and network.mode == "namespace":
+        return ("network mode 'namespace' belongs to a local run's embedded target; an "
+                "agent shapes its own host's interfaces: use mode 'host'")
+    interfaces = allows.get("interfaces")
+    if interfaces is None:
+        return None
+    allowed = ", ".join(sorted(interfaces))
+    ifname = spec.interface or (network.interface if network is not None else None)
+    if ifname is None:
+        return (f"this agent may shape only {allowed}: name the interface (`interface:` on "
+                "the fault, or `network.interface`)")
+    if ifname not in interfaces:
+        return f"this agent may not shape {ifname}; it may shape only {allowed}"
+    return None
+
+
+def _capabilities() -> Mapping[str, bool]:
+    from streamquake.faults.tc.netns import has_cap_net_admin
+
+    return {"cap_net_admin": has_cap_net_admin()}
+
+
 FAMILY = Family(
     name="tc",
     faults=(
-        FaultType("netem", NetemFault, _netem,
-                  "delay, jitter, loss, duplication, corruption, reordering, rate (needs netem)",
-                  _where, _needs_target),
-        FaultType("tbf", TbfFault, _tbf, "a token-bucket bandwidth limit", _where,
-                  _needs_target),
+        FaultType[NetemFault](
+            "netem", NetemFault, _netem,
+            "delay, jitter, loss, duplication, corruption, reordering, rate (needs netem)",
+            _where, _needs_target),
+        FaultType[TbfFault]("tbf", TbfFault, _tbf, "a token-bucket bandwidth limit", _where,
+                            _needs_target),
     ),
     resources=_resources,
     implied=_implied,
     recoverers={"netns": _namespace_recoverer},
+    agent=AgentAbility(
+        options=(AllowOption("interfaces", "Network interfaces tc faults may shape (default: "
+                             "any).", "interfaces"),),
+        refusal=_refusal, capabilities=_capabilities),
 )

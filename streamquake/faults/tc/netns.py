@@ -29,7 +29,7 @@ from pyroute2.netlink.exceptions import NetlinkError
 
 from streamquake.deadline import run_with_deadline
 from streamquake.errors import InjectorError, RevertError
-from streamquake.faults.tc.spec import NetworkConfig
+from streamquake.faults.contract import NetworkView
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
 from streamquake.killpoints import killpoint
@@ -144,7 +144,7 @@ class NamespaceTopology:
         self.destroy_ms: float | None = None
 
     @classmethod
-    def for_run(cls, network: NetworkConfig, journal: Journal | None = None) -> NamespaceTopology:
+    def for_run(cls, network: NetworkView, journal: Journal | None = None) -> NamespaceTopology:
         """The topology a run with ``network`` needs (enter it to create it)."""
         if network.mode != "namespace":
             raise ValueError("a namespace topology is only for network mode 'namespace'")

@@ -15,7 +15,7 @@ from streamquake.errors import InjectorError
 from streamquake.faults.contract import RunContext
 from streamquake.faults.tc.netlink import MATCH_ALL, link_index
 from streamquake.faults.tc.netns import iproute
-from streamquake.faults.tc.spec import NetworkConfig, TcPlacement
+from streamquake.faults.tc.spec import TcPlacement
 
 _ETH_P_IP, _ETH_P_IPV6 = 0x0800, 0x86DD
 _RTN_LOCAL = 2
@@ -42,11 +42,10 @@ class Hop:
 
 
 def resolve_placement(spec: TcPlacement, ctx: RunContext) -> Placement:
-    net = ctx.network
-    if net is None:
-        net = NetworkConfig(mode="namespace" if ctx.target_netns else "host")
-    return Placement(interface=spec.interface or net.interface, scope=spec.scope or net.scope,
-                     direction=spec.direction or net.direction)
+    net = ctx.network       # None: the section's defaults (no interface, target, egress)
+    return Placement(interface=spec.interface or (net.interface if net else None),
+                     scope=spec.scope or (net.scope if net else "target"),
+                     direction=spec.direction or (net.direction if net else "egress"))
 
 
 def resolve_addresses(host: str) -> list[Address]:

@@ -74,11 +74,44 @@ def _remove_ingress(ipr: IPRoute, index: int, st: HopState, removed: list[str]) 
               INGRESS_HANDLE)
 
 
+def _leaf_place(ipr: IPRoute, st: HopState) -> tuple[str, int, int] | None:
+    """(device, its index, parent) where a leaf-only hop's top leaf hangs; None if gone."""
+    dev = st.ifb if st.via_ifb else st.ifname
+    found = ipr.link_lookup(ifname=dev) if dev else []
+    if not found or not st.leaf_majors:
+        return None
+    parent = TC_H_ROOT if st.via_ifb else ROOT_HANDLE | (st.class_minor or 0)
+    return dev or "", int(found[0]), parent
+
+
+def remove_leaf(ipr: IPRoute, st: HopState, removed: list[str]) -> None:
+    """Delete a leaf-only hop's top leaf (those under it go with it). The kernel checks the
+    handle at that parent (EINVAL when another leaf is there now), so nothing else goes."""
+    place = _leaf_place(ipr, st)
+    if place is not None:
+        dev, index, parent = place
+        handle = st.leaf_majors[0] << 16
+        _step(removed, f"qdisc {fmt_handle(handle)} on {dev}", ipr.tc, "del", None, index,
+              handle, parent=parent)
+
+
+def leaf_leftovers(ipr: IPRoute, st: HopState) -> list[str]:
+    place = _leaf_place(ipr, st)
+    if place is None:
+        return []
+    dev, index, _ = place
+    return [f"qdisc {fmt_handle(q['handle'])} on {dev}" for q in qdiscs(ipr, index)
+            if q["handle"] >> 16 in st.leaf_majors]
+
+
 def _remove_hop(st: HopState) -> list[str]:
     removed: list[str] = []
     if st.netns and not netns_exists(st.netns):
         return removed  # the namespace is gone, and everything in it
     with iproute(st.netns) as ipr:
+        if st.leaf_only:
+            remove_leaf(ipr, st, removed)
+            return removed
         found = ipr.link_lookup(ifname=st.ifname)
         if found and st.via_ifb:
             _remove_ingress(ipr, found[0], st, removed)
@@ -95,6 +128,8 @@ def leftovers(st: HopState) -> list[str]:
     if st.netns and not netns_exists(st.netns):
         return []
     with iproute(st.netns) as ipr:
+        if st.leaf_only:
+            return leaf_leftovers(ipr, st)
         left = [f"ifb {st.ifb}"] if st.ifb and ipr.link_lookup(ifname=st.ifb) else []
         found = ipr.link_lookup(ifname=st.ifname)
         if not found:

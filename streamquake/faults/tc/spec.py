@@ -1,59 +1,18 @@
-"""The tc family's scenario models: the ``network:`` section, netem and tbf faults. Light on
-purpose (pydantic and the standard library only): ``streamquake validate`` imports it."""
+"""The tc family's scenario models: netem and tbf faults (the ``network:`` section they default
+to is the scenario's, read through ``NetworkView``). Light on purpose (pydantic and the standard
+library only): ``streamquake validate`` imports it."""
 
 from __future__ import annotations
 
 import math
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, Field, field_validator, model_validator
 
+from streamquake.faults.contract import NetworkView
 from streamquake.faults.envelope import FaultSpec
 from streamquake.faults.tc.profiles import get_profile
-from streamquake.units import (
-    bools_as_text,
-    parse_duration_ms,
-    parse_fraction,
-    parse_rate_bytes_per_s,
-    parse_size_bytes,
-)
-
-
-class NetworkConfig(BaseModel):
-    """The scenario's ``network:`` section: where the target lives and where tc faults land."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, data: Any) -> Any:
-        return bools_as_text(cls, data)
-
-    mode: Literal["host", "namespace"] = "host"
-    # host mode: the interface to shape; default: the one the kernel routes the target through.
-    interface: str | None = None
-    # target: only packets to/from the target's address and port; interface: everything on it.
-    scope: Literal["target", "interface"] = "target"
-    # egress: packets toward the target; both: also the target's answers.
-    direction: Literal["egress", "both"] = "egress"
-    # a path profile (netprofiles.py) applied on the target path for the whole run.
-    profile: str | None = None
-
-    @field_validator("profile")
-    @classmethod
-    def _known_profile(cls, v: str | None) -> str | None:
-        if v is not None:
-            get_profile(v)
-        return v
-
-    @model_validator(mode="after")
-    def _interface_in_host_mode(self) -> NetworkConfig:
-        if self.mode == "namespace" and self.interface is not None:
-            raise ValueError(
-                "network.interface applies to mode: host; in mode: namespace the faults land on "
-                "the target's own veth pair, so remove `interface`"
-            )
-        return self
+from streamquake.units import DurationMs, Fraction, Rate, Size
 
 
 class TcPlacement(BaseModel):
@@ -83,37 +42,29 @@ class NetemFault(FaultSpec, TcPlacement):
     type: Literal["netem"] = "netem"
     profile: str | None = Field(None, description="a named network path whose settings are "
                                 "the defaults here (README: network profiles)")
-    delay_ms: float = Field(0.0, alias="delay", ge=0, le=3_600_000,
-                            description="added to every packet")
-    jitter_ms: float = Field(0.0, alias="jitter", ge=0, le=3_600_000,
-                             description="the delay varies by up to this much")
-    correlation: float = Field(0.0, description="how much each delay follows the last one")
+    delay_ms: DurationMs = Field(0.0, alias="delay", ge=0, le=3_600_000,
+                                 description="added to every packet")
+    jitter_ms: DurationMs = Field(0.0, alias="jitter", ge=0, le=3_600_000,
+                                  description="the delay varies by up to this much")
+    correlation: Fraction = Field(0.0, description="how much each delay follows the last one")
     distribution: Distribution | None = Field(None, description="the jitter's shape "
                                               "(default: uniform)")
-    loss: float = Field(0.0, description="packets dropped")
-    loss_correlation: float = Field(0.0, description="how much each loss follows the last")
-    duplicate: float = Field(0.0, description="packets sent twice")
-    duplicate_correlation: float = Field(0.0, description="how much each duplicate follows "
-                                         "the last")
-    corrupt: float = Field(0.0, description="packets with a flipped bit")
-    corrupt_correlation: float = Field(0.0, description="how much each corruption follows "
-                                       "the last")
-    reorder: float = Field(0.0, description="packets sent at once while the rest wait `delay`")
-    reorder_correlation: float = Field(0.0, description="how much each reordering follows "
-                                       "the last")
+    loss: Fraction = Field(0.0, description="packets dropped")
+    loss_correlation: Fraction = Field(0.0, description="how much each loss follows the last")
+    duplicate: Fraction = Field(0.0, description="packets sent twice")
+    duplicate_correlation: Fraction = Field(0.0, description="how much each duplicate follows "
+                                            "the last")
+    corrupt: Fraction = Field(0.0, description="packets with a flipped bit")
+    corrupt_correlation: Fraction = Field(0.0, description="how much each corruption follows "
+                                          "the last")
+    reorder: Fraction = Field(0.0, description="packets sent at once while the rest wait "
+                              "`delay`")
+    reorder_correlation: Fraction = Field(0.0, description="how much each reordering follows "
+                                          "the last")
     gap: int = Field(0, ge=0, description="reorder every Nth packet instead")
-    rate_bytes_per_s: float | None = Field(None, alias="rate", gt=0,
-                                           description="a bandwidth cap")
+    rate_bytes_per_s: Rate | None = Field(None, alias="rate", gt=0,
+                                          description="a bandwidth cap")
     limit: int = Field(1000, ge=1, description="packets netem may hold at once")
-
-    _durations = field_validator("delay_ms", "jitter_ms", mode="before")(
-        lambda v: parse_duration_ms(v))
-    _fractions = field_validator(
-        "correlation", "loss", "loss_correlation", "duplicate", "duplicate_correlation",
-        "corrupt", "corrupt_correlation", "reorder", "reorder_correlation", mode="before",
-    )(lambda v: parse_fraction(v))
-    _rate = field_validator("rate_bytes_per_s", mode="before")(
-        lambda v: None if v is None else parse_rate_bytes_per_s(v))
 
     @field_validator("distribution", mode="before")
     @classmethod
@@ -173,10 +124,8 @@ class NetemFault(FaultSpec, TcPlacement):
         })
 
 
-def network_profile_fault(network: NetworkConfig | dict[str, Any] | None) -> NetemFault | None:
+def network_profile_fault(network: NetworkView | None) -> NetemFault | None:
     """The whole-run netem fault for ``network.profile`` (None when no profile is set)."""
-    if isinstance(network, dict):
-        network = NetworkConfig.model_validate(network)
     if network is None or network.profile is None:
         return None
     return NetemFault.model_validate(
@@ -189,16 +138,11 @@ _FULL_PACKET = 1514
 
 class TbfFault(FaultSpec, TcPlacement):
     type: Literal["tbf"] = "tbf"
-    rate_bytes_per_s: float = Field(alias="rate", gt=0, description="the bandwidth limit")
-    burst_bytes: int | None = Field(None, alias="burst", description="how much may go out at "
-                                    "line speed after an idle spell (default: 10 ms of rate)")
-    latency_ms: float = Field(50.0, alias="latency", gt=0, description="how long a packet may "
-                              "wait for tokens (the queue holds rate * latency + burst)")
-
-    _rate = field_validator("rate_bytes_per_s", mode="before")(lambda v: parse_rate_bytes_per_s(v))
-    _burst = field_validator("burst_bytes", mode="before")(
-        lambda v: None if v is None else parse_size_bytes(v))
-    _latency = field_validator("latency_ms", mode="before")(lambda v: parse_duration_ms(v))
+    rate_bytes_per_s: Rate = Field(alias="rate", gt=0, description="the bandwidth limit")
+    burst_bytes: Size | None = Field(None, alias="burst", description="how much may go out at "
+                                     "line speed after an idle spell (default: 10 ms of rate)")
+    latency_ms: DurationMs = Field(50.0, alias="latency", gt=0, description="how long a packet "
+                                   "may wait for tokens (the queue holds rate * latency + burst)")
 
     @model_validator(mode="after")
     def _sane(self) -> TbfFault:

@@ -24,7 +24,9 @@ class HopState:
     A hop is first kept bare, then, before anything changes, with what was planned: on an htb
     hop our shaped class (``class_minor`` under 5351:), the leaf qdiscs' majors and the u32
     filter prefs; on an ifb hop (``via_ifb``) the ifb device, the leaf majors (on the ifb), the
-    ingress filter prefs and whether the ingress qdisc is ours to remove.
+    ingress filter prefs and whether the ingress qdisc is ours to remove. ``leaf_only``: the
+    class, filters and ifb belong to the run's scaffold (``scaffold``); this fault holds only its
+    leaf qdiscs under that class (or at the ifb's root), and removing it removes only those.
     """
 
     netns: str | None
@@ -37,6 +39,7 @@ class HopState:
     ifb: str | None = None
     ingress_owned: bool = False
     ingress_prefs: tuple[int, ...] = ()
+    leaf_only: bool = False
 
     @classmethod
     def bare(cls, hop: Hop) -> HopState:
@@ -53,6 +56,8 @@ class HopState:
         elif not self.via_ifb and self.class_minor is not None:
             out.update({"class_minor": self.class_minor, "leaf_majors": list(self.leaf_majors),
                         "prefs": list(self.prefs)})
+        if self.leaf_only:
+            out["leaf_only"] = True
         return out
 
     @classmethod
@@ -75,6 +80,7 @@ class HopState:
             ifb=_opt_str(raw, "ifb"),
             ingress_owned=_bool(raw, "ingress_owned"),
             ingress_prefs=_ints(raw, "ingress_prefs"),
+            leaf_only=_bool(raw, "leaf_only"),
         )
 
 

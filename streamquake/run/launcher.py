@@ -23,15 +23,13 @@ from typing import IO, TYPE_CHECKING
 from streamquake import procs
 from streamquake.errors import StreamquakeError
 from streamquake.jsontypes import JsonDict
-from streamquake.loadgen.plan import LoadPlan
+from streamquake.loadgen.plan import LOCUSTFILE, PLAN_ENV, LoadPlan
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.loadgen.scorecard import Scorecard, WindowLike, read_scorecards
 
 if TYPE_CHECKING:
     from streamquake.scenario import Scenario
 
-PLAN_ENV = "STREAMQUAKE_LOAD_PLAN"
-LOCUSTFILE = Path(__file__).with_name("locustfile.py")
 _WORKERS_MAX_WAIT_S = 30
 _WAIT_GRACE_S = 30.0
 _RUN_TIME_BACKSTOP_S = 15.0

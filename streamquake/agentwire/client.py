@@ -1,7 +1,7 @@
 """A blocking client for the agent's API (the runner is threads, not asyncio; so is the CLI).
 
 Every call has a connect timeout and a read timeout. Apply, renew and revert send the owner key
-(``owner_key``; default: this user's, ``streamquake.agent.owner``). Errors are
+(``owner_key``; default: this user's, ``streamquake.agentwire.owner``). Errors are
 ``InjectorError`` sentences that name the agent: ``AgentUnreachable`` (nothing answered:
 refused, no route, timed out, TLS failed), ``AgentRefused`` (it answered with an error status;
 ``.status``, ``.problem``).
@@ -20,7 +20,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, JsonValue, ValidationError
 
-from streamquake.agent.api import (
+from streamquake.agentwire.api import (
     OWNER_KEY_HEADER,
     AgentInfo,
     ApplyRequest,
@@ -34,7 +34,8 @@ from streamquake.agent.api import (
     WatchedRun,
     WatchRun,
 )
-from streamquake.agent.owner import user_owner_key
+from streamquake.agentwire.owner import user_owner_key
+from streamquake.agentwire.ref import AgentRef
 from streamquake.errors import InjectorError
 
 M = TypeVar("M", bound=BaseModel)
@@ -220,3 +221,17 @@ def _quote(key: str) -> str:
 
 def _force(force: bool) -> str:
     return "?force=true" if force else ""
+
+
+def _tls(ca: str | None, cert: str | None, key: str | None) -> TlsFiles:
+    return TlsFiles(ca_cert=Path(ca) if ca else None, client_cert=Path(cert) if cert else None,
+                    client_key=Path(key) if key else None)
+
+
+def agent_client(ref: AgentRef, connect_timeout_s: float = CONNECT_TIMEOUT_S,
+                 read_timeout_s: float = READ_TIMEOUT_S) -> AgentClient:
+    """A client for a scenario's agent; it sends this user's owner key (``agentwire.owner``), so a
+    killed run's ``recover`` still owns what the run applied."""
+    return AgentClient(ref.url, os.environ.get(ref.token_env) or None,
+                       tls=_tls(ref.ca_cert, ref.client_cert, ref.client_key), label=ref.name,
+                       connect_timeout_s=connect_timeout_s, read_timeout_s=read_timeout_s)

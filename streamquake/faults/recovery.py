@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime
 
-from streamquake.faults import catalog
+from streamquake.faults import agent_lease, catalog
 from streamquake.faults.contract import Recoverer
 from streamquake.journal import Journal, JournalRecord
 
@@ -16,13 +16,17 @@ CHECK_BY_HAND = "tc qdisc show, ip netns list, nvidia-smi -q -d CLOCK"
 
 
 def _recoverer(entry_type: str) -> Recoverer:
-    """What undoes an entry of ``entry_type`` from its state alone (the fault catalog knows)."""
+    """What undoes an entry of ``entry_type`` from its state alone: the fault catalog knows,
+    except for faults held by an agent (any type may be)."""
+    if entry_type == agent_lease.JOURNAL_TYPE:
+        return agent_lease.recover_lease
     return catalog.recoverer(entry_type)
 
 
 def _resource_last(rec: JournalRecord) -> bool:
     # Faults first, then what they were applied in (a namespace and its links).
-    return rec.type in catalog.resource_journal_types()
+    return (rec.type == agent_lease.JOURNAL_TYPE
+            or rec.type in catalog.resource_journal_types())
 
 
 def _skipped(rec: JournalRecord) -> str:

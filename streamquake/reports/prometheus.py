@@ -38,13 +38,13 @@ from prometheus_client import (
     write_to_textfile,
 )
 
-from streamquake import __version__
 from streamquake.errors import PreflightError
-from streamquake.events import Events, FaultApplied, FaultReverted, PhaseStarted
 from streamquake.loadgen.metrics import UNATTRIBUTED
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
 from streamquake.loadgen.scorecard import Window, attribute, ended_at
 from streamquake.loadgen.tail import SampleTail
+from streamquake.run.events import Events, FaultApplied, FaultReverted, PhaseStarted
+from streamquake.version import __version__
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
                    1.5, 2.0, 3.0, 5.0, 10.0, 20.0, 30.0, 60.0)

@@ -7,12 +7,12 @@ import re
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from streamquake.envref import is_env_name
 from streamquake.units import parse_duration_s
 
 DEFAULT_TOKEN_ENV = "STREAMQUAKE_AGENT_TOKEN"
 DEFAULT_LEASE_S = 15.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class AgentRef(BaseModel):
@@ -58,6 +58,6 @@ class AgentRef(BaseModel):
     @field_validator("token_env")
     @classmethod
     def _env(cls, v: str) -> str:
-        if not _ENV_NAME.match(v):
+        if not is_env_name(v):
             raise ValueError(f"{v!r} is not an environment variable name")
         return v

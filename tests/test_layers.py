@@ -1,0 +1,55 @@
+"""The import contract (pyproject's [tool.importlinter]: one-way layers, no circles) holds, and it
+has teeth: one upward import or one circle planted in a copy of the package breaks it."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LINT = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(LINT), str(root / "pyproject.toml"), "--no-cache"],
+                          cwd=root, env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(root)},
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_the_package_keeps_its_import_contract() -> None:
+    done = _lint(ROOT)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    assert "2 kept, 0 broken" in done.stdout
+
+
+@pytest.fixture
+def copy(tmp_path: Path) -> Path:
+    shutil.copytree(ROOT / "streamquake", tmp_path / "streamquake",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp_path / "pyproject.toml")
+    return tmp_path
+
+
+def _plant(path: Path, line: str) -> None:
+    path.write_text(path.read_text() + f"\n\ndef _planted() -> None:\n    {line}\n")
+
+
+def test_an_import_up_the_layers_breaks_the_contract(copy: Path) -> None:
+    # A low module reaching up into the run, inside a function (imports there count too).
+    _plant(copy / "streamquake" / "units.py", "import streamquake.run.runner  # noqa")
+    done = _lint(copy)
+    assert done.returncode != 0
+    assert "streamquake.units is not allowed to import streamquake.run" in done.stdout
+
+
+def test_a_circle_inside_a_package_breaks_the_contract(copy: Path) -> None:
+    # Two reporters importing each other: no layer rule between them, only the circle rule.
+    _plant(copy / "streamquake" / "reports" / "junit.py", "import streamquake.reports.markdown")
+    _plant(copy / "streamquake" / "reports" / "markdown.py", "import streamquake.reports.junit")
+    done = _lint(copy)
+    assert done.returncode != 0
+    assert "No cycles are allowed in streamquake.reports" in done.stdout
