@@ -18,7 +18,8 @@ Every 0.5 s the Locust process's RSS (`/proc/PID/status` VmRSS) and its open des
 of N, and the open streams are the descriptors above the fewest it ever held. **events/s**:
 content events the target sent in the window (its send log). **arrival err**: joined per event
 to the send log (`truth.join`): when `streamquake run` dated the event minus when the target
-sent it. **CPU %** of the load process and the target over the window (100 = one core).
+sent it. **CPU %** of the load process and the target over the window (100 = one core), and their
+**run-queue wait %** (`schedstat`: runnable but waiting for a core: other work on it).
 **saturated**: the run's own saturation guard for the baseline (`client_saturated`), with its
 client CPU max and hub lag p99.
 """
@@ -40,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from procstat import cpu_s  # noqa: E402
+from procstat import cpu_s, run_delay_s  # noqa: E402
 from truth import cmdline, descendants, join, pin, read_jsonl, streamquake_cmd  # noqa: E402
 
 TTFT_MS = 100.0
@@ -79,13 +80,14 @@ def status_kb(pid: int, field: str) -> int:
 
 class Sampler(threading.Thread):
     """Finds the target and the Locust process under ``root``; pins the target to
-    TARGET_CORE; samples (time, RSS KB, open fds, CPU s) of each every SAMPLE_S."""
+    TARGET_CORE; samples (time, RSS KB, open fds, CPU s, run-queue wait s) of each every
+    SAMPLE_S."""
 
     def __init__(self, root: int) -> None:
         super().__init__(daemon=True)
         self.root = root
         self.pids: dict[str, int] = {}
-        self.series: dict[str, list[tuple[float, int, int, float]]] = {}
+        self.series: dict[str, list[tuple[float, int, int, float, float]]] = {}
         self.halt = threading.Event()
 
     def run(self) -> None:
@@ -104,19 +106,20 @@ class Sampler(threading.Thread):
                 with contextlib.suppress(OSError, ValueError, IndexError):
                     fds = len(os.listdir(f"/proc/{pid}/fd"))
                     self.series.setdefault(role, []).append(
-                        (now, status_kb(pid, "VmRSS"), fds, cpu_s(pid)))
+                        (now, status_kb(pid, "VmRSS"), fds, cpu_s(pid), run_delay_s(pid)))
             self.halt.wait(0.1 if len(self.pids) < 2 else SAMPLE_S)
 
     def stop(self) -> None:
         self.halt.set()
         self.join(timeout=5)
 
-    def cpu(self, role: str, a: float, b: float) -> float | None:
+    def share(self, role: str, a: float, b: float, col: int = 3) -> float | None:
+        """CPU (col 3) or run-queue wait (4) over [a, b], in % of one core."""
         s = [x for x in self.series.get(role, []) if a <= x[0] <= b]
-        return (s[-1][3] - s[0][3]) / (s[-1][0] - s[0][0]) * 100 if len(s) > 1 else None
+        return (s[-1][col] - s[0][col]) / (s[-1][0] - s[0][0]) * 100 if len(s) > 1 else None
 
 
-def memory(series: list[tuple[float, int, int, float]], n: int, a: float,
+def memory(series: list[tuple[float, int, int, float, float]], n: int, a: float,
            b: float) -> dict[str, Any]:
     """RSS at ~0 streams and in the window, open streams, KB per stream."""
     fewest = min(x[2] for x in series)
@@ -168,7 +171,9 @@ def run_one(work: Path, n: int, itl_ms: float, tokens: int, seconds: float) -> d
     a, b = base["start"], base["end"]
     stats = base.get("stats") or {}
     client = stats.get("client") or {}
-    row.update({"requests": stats.get("requests"), "errors": stats.get("errors"),
+    errors = stats.get("errors") or {}
+    row.update({"requests": stats.get("requests"), "errors": sum(errors.values()),
+                "error_kinds": {k: v for k, v in errors.items() if v},
                 "saturated": stats.get("client_saturated"),
                 "client_cpu_max": client.get("cpu_pct_max"),
                 "hub_lag_p99_ms": client.get("hub_lag_p99_ms")})
@@ -177,8 +182,9 @@ def run_one(work: Path, n: int, itl_ms: float, tokens: int, seconds: float) -> d
     row.update({k: joined[k] for k in ("events_per_s", "arrival_ms", "joined", "samples")})
     row.update(memory(sampler.series.get("load", []), n, a, b))
     row["target"] = memory(sampler.series.get("target", []), n, a, b)
-    row["load_cpu"] = sampler.cpu("load", a, b)
-    row["target_cpu"] = sampler.cpu("target", a, b)
+    for role in ("load", "target"):
+        row[f"{role}_cpu"] = sampler.share(role, a, b)
+        row[f"{role}_wait"] = sampler.share(role, a, b, 4)
     return row
 
 
@@ -189,8 +195,9 @@ def _f(v: Any, fmt: str = ",.0f") -> str:
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| streams | open streams | load RSS at ~0 / in window MB | KB/stream | target "
              "KB/stream | events/s | arrival err p50/p99/max ms | load CPU % | target CPU % | "
+             "run-queue wait % load/target | "
              "saturated (client CPU max %, hub lag p99 ms) | requests / errors | load avg |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
     for r in rows:
         if "failed" in r:
             lines.append(f"| {r['streams']:,} | failed: {r['failed'][:200]} |")
@@ -203,6 +210,7 @@ def table(rows: list[dict[str, Any]]) -> str:
             f"{_f(r['target'].get('kb_per_stream'), '.1f')} | {_f(r.get('events_per_s'))} | "
             f"{_f(arr.get('p50'), '.2f')}/{_f(arr.get('p99'), '.1f')}/{_f(arr.get('max'), '.0f')}"
             f" | {_f(r.get('load_cpu'))} | {_f(r.get('target_cpu'))} | "
+            f"{_f(r.get('load_wait'))}/{_f(r.get('target_wait'))} | "
             f"{'yes' if r.get('saturated') else 'no'} ({_f(r.get('client_cpu_max'))}, "
             f"{_f(r.get('hub_lag_p99_ms'), '.1f')}) | {_f(r.get('requests'))} / "
             f"{_f(r.get('errors'))} | {r['loadavg_start']:.1f}-{r['loadavg_end']:.1f} |")

@@ -1,18 +1,22 @@
 """What the SSE fault proxy costs: events/s and added latency per event, proxy vs direct.
 
     .venv/bin/python benchmarks/proxy_overhead.py [--streams 8] [--events 2000] [--gap-ms 5]
+        [--paced-events 300] [--proxy-cpu 0]
 
 One upstream process (this file, ``--serve-upstream``) streams events that carry the wall-clock
 time they were written; the client (this process) reads the same streams directly, through the
 proxy with no fault, and through the proxy with a fault that inspects every event but never
 fires (so the per-event fault path is paid in full). Two measurements, each in the same run:
 
-* throughput: ``--streams`` concurrent streams of ``--events`` events written back to back;
-* latency: the same streams paced ``--gap-ms`` apart, read on all three paths *at once*, the
-  upstream writing event i of every stream at the same scheduled instant. "Added latency" is the
-  paired difference per event (arrival through the proxy minus arrival of the same event
-  direct), and its p50/p99 are percentiles of those differences: not the difference of two
-  percentiles, which can even be smaller at p99 than at p50 and says nothing about one event.
+* throughput: ``--streams`` concurrent streams of ``--events`` events written back to back,
+  with the CPU each process used meanwhile (the proxies alone on ``--proxy-cpu``, as with
+  ``taskset``, the upstream and this client on the other CPUs);
+* latency: the same streams paced ``--gap-ms`` apart, read on all three paths *at once*; stream
+  k's event i is due at the same instant on every path (the streams spread evenly over one gap,
+  as independent users are). "Added latency" is the paired difference per event: (arrival
+  minus write) through the proxy minus (arrival minus write) of the same event direct, and its
+  p50/p99 are percentiles of those differences: not the difference of two percentiles, which
+  can even be smaller at p99 than at p50 and says nothing about one event.
 
 Everything shares the machine's cores, so read the ratios rather than the absolute figures.
 """
@@ -22,10 +26,15 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import resource
 import statistics
+import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -34,10 +43,13 @@ sys.path.insert(0, str(ROOT))
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web  # noqa: E402
 
 from streamquake import procs  # noqa: E402
-from streamquake.faults.proxy.server import start_proxy  # noqa: E402
+from streamquake.faults.proxy.server import ProxyProcess  # noqa: E402
 
-# A content event the proxy must parse as JSON to decide on (like a real token chunk).
-_EVENT = b'id: %d\ndata: {"t":%d,"choices":[{"delta":{"content":"tok "},"finish_reason":null}]}\n\n'
+# A content event the proxy must parse as JSON to decide on (like a real token chunk): when it
+# was due and when it was written (ns since the epoch).
+_EVENT = (b'id: %d\ndata: {"t":%d,"w":%d,"choices":[{"delta":{"content":"tok "},'
+          b'"finish_reason":null}]}\n\n')
+INSPECT: dict[str, object] = {"truncate_after_events": 10**9, "drop": 0.0}
 
 
 # --- the upstream -------------------------------------------------------------------------------
@@ -54,7 +66,8 @@ def serve_upstream() -> None:
             due = t0 + round(i * gap * 1e9)
             if gap:
                 await asyncio.sleep(max(0.0, (due - time.time_ns()) / 1e9))
-            await resp.write(_EVENT % (i, due if t0 else time.time_ns()))
+            now = time.time_ns()
+            await resp.write(_EVENT % (i, due if t0 else now, now))
         await resp.write(b"data: [DONE]\n\n")
         await resp.write_eof()
         return resp
@@ -64,7 +77,7 @@ def serve_upstream() -> None:
         app.router.add_get("/stream", handle)
         runner = web.AppRunner(app, access_log=None)
         await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
+        site = web.TCPSite(runner, "127.0.0.1", 0, backlog=4096)
         await site.start()
         print(f"LISTENING http://127.0.0.1:{runner.addresses[0][1]}", flush=True)
         await asyncio.Event().wait()
@@ -75,7 +88,7 @@ def serve_upstream() -> None:
 # --- the client ---------------------------------------------------------------------------------
 
 
-Arrivals = dict[tuple[int, int], tuple[int, int]]   # (stream, event id) -> (scheduled, arrived)
+Arrivals = dict[tuple[int, int], tuple[int, int]]   # (stream, event id) -> (written, arrived)
 
 
 async def read_stream(session: ClientSession, url: str, stream: int,
@@ -92,31 +105,61 @@ async def read_stream(session: ClientSession, url: str, stream: int,
                 for raw in done:
                     if raw.startswith(b"id:"):
                         event_id = int(raw.split(b"\n", 1)[0][3:])
-                        due = json.loads(raw.split(b"data: ", 1)[1])["t"]
-                        arrivals[(stream, event_id)] = (due, now)
+                        written = int(raw.split(b'"w":', 1)[1].split(b",", 1)[0])
+                        arrivals[(stream, event_id)] = (written, now)
     return events
+
+
+def session() -> ClientSession:
+    return ClientSession(connector=TCPConnector(limit=0), timeout=ClientTimeout(total=600))
 
 
 async def run_streams(base: str, streams: int, events: int) -> tuple[int, float]:
     url = f"{base}/stream?n={events}&gap_ms=0"
-    async with ClientSession(connector=TCPConnector(limit=0),
-                             timeout=ClientTimeout(total=120)) as session:
+    async with session() as s:
         start = time.perf_counter()
-        counts = await asyncio.gather(*(read_stream(session, url, k, None)
-                                        for k in range(streams)))
+        counts = await asyncio.gather(*(read_stream(s, url, k, None) for k in range(streams)))
         return sum(counts), time.perf_counter() - start
 
 
 async def run_paced(bases: dict[str, str], streams: int, events: int, gap_ms: float,
                     arrivals: dict[str, Arrivals]) -> None:
-    """Every path's streams at once, each event due at the same instant on every path."""
-    t0 = time.time_ns() + 500_000_000
-    async with ClientSession(connector=TCPConnector(limit=0),
-                             timeout=ClientTimeout(total=120)) as session:
+    """Every path's streams at once, each event due at the same instant on every path; the
+    streams' schedules spread evenly over one gap."""
+    t0 = time.time_ns() + 500_000_000 + streams * 1_000_000   # time to connect them all
+    async with session() as s:
         await asyncio.gather(*(
-            read_stream(session, f"{base}/stream?n={events}&gap_ms={gap_ms}&t0_ns={t0}", k,
-                        arrivals[name])
+            read_stream(s, f"{base}/stream?n={events}&gap_ms={gap_ms}"
+                           f"&t0_ns={t0 + round(k / streams * gap_ms * 1e6)}", k, arrivals[name])
             for name, base in bases.items() for k in range(streams)))
+
+
+def cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def own_cpu_s() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@contextmanager
+def proxy_process(upstream: str, cpu: int | None) -> Iterator[ProxyProcess]:
+    """A proxy as the runner starts one (``start_proxy``'s command), pinned to ``cpu``."""
+    cmd = procs.python_module_cmd("streamquake.faults.proxy.server", "--upstream", upstream)
+    proc = procs.spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                       env=procs.child_env())
+    if cpu is not None:
+        os.sched_setaffinity(proc.pid, {cpu})
+    try:
+        url = procs.read_listening_line(proc, 15, "the SSE proxy")
+    except BaseException:
+        ProxyProcess(proc, "").stop()
+        raise
+    with ProxyProcess(proc, url) as proxy:
+        yield proxy
 
 
 def control(url: str, method: str, body: dict[str, object] | None = None) -> None:
@@ -136,66 +179,83 @@ def main() -> None:
     p.add_argument("--paced-events", type=int, default=300, help="events per stream (latency)")
     p.add_argument("--gap-ms", type=float, default=5.0)
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--proxy-cpu", type=int, default=None,
+                   help="pin the proxies to this CPU, the upstream and this client to the rest")
     p.add_argument("--serve-upstream", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
+    # Every stream is a socket in each process: raise the soft limit (children inherit it).
+    _, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     if args.serve_upstream:
         serve_upstream()
         return
-
-    import subprocess
+    fds = 5 * args.streams + 64   # the upstream's: 3 paths' streams at once, 2 via the proxies
+    if fds > hard:
+        sys.exit(f"--streams {args.streams} needs about {fds} file descriptors; limit {hard}")
+    if args.proxy_cpu is not None:
+        others = os.sched_getaffinity(0) - {args.proxy_cpu}
+        if args.proxy_cpu not in os.sched_getaffinity(0) or not others:
+            sys.exit(f"--proxy-cpu {args.proxy_cpu}: give one of several CPUs this process has")
+        os.sched_setaffinity(0, others)   # the upstream inherits it
 
     up = procs.spawn([sys.executable, __file__, "--serve-upstream"], stdout=subprocess.PIPE)
     try:
         upstream = procs.read_listening_line(up, 15, "the benchmark upstream")
-        with start_proxy(upstream) as proxy:
-            fault_url = proxy.control_url + "/faults/inspect-only"
-
-            def with_fault(on: bool) -> None:
-                if on:
-                    control(fault_url, "PUT", {"truncate_after_events": 10**9, "drop": 0.0})
-                else:
-                    control(fault_url, "DELETE")
-
-            paths = {"direct": (upstream, False), "proxy": (proxy.url, False),
-                     "proxy+fault": (proxy.url, True)}
+        with proxy_process(upstream, args.proxy_cpu) as proxy, \
+                proxy_process(upstream, args.proxy_cpu) as faulty:
+            # The fault path has a proxy process of its own, so that the inspecting fault does
+            # not apply to the plain proxy path's streams when all are read at once.
+            control(faulty.control_url + "/faults/inspect-only", "PUT", INSPECT)
+            paths = {"direct": (upstream, 0), "proxy": (proxy.url, proxy.proc.pid),
+                     "proxy+fault": (faulty.url, faulty.proc.pid)}
             rate: dict[str, float] = {}
+            cpu: dict[str, tuple[float, ...]] = {}
             for _ in range(args.rounds):
-                for name, (base, fault) in paths.items():
-                    with_fault(fault)
+                for name, (base, pid) in paths.items():
+                    before = (cpu_s(pid) if pid else 0.0, cpu_s(up.pid), own_cpu_s())
                     n, secs = asyncio.run(run_streams(base, args.streams, args.events))
-                    rate[name] = max(rate.get(name, 0.0), n / secs)
-                    with_fault(False)
-            # Latency: all paths at once; the fault path gets its own proxy process, so that the
-            # inspecting fault does not apply to the plain proxy path's streams.
-            with start_proxy(upstream) as faulty:
-                control(faulty.control_url + "/faults/inspect-only", "PUT",
-                        {"truncate_after_events": 10**9, "drop": 0.0})
-                bases = {"direct": upstream, "proxy": proxy.url, "proxy+fault": faulty.url}
-                arrivals: dict[str, Arrivals] = {k: {} for k in bases}
-                for _ in range(args.rounds):
-                    asyncio.run(run_paced(bases, args.streams, args.paced_events, args.gap_ms,
-                                          arrivals))
+                    after = (cpu_s(pid) if pid else 0.0, cpu_s(up.pid), own_cpu_s())
+                    if n / secs > rate.get(name, 0.0):
+                        rate[name] = n / secs
+                        cpu[name] = tuple((a - b) / secs for a, b in zip(after, before,
+                                                                           strict=True))
+            bases = {name: base for name, (base, _) in paths.items()}
+            arrivals: dict[str, Arrivals] = {k: {} for k in bases}
+            for _ in range(args.rounds):
+                asyncio.run(run_paced(bases, args.streams, args.paced_events, args.gap_ms,
+                                      arrivals))
     finally:
         procs.stop(up)
         if up.stdout is not None:
             up.stdout.close()
 
     print(f"{args.streams} concurrent streams; throughput: {args.events} events/stream back to "
-          f"back; latency: {args.paced_events} events/stream every {args.gap_ms:g} ms")
-    print(f"{'path':<12} {'events/s':>10} {'vs direct':>9} {'p50 ms':>8} {'p99 ms':>8} "
+          f"back; latency: {args.paced_events} events/stream every {args.gap_ms:g} ms; load "
+          f"average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+          + (f"; proxies on CPU {args.proxy_cpu}" if args.proxy_cpu is not None else ""))
+    # A proxy's events per CPU second is what it relays on one core of its own, whoever else
+    # shares the machine: the figure to hold against the direct events/s.
+    print(f"{'path':<12} {'events/s':>9} {'vs direct':>9} {'CPU proxy':>9} {'per core':>9} "
+          f"{'vs direct':>9} {'upstream':>8} {'client':>6} {'p50 ms':>7} {'p99 ms':>7} "
           f"{'added p50':>9} {'added p99':>9} {'pairs':>7}")
     direct = arrivals["direct"]
     for name in paths:
         got = arrivals[name]
-        lat = [(arrived - due) / 1e6 for due, arrived in got.values()]
-        added = [(got[k][1] - direct[k][1]) / 1e6 for k in got.keys() & direct.keys()]
+        lat = [(arrived - written) / 1e6 for written, arrived in got.values()]
+        added = [((got[k][1] - got[k][0]) - (direct[k][1] - direct[k][0])) / 1e6
+                 for k in got.keys() & direct.keys()]
         a50, a99 = ((pct(added, 50), pct(added, 99)) if name != "direct" else (0.0, 0.0))
-        print(f"{name:<12} {rate[name]:>10.0f} {rate[name] / rate['direct']:>9.2f} "
-              f"{pct(lat, 50):>8.2f} {pct(lat, 99):>8.2f} {a50:>9.2f} {a99:>9.2f} "
-              f"{len(added):>7}")
-    print(f"mean added latency through the proxy "
-          f"{statistics.mean((arrivals['proxy'][k][1] - direct[k][1]) / 1e6 for k in direct):.2f}"
-          " ms (paired per event)")
+        proxy_cpu, up_cpu, client_cpu = cpu[name]
+        per_core = rate[name] / proxy_cpu if name != "direct" and proxy_cpu else rate[name]
+        shown = f"{proxy_cpu:.0%}" if name != "direct" else "-"
+        print(f"{name:<12} {rate[name]:>9.0f} {rate[name] / rate['direct']:>9.2f} {shown:>9} "
+              f"{per_core:>9.0f} {per_core / rate['direct']:>9.2f} {up_cpu:>8.0%} "
+              f"{client_cpu:>6.0%} {pct(lat, 50):>7.2f} {pct(lat, 99):>7.2f} {a50:>9.2f} "
+              f"{a99:>9.2f} {len(added):>7}")
+    proxied = arrivals["proxy"]
+    mean = statistics.mean(((proxied[k][1] - proxied[k][0]) - (direct[k][1] - direct[k][0])) / 1e6
+                           for k in direct.keys() & proxied.keys())
+    print(f"mean added latency through the proxy {mean:.2f} ms (paired per event)")
 
 
 if __name__ == "__main__":

@@ -543,6 +543,37 @@ def machine_state() -> str:
             f"{load[1]:.2f} {load[2]:.2f} at the start")
 
 
+class FastTarget:
+    """``fast_target.py`` running pinned to the target's core (``url``, ``pid``)."""
+
+    def __init__(self, per_write: int) -> None:
+        cmd = ["taskset", "-c", TARGET_CORE, sys.executable, str(ROOT / "benchmarks" /
+               "fast_target.py"), "--ttft-ms", f"{TTFT_MS:g}", "--itl-ms", f"{ITL_MS:g}",
+               "--tokens", str(TOKENS), "--per-write", str(per_write)]
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stdin=subprocess.DEVNULL,
+                                     text=True)
+        assert self.proc.stdout is not None
+        timer = threading.Timer(30, self.proc.kill)     # a target that never says its URL
+        timer.start()
+        self.url = self.proc.stdout.readline().strip()
+        timer.cancel()
+        self.pid = self.proc.pid
+        if not self.url.startswith("http://"):
+            self.proc.kill()
+            raise RuntimeError(f"fast_target.py did not start (exit code {self.proc.wait()})")
+
+    def __enter__(self) -> FastTarget:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
 def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     from streamquake.target.config import TargetConfig
     from streamquake.target.process import start_target
@@ -557,12 +588,14 @@ def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
     })
     print(f"# streams sweep {datetime.date.today()}: {machine_state()}; target on core "
           f"{TARGET_CORE}, clients on core {LOAD_CORE}; TTFT {TTFT_MS:g} ms, ITL {ITL_MS:g} ms, "
-          f"{TOKENS} tokens, closed loop, {args.seconds:g} s window after {warm_s:.1f} s warm-up",
-          flush=True)
+          f"{TOKENS} tokens, closed loop, {args.seconds:g} s window after {warm_s:.1f} s warm-up; "
+          f"target {args.target}" + (f", {args.per_write} events per write"
+                                     if args.target == "fast" else ""), flush=True)
     rows: list[dict[str, Any]] = []
     workdir = Path(tempfile.mkdtemp(prefix="sq-sweep-"))
     try:
-        with start_target(cfg, cmd_prefix=["taskset", "-c", TARGET_CORE]) as target:
+        with (start_target(cfg, cmd_prefix=["taskset", "-c", TARGET_CORE]) if args.target ==
+              "embedded" else FastTarget(args.per_write)) as target:
             for n in streams:
                 for client in clients:
                     if client == "guidellm":
@@ -590,6 +623,11 @@ def main() -> None:
     p.add_argument("--clients", default=",".join(CLIENTS))
     p.add_argument("--guidellm-venv", type=Path, default=GUIDELLM_VENV)
     p.add_argument("--json", type=Path, help="also write every row here")
+    p.add_argument("--target", choices=["embedded", "fast"], default="embedded",
+                   help="the embedded target, or fast_target.py (pre-encoded events, bare "
+                   "asyncio: never the bottleneck)")
+    p.add_argument("--per-write", type=int, default=1,
+                   help="--target fast: events per write (they share its stamp)")
     p.add_argument("--client", choices=["streamquake", "aiohttp"], help=argparse.SUPPRESS)
     p.add_argument("--url", help=argparse.SUPPRESS)
     p.add_argument("--n", type=int, help=argparse.SUPPRESS)

@@ -12,9 +12,11 @@ STREAMQUAKE_STATE_DIR. The target is reached as a remote host from the client na
 Per cycle, what the runner pays at a phase edge: apply = ``journal.add`` + ``injector.apply``
 (journal saves with fsync, htb root and classes, the leaf qdisc, u32 filters, the kernel
 read-back and its check); revert = ``injector.revert`` (removal, then a check that nothing is
-left) + ``entry.done()``. Baseline, in the same rounds: a bare pyroute2 ``tc add``/``tc del``
-of one tbf root qdisc on the same veth, through an already open netlink socket (the floor any
-tool pays). Cases and baseline take turns in every round so that CPU contention hits them alike.
+left) + ``entry.done()``. Each fault twice: on the run's scaffold (built once, as a run does
+when it starts: only the leaf changes) and building its own tree (as ``inject`` and an agent
+do). Baseline, in the same rounds: a bare pyroute2 ``tc add``/``tc del`` of one tbf root qdisc
+on the client namespace's ``lo`` (the veth holds the scaffold), through an already open netlink
+socket (the floor any tool pays). Cases and baseline take turns in every round so that CPU contention hits them alike.
 """
 
 from __future__ import annotations
@@ -42,12 +44,14 @@ sys.path.insert(0, str(ROOT))
 from pyroute2 import netns as pr_netns  # noqa: E402
 from pyroute2.netlink.rtnl import TC_H_ROOT  # noqa: E402
 
-from streamquake.faults.contract import RunContext  # noqa: E402
+from streamquake.faults.contract import RunContext, Wiring  # noqa: E402
 from streamquake.faults.tc.netem import NetemFault, NetemInjector  # noqa: E402
-from streamquake.faults.tc.netns import NamespaceTopology, NetworkConfig, iproute  # noqa: E402
+from streamquake.faults.tc.netns import NamespaceTopology, iproute  # noqa: E402
 from streamquake.faults.tc.probe import kernel_features  # noqa: E402
+from streamquake.faults.tc.resources import TcScaffold  # noqa: E402
 from streamquake.faults.tc.tbf import TbfFault, TbfInjector  # noqa: E402
 from streamquake.journal import Journal  # noqa: E402
+from streamquake.scenario.network import NetworkConfig  # noqa: E402
 
 UML_COMMAND = "scripts/uml-run -- .venv/bin/python benchmarks/tc_apply_revert.py"
 TARGET_PORT = 8080  # nothing listens: the filters match on it, no packet is needed
@@ -70,6 +74,7 @@ class Case:
     name: str
     make: Callable[[], Any]  # a fresh injector
     via_ifb: list[bool]  # the hops apply must have planned; else this is not the case named
+    leaf_only: bool  # on the run's scaffold (only the leaf changes), or its own tree
 
 
 def median(xs: list[float]) -> float:
@@ -134,40 +139,63 @@ def baseline_cycle(ipr: Any, index: int, spec: TbfFault, out: Timings) -> None:
 # --- the run --------------------------------------------------------------------------------
 
 
-def cases_for(ctx: RunContext, netem: bool) -> list[Case]:
-    def make(cls: Any, model: Any, fields: dict[str, str], direction: str) -> Callable[[], Any]:
+def cases_for(run_ctx: RunContext, bare_ctx: RunContext, netem: bool) -> list[Case]:
+    """Each fault on the run's scaffold (``run_ctx``), then building its own tree as `inject`
+    and an agent do (``bare_ctx``, no scaffold)."""
+    def make(cls: Any, model: Any, fields: dict[str, str], direction: str,
+             ctx: RunContext) -> Callable[[], Any]:
         spec = model.model_validate({**fields, "direction": direction})
         return lambda: cls(spec, ctx)
 
-    egress, both = [False], [False, True]
-    cases = [Case("tbf egress", make(TbfInjector, TbfFault, TBF, "egress"), egress),
-             Case("tbf both (ifb)", make(TbfInjector, TbfFault, TBF, "both"), both)]
+    kinds = [("tbf", TbfInjector, TbfFault, TBF)]
     if netem:
-        cases += [Case("netem egress", make(NetemInjector, NetemFault, NETEM, "egress"), egress),
-                  Case("netem both (ifb)", make(NetemInjector, NetemFault, NETEM, "both"), both)]
+        kinds.append(("netem", NetemInjector, NetemFault, NETEM))
+    cases = []
+    for ctx, own in ((run_ctx, ""), (bare_ctx, ", own tree")):
+        for name, cls, model, fields in kinds:
+            cases += [Case(f"{name} egress{own}", make(cls, model, fields, "egress", ctx),
+                           [False], not own),
+                      Case(f"{name} both (ifb){own}", make(cls, model, fields, "both", ctx),
+                           [False, True], not own)]
     return cases
 
 
+def scaffold_for(ctx: RunContext) -> TcScaffold:
+    """What a run whose tc faults shape egress and both directions builds when it starts."""
+    scaffold = TcScaffold([TbfFault.model_validate({**TBF, "direction": d})
+                           for d in ("egress", "both")])
+    scaffold.start(ctx, Wiring(target_netns=ctx.target_netns))
+    if scaffold.scaffold is None:
+        raise RuntimeError(f"the scaffold was not built: {scaffold.problem}")
+    ctx.resources.append(scaffold)
+    return scaffold
+
+
 def run(cycles: int, budget_s: float, state_dir: Path, have: frozenset[str], made: list[str]
-        ) -> tuple[Timings, dict[str, Timings], int, float]:
+        ) -> tuple[Timings, dict[str, Timings], int, float, float]:
     """``made`` collects the namespaces created, so the caller can check they are gone."""
     journal = Journal(state_dir / "journal.json")
     with client_namespace() as client_ns, \
             NamespaceTopology(host_netns=client_ns, journal=journal) as topo:
         made += [client_ns, topo.netns]
-        ctx = RunContext(topo.target_addr, TARGET_PORT, state_dir,
-                         client_netns=client_ns, network=NetworkConfig(mode="host"))
-        cases = cases_for(ctx, "netem" in have)
+        def ctx() -> RunContext:
+            return RunContext(topo.target_addr, TARGET_PORT, state_dir, client_netns=client_ns,
+                              network=NetworkConfig(mode="host"), journal=journal)
+
+        run_ctx = ctx()
+        scaffold = scaffold_for(run_ctx)
+        cases = cases_for(run_ctx, ctx(), "netem" in have)
         base_spec = TbfFault.model_validate(TBF)
         base = Timings()
         ours = {c.name: Timings() for c in cases}
         with iproute(client_ns) as ipr:
-            veth = ipr.link_lookup(ifname=topo.host_ifname)[0]
+            veth = ipr.link_lookup(ifname="lo")[0]   # the veth holds the run's scaffold
             # One untimed round: first-use costs (module autoload, imports) are not the figure.
             baseline_cycle(ipr, veth, base_spec, Timings())
             for c in cases:
                 hops = ours_cycle(c, journal, Timings())["hops"]
-                if [bool(h.get("via_ifb")) for h in hops] != c.via_ifb:
+                if ([bool(h.get("via_ifb")) for h in hops] != c.via_ifb
+                        or any(bool(h.get("leaf_only")) != c.leaf_only for h in hops)):
                     raise RuntimeError(f"{c.name}: apply shaped {hops}, not the hops this case "
                                        "is meant to measure")
             started = time.perf_counter()
@@ -178,33 +206,37 @@ def run(cycles: int, budget_s: float, state_dir: Path, have: frozenset[str], mad
                     ours_cycle(c, journal, ours[c.name])
                 done += 1
             elapsed = time.perf_counter() - started
+        scaffold.stop()
         left = journal.entries()
         if [e for e in left if e["type"] != "netns"]:
             raise RuntimeError(f"faults left in the benchmark's journal: {left}")
-    return base, ours, done, elapsed
+    assert scaffold.scaffold is not None
+    return base, ours, done, elapsed, scaffold.scaffold.build_ms or 0.0
 
 
 def report(base: Timings, ours: dict[str, Timings], done: int, elapsed: float,
-           have: frozenset[str]) -> None:
+           have: frozenset[str], build_ms: float) -> None:
     uml = " (User-Mode Linux)" if os.environ.get("STREAMQUAKE_UML") else ""
     print(f"kernel {platform.release()}{uml}; {done} cycles per row in {elapsed:.1f} s, "
-          f"cases and baseline interleaved")
+          f"cases and baseline interleaved; load average {os.getloadavg()[0]:.2f} "
+          f"on {os.cpu_count()} CPUs")
+    print(f"the run's scaffold (htb, classes, filters, ifb; built once): {build_ms:.1f} ms")
     print("apply = journal.add + injector.apply (read-back and check included); "
           "revert = injector.revert (leftover check included) + entry.done")
-    print("baseline = bare pyroute2 tc add / tc del of one tbf root qdisc on the same veth, "
-          "open socket")
-    hdr = (f"{'case':<18} {'apply p50':>9} {'p90':>7} {'x base':>6} {'x p90':>6} "
+    print("baseline = bare pyroute2 tc add / tc del of one tbf root qdisc on the client "
+          "namespace's lo, open socket")
+    hdr = (f"{'case':<28} {'apply p50':>9} {'p90':>7} {'x base':>6} {'x p90':>6} "
            f"{'revert p50':>10} {'p90':>7} {'x base':>6} {'x p90':>6}")
     print(hdr)
     print("-" * len(hdr))
     ba50, ba90, br50, br90 = (median(base.apply_ms), p90(base.apply_ms),
                               median(base.revert_ms), p90(base.revert_ms))
-    print(f"{'baseline tbf root':<18} {ba50:>9.2f} {ba90:>7.2f} {'1.0':>6} {'1.0':>6} "
+    print(f"{'baseline tbf root':<28} {ba50:>9.2f} {ba90:>7.2f} {'1.0':>6} {'1.0':>6} "
           f"{br50:>10.2f} {br90:>7.2f} {'1.0':>6} {'1.0':>6}")
     for name, t in ours.items():
         a50, a90, r50, r90 = (median(t.apply_ms), p90(t.apply_ms),
                               median(t.revert_ms), p90(t.revert_ms))
-        print(f"{name:<18} {a50:>9.2f} {a90:>7.2f} {a50 / ba50:>6.1f} {a90 / ba90:>6.1f} "
+        print(f"{name:<28} {a50:>9.2f} {a90:>7.2f} {a50 / ba50:>6.1f} {a90 / ba90:>6.1f} "
               f"{r50:>10.2f} {r90:>7.2f} {r50 / br50:>6.1f} {r90 / br90:>6.1f}")
     print("(ms; x base = ours / baseline at the same percentile)")
     print(f"\nwhere apply's time goes, median ms: {'journal.add':>11} {'install':>8} "
@@ -239,13 +271,14 @@ def main() -> int:
     made: list[str] = []
     try:
         have = kernel_features()
-        base, ours, done, elapsed = run(args.cycles, args.budget_s, state_dir, have, made)
+        base, ours, done, elapsed, build_ms = run(args.cycles, args.budget_s, state_dir, have,
+                                                  made)
     finally:
         stale = [n for n in made if n in pr_netns.listnetns()]
         shutil.rmtree(state_dir, ignore_errors=True)
         if stale:
             print(f"tc_apply_revert: namespaces left behind: {stale}", file=sys.stderr)
-    report(base, ours, done, elapsed, have)
+    report(base, ours, done, elapsed, have, build_ms)
     return 0
 
 

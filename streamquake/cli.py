@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import io
 import sys
 from collections.abc import Callable
@@ -249,7 +251,7 @@ def _duration_option(name: str, text: str) -> float:
 
 
 def _dry_run(scenario_file: Path, text: bytes, overrides: list[str]) -> None:
-    from streamquake.run.plan import dry_run_plan
+    from streamquake.run.dry_run import dry_run_plan
     from streamquake.scenario import parse_scenario
 
     try:
@@ -319,7 +321,7 @@ def compare(
     from streamquake.reports.compare import markdown as compare_markdown
     from streamquake.reports.compare import to_json
     from streamquake.reports.compare_terminal import print_comparison
-    from streamquake.reports.loaded import load_run
+    from streamquake.reports.saved_run import load_run
 
     try:
         tol = _share(tolerance, "--tolerance")
@@ -493,22 +495,32 @@ def validate(
         _fail(exc)
         return
     warnings = scenario_warnings(scenario)
+
+    def when(label: str) -> str:
+        steps = [s.name for s in scenario.timeline if label in s.faults]
+        return ", ".join(steps) if scenario.steps is not None else steps[0]
+
     if as_json:
+        phases = scenario.phases
         _print_json({
             "ok": True, "file": str(scenario_file), "problems": [], "warnings": warnings,
             "scenario": {
-                "name": scenario.name, "duration_s": scenario.phases.total_s,
+                "name": scenario.name, "duration_s": scenario.total_s,
                 "protocol": scenario.target.protocol, "users": scenario.load.users,
-                "phases": {p: scenario.phases.duration_s(p) for p in PHASE_ORDER},
-                "faults": [{"name": f.label, "type": f.type, "phase": f.phase,
+                "phases": ({p: phases.duration_s(p) for p in PHASE_ORDER}
+                           if phases is not None else None),
+                "steps": [{"name": s.name, "kind": s.kind, "duration_s": s.duration_s,
+                           "faults": list(s.faults)} for s in scenario.timeline],
+                "faults": [{"name": f.label, "type": f.type, "phase": when(f.label),
                             "at": f.at or "local"} for f in scenario.faults],
                 "slos": len(scenario.slos),
             },
         })
         return
-    faults = ", ".join(f"{f.label} ({f.type}, {f.phase})" for f in scenario.faults) or "none"
+    faults = ", ".join(f"{f.label} ({f.type}, {when(f.label)})"
+                       for f in scenario.faults) or "none"
     console.print(f"{scenario_file}: OK: scenario '{scenario.name}', "
-                  f"{scenario.phases.total_s:g} s, faults: {faults}",
+                  f"{scenario.total_s:g} s, faults: {faults}",
                   highlight=False, soft_wrap=True)
     for w in warnings:
         err_console.print(f"warning: {w}", markup=False, highlight=False, soft_wrap=True)
@@ -701,10 +713,50 @@ def revert_cmd(
         _fail(exc)
 
 
-@app.command("agent", epilog="Exit codes: 0 stopped cleanly (every fault reverted); 1 a fault "
+class _AgentCommand(_Command):
+    """``agent`` takes each fault family's allowlist option (``--allow-gpus``...) as the
+    families declare them (faults/contract.py ``AgentAbility``); their values travel to the
+    command in ``ctx.meta["allow"]`` by option name."""
+
+    def get_params(self, ctx: Context) -> list[Parameter]:
+        params = super().get_params(ctx)
+        at = len(params) - 1 if params and params[-1].name == "help" else len(params)
+        return [*params[:at], *_family_allow_params(), *params[at:]]
+
+    def invoke(self, ctx: Context) -> Any:
+        ctx.meta["allow"] = {p.name.removeprefix("allow_"): ctx.params.pop(p.name)
+                             for p in _family_allow_params() if p.name in ctx.params}
+        return super().invoke(ctx)
+
+
+@functools.cache
+def _family_allow_params() -> list[Parameter]:
+    """The families' ``--allow-<name>`` options, built by typer as if declared on ``agent``."""
+    from streamquake.faults.catalog import allow_options
+
+    try:
+        declared = allow_options()
+    except StreamquakeError:
+        return []        # `agent` then fails on the catalog with the sentence that says why
+    kind = list[str] | None
+
+    def options(**values: list[str] | None) -> None: ...
+
+    options.__signature__ = inspect.Signature([  # type: ignore[attr-defined]
+        inspect.Parameter(f"allow_{o.name}", inspect.Parameter.KEYWORD_ONLY, annotation=kind,
+                          default=typer.Option(None, f"--allow-{o.name}", help=o.help))
+        for o in declared])
+    options.__annotations__ = {f"allow_{o.name}": kind for o in declared}
+    holder = typer.Typer(add_completion=False)
+    holder.command()(options)
+    return typer.main.get_command(holder).params
+
+
+@app.command("agent", cls=_AgentCommand, epilog="Exit codes: 0 stopped cleanly (every fault reverted); 1 a fault "
              "could not be reverted at stop (it stays in the journal for the next start); 2 a "
              "wrong option; 3 cannot start (port in use, state directory taken).")
 def agent_cmd(
+    ctx: typer.Context,
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to listen on (port 0: any "
                                         "free port). Beyond loopback it needs a token.")
                       ] = "127.0.0.1:7355",
@@ -714,12 +766,6 @@ def agent_cmd(
     allow_types: Annotated[list[str] | None, typer.Option(
         "--allow-types", help="Fault types it may apply (repeat, or comma-separate; default: "
         "all).")] = None,
-    allow_interfaces: Annotated[list[str] | None, typer.Option(
-        "--allow-interfaces", help="Network interfaces tc faults may shape (default: any).")
-    ] = None,
-    allow_gpus: Annotated[list[str] | None, typer.Option(
-        "--allow-gpus", help="GPUs gpu_clocks may touch, by index or UUID (default: any).")
-    ] = None,
     tls_cert: Annotated[Path | None, typer.Option("--tls-cert", help="Serve HTTPS with this "
                                                   "certificate (PEM).")] = None,
     tls_key: Annotated[Path | None, typer.Option("--tls-key", help="Its private key (PEM).")
@@ -741,18 +787,16 @@ def agent_cmd(
     insecure_http: Annotated[bool, typer.Option(
         "--insecure-http", help="Take the token over plain HTTP beyond loopback (clear text on "
         "the network; an isolated lab only). Without it, that needs --tls-cert.")] = False,
-    allow_proxies: Annotated[list[str] | None, typer.Option(
-        "--allow-proxies", help="Standing SSE proxies (HOST:PORT) sse_proxy faults may go "
-        "into (default: any).")] = None,
 ) -> None:
     """Hold faults under leases for controllers (`inject --at`, scenarios with `at: NAME`):
-    each fault is reverted when its lease is not renewed in time."""
+    each fault is reverted when its lease is not renewed in time; each fault family adds its
+    own `--allow-<what>` options."""
     from streamquake.agent.commands import serve_agent
 
     try:
-        code = serve_agent(listen, token_env, allow_types, allow_interfaces, allow_gpus,
+        code = serve_agent(listen, token_env, allow_types, ctx.meta.get("allow", {}),
                            tls_cert, tls_key, tls_client_ca, state_dir, discovery_file,
-                           exit_when_idle, watch_runs, insecure_http, allow_proxies)
+                           exit_when_idle, watch_runs, insecure_http)
     except StreamquakeError as exc:
         _fail(exc)
         return

@@ -3,9 +3,10 @@
 the pydantic models, so neither can drift from what ``validate`` accepts.
 
 Many fields are numbers in the model that a scenario writes as text (``delay: 100ms``,
-``loss: 1%``, ``rate: 8mbit``): a before-validator converts them. Which converter a field uses
-is read from the validator itself, so the listing can say "duration" and the schema can accept
-the string form an editor would otherwise flag.
+``loss: 1%``, ``rate: 8mbit``): their types (``DurationMs``, ``Fraction``, ``Rate``... in
+``units.py``) convert them. Which quantity a field takes is read from the ``Unit`` its type
+carries, so the listing can say "duration" and the schema can accept the string form an editor
+would otherwise flag.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import json
 import types
 import typing
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,16 +24,17 @@ from pydantic.fields import FieldInfo
 from streamquake.faults.catalog import families
 from streamquake.faults.envelope import ENVELOPE, FaultSpec
 from streamquake.jsontypes import JsonDict, JsonValue
-from streamquake.units import format_ms, format_percent, format_rate, format_size
+from streamquake.units import (
+    QuantityKind,
+    format_ms,
+    format_percent,
+    format_rate,
+    format_size,
+    unit_of,
+)
 
-Quantity = Literal["duration", "percentage", "rate", "size"]
-_CONVERTERS: dict[str, Quantity] = {
-    "parse_duration_ms": "duration", "parse_duration_s": "duration", "_dur_s": "duration",
-    "parse_fraction": "percentage", "parse_rate_bytes_per_s": "rate",
-    "parse_size_bytes": "size",
-}
 # How each quantity is written; `streamquake faults` says it once, above the tables.
-QUANTITIES: dict[Quantity, str] = {
+QUANTITIES: dict[QuantityKind, str] = {
     "duration": "a duration: 100ms, 1.5s, 1m30s, 2h (a bare number: the field's unit)",
     "percentage": "a percentage or a fraction: 15% or 0.15",
     "rate": "a rate: 8mbit (bits/s), 1mbps or 1MB/s (bytes/s)",
@@ -40,29 +42,12 @@ QUANTITIES: dict[Quantity, str] = {
 }
 
 
-def _names_in(fn: Callable[..., object], depth: int = 1) -> set[str]:
-    fn = getattr(fn, "__func__", fn)
-    code = getattr(fn, "__code__", None)
-    if code is None:
-        return set()
-    names = set(code.co_names)
-    if depth > 0:
-        glob = getattr(fn, "__globals__", {})
-        for n in list(names):
-            target = glob.get(n)
-            if isinstance(target, types.FunctionType):
-                names |= _names_in(target, depth - 1)
-    return names
-
-
 def quantity(model: type[BaseModel], field: str) -> str | None:
-    """The text form(s) a field accepts through its before-validator ("duration", "percentage
-    or duration"...), if any."""
-    kinds: set[Quantity] = set()
-    for dec in model.__pydantic_decorators__.field_validators.values():
-        if dec.info.mode == "before" and field in dec.info.fields:
-            kinds |= {_CONVERTERS[n] for n in _names_in(dec.func) if n in _CONVERTERS}
-    return " or ".join(k for k in QUANTITIES if k in kinds) or None
+    """The text form(s) a field's type accepts ("duration", "percentage or duration"...), if
+    any."""
+    info = model.model_fields[field]
+    unit = unit_of(info.annotation, info.metadata)
+    return None if unit is None else " or ".join(k for k in QUANTITIES if k in unit.kinds)
 
 
 def _explain(kind: str) -> str:
@@ -211,12 +196,23 @@ def _models(root: type[BaseModel]) -> Iterator[type[BaseModel]]:
             todo.extend(typing.get_args(item))
 
 
+# Pydantic writes a bound that it checks after a before-validator (``rate: Rate | None =
+# Field(gt=0)``) under its Python name; JSON Schema's names, in pydantic's sorted order.
+_BOUNDS = {"gt": "exclusiveMinimum", "ge": "minimum", "lt": "exclusiveMaximum", "le": "maximum"}
+
+
+def _json_bounds(variant: JsonValue) -> JsonValue:
+    if not isinstance(variant, dict) or not _BOUNDS.keys() & variant.keys():
+        return variant
+    return dict(sorted((_BOUNDS.get(k, k), v) for k, v in variant.items()))
+
+
 def _accept_text(prop: JsonDict, kind: str) -> JsonDict:
     text: JsonDict = {"type": "string", "description": _explain(kind)}
     keep = {k: v for k, v in prop.items() if k in ("title", "default", "description")}
     rest = {k: v for k, v in prop.items() if k not in keep}
     options = rest.get("anyOf")
-    variants: list[JsonValue] = list(options) if isinstance(options, list) else [rest]
+    variants = [_json_bounds(v) for v in (options if isinstance(options, list) else [rest])]
     if not any(isinstance(v, dict) and v.get("type") == "string" for v in variants):
         variants.append(text)
     return {**keep, "anyOf": variants}

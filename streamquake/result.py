@@ -36,6 +36,8 @@ class Check:
                                    #   the limit's side: how many independent ones would
     measurable: bool = True        # False: the metric cannot be measured here (``detail`` says
                                    #   why); it gates as the scenario's verdicts.unmeasurable
+    judges: str | None = None      # a recovery check: the fault step it judges (steps: each
+                                   #   fault step against its baseline before, recovery after)
 
 
 @dataclass
@@ -72,12 +74,30 @@ class FaultRecord:
 
 @dataclass
 class PhaseResult:
+    """One step of the timeline (a phase of ``phases:`` is the step named as its kind)."""
+
     name: str
     start: float
     end: float
     stats: JsonDict
     classes: dict[str, JsonDict] = field(default_factory=dict)
     status: str = "complete"       # "complete" | "partial" (the run stopped in it) | "not run"
+                                   #   | "skipped" (a fault step after an abort: no fault, no
+                                   #   verdict)
+    kind: str = ""                 # warmup | baseline | fault | recovery
+    faults: list[str] = field(default_factory=list)   # the faults the scenario runs in it
+    load: JsonDict | None = None   # its own load (steps' ``load``), as the scenario gave it
+
+
+@dataclass
+class JudgedFault:
+    """A fault step and the steps it is judged against: the baseline step before it and the
+    recovery step after it (None where the timeline has none)."""
+
+    step: str
+    faults: list[str]
+    before: str | None
+    after: str | None
 
 
 @dataclass
@@ -143,6 +163,8 @@ class RunResult:
     trend: list[TrendPoint] = field(default_factory=list)
     aborted: str | None = None                 # the abort condition that held, as a sentence
     load_processes: list[JsonDict] = field(default_factory=list)   # Locust workers (run/workers.py)
+    judged: list[JudgedFault] = field(default_factory=list)   # each fault step's before/after
+    steps_form: bool = False                   # the scenario gave ``steps:`` (not ``phases:``)
 
     @property
     def broken(self) -> list[Check]:

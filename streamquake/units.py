@@ -268,3 +268,18 @@ SizeOrBytes = Annotated[int, SIZE, BeforeValidator(text_only(parse_size_bytes))]
 """Bytes from ``32kb``; a number must be a whole number of bytes."""
 PlainName = Annotated[str, AfterValidator(plain_name)]
 """A name as reports print it (``plain_name``)."""
+
+
+def parse_request_rate(value: object) -> object:
+    """Requests per second from ``10/s``, ``600/m`` or a bare number; anything else goes on to
+    the field's own type check."""
+    if isinstance(value, str):
+        m = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|m|min)\s*$", value)
+        if not m:
+            raise ValueError(f"expected a rate like '10/s' or '600/m', got {value!r}")
+        return float(m[1]) / (1.0 if m[2] == "s" else 60.0)
+    return value
+
+
+RequestRate = Annotated[float, BeforeValidator(parse_request_rate)]
+"""Requests per second from ``10/s`` or ``600/m``; a bare number is per second."""

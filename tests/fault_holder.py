@@ -23,7 +23,7 @@ from streamquake.errors import StreamquakeError
 from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import Resource, RunContext
 from streamquake.faults.proxy.resources import FaultProxy
-from streamquake.faults.tc.spec import NetworkConfig
+from streamquake.scenario.network import NetworkConfig
 from streamquake.journal import Journal
 from streamquake.run.events import Events
 from streamquake.run.ledger import Ledger, PlannedFault

@@ -1,14 +1,16 @@
 """The fault-family contract, proven the way CREATING_FAULTS.md says to add a family: the example
 family in tests/example_family (one folder) is found by the catalog, validated with located
 errors, run through the real CLI, recovered after a SIGKILL, and a fault removed under a live run
-is reported. Also: the catalog holds the built-in families once each, and `validate` imports no
-heavy library."""
+is reported; its agent allowlist option (`--allow-dirs`) comes from its folder alone, and an agent
+refuses a fault outside it. Also: the catalog holds the built-in families once each, and
+`validate` imports no heavy library."""
 
 from __future__ import annotations
 
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -19,6 +21,7 @@ import pytest
 from streamquake.faults import catalog
 from streamquake.journal import Journal
 from tests.conftest import REPO, cli_cmd, run_cli
+from tests.test_agent import call, start_agent, stop_agent
 
 FAMILY_ENV = {"STREAMQUAKE_FAULT_FAMILIES": "tests.example_family"}
 
@@ -30,7 +33,7 @@ target:
 load: {{users: 2, think_time: {{min: 50ms, max: 100ms}}}}
 phases: {{warmup: 1s, baseline: 2s, fault: {fault_s}s, recovery: 2s}}
 faults:
-  - {{type: marker_file, name: flag, phase: fault, path: {path}}}
+  - {{type: marker_file, name: flag, phase: fault, path: {path}, mode: "600"}}
 slos:
   - {{metric: error_rate, max: 1%}}
 """
@@ -109,6 +112,7 @@ def test_example_family_runs_and_reverts(tmp_path: Path, state_dir: Path) -> Non
     proc = _start(_scenario(tmp_path, flag), out, state_dir)
     _wait_for(proc, "fault applied")
     assert flag.read_text() == "fault on"          # the fault is real while its phase lasts
+    assert stat.S_IMODE(flag.stat().st_mode) == 0o600      # its own scenario option, `mode`
     rest, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0, rest
     assert not flag.exists()
@@ -116,6 +120,7 @@ def test_example_family_runs_and_reverts(tmp_path: Path, state_dir: Path) -> Non
     (record,) = report["faults"]
     assert record["type"] == "marker_file" and record["phase"] == "fault"
     assert record["configured"]["path"] == str(flag)        # the default describe: the spec
+    assert record["configured"]["mode"] == "600"
     assert record["applied"] == {"path": str(flag), "bytes": 8}
     assert record["reverted"] == {"removed": True} and record["error"] is None
     assert report["telemetry"]["stopwatch"]["up_s"] > 5    # its run-long resource was up
@@ -167,3 +172,43 @@ def test_a_live_runs_fault_is_left_alone_and_one_removed_under_it_is_reported(
     (record,) = report["faults"]
     assert "removed under this run by another process" in record["error"]
     assert any("removed under this run" in e for e in report["errors"])
+
+
+@pytest.mark.timeout(90)
+def test_an_agent_takes_the_example_familys_allowlist_and_refuses_outside_it(
+        tmp_path: Path) -> None:
+    allowed = tmp_path / "allowed"
+    allowed.mkdir()
+    # The option is the family's: `agent` has it only where the family is found.
+    assert "--allow-dirs" in run_cli("agent", "--help", env=FAMILY_ENV).stdout
+    assert "--allow-dirs" not in run_cli("agent", "--help").stdout
+    bad = run_cli("agent", "--allow-dirs", "relative/dir", env=FAMILY_ENV)
+    assert bad.returncode == 2
+    assert "--allow-dirs: relative/dir is not an absolute directory" in bad.stderr
+
+    agent = start_agent(tmp_path, "a", "--allow-dirs", str(allowed))
+    try:
+        status, info = call(agent.url, "GET", "/v1/info")
+        assert status == 200, info
+        assert info["allow"]["dirs"] == [str(allowed)]            # type: ignore[index]
+        assert info["capabilities"]["tmp_writable"] is True       # type: ignore[index]
+        assert f"marker directories {allowed}" in agent.text()
+
+        for outside in (tmp_path / "flag", allowed / ".." / "flag"):
+            status, body = call(agent.url, "POST", "/v1/faults", {
+                "fault": {"type": "marker_file", "path": str(outside)}, "lease": "30s"})
+            assert (status, body["error"]) == (403, (
+                f"this agent may not put a marker at {outside}; it may put them only under "
+                f"{allowed} (its --allow-dirs)"))
+        assert not (tmp_path / "flag").exists()
+
+        inside = allowed / "flag"
+        status, held = call(agent.url, "POST", "/v1/faults", {
+            "fault": {"type": "marker_file", "path": str(inside), "mode": "600"},
+            "lease": "30s"})
+        assert status == 201, held
+        assert stat.S_IMODE(inside.stat().st_mode) == 0o600
+        status, body = call(agent.url, "DELETE", f"/v1/faults/{held['id']}")
+        assert status == 200 and not inside.exists(), body
+    finally:
+        stop_agent(agent)

@@ -21,8 +21,8 @@ import pytest
 from ruamel.yaml import YAML
 
 from streamquake.errors import ScenarioError, StreamquakeError
-from streamquake.run.loadplan import load_plan_for
-from streamquake.run.plan import dry_run_plan
+from streamquake.run.dry_run import dry_run_plan
+from streamquake.run.load_from_scenario import load_plan_for
 from streamquake.scenario import parse_scenario
 from tests.conftest import REPO
 

@@ -58,10 +58,13 @@ print(json.dumps({"samples": samples, "again": s.stop() == samples, "error": s.e
     for samples in per_gpu.values():
         assert len(samples) >= 4
         # Scheduled from the sampler's start: tick k is never early, so never more than one
-        # sample a second, and a late tick (a busy machine) does not push the later ones back.
-        # Within a second of its time, or it would be a tick missed or a slower interval.
+        # sample a second, and a late tick (a busy machine) does not push the later ones back
+        # (the next comes at once). A slower interval makes every tick later than the one before
+        # (1.3 s: the middle one 0.6 s late); a busy machine makes one or two late, not most.
         offsets = [s["t"] - samples[0]["t"] for s in samples]
-        assert all(k - 0.05 <= at < k + 0.9 for k, at in enumerate(offsets)), offsets
+        assert all(at >= k - 0.05 for k, at in enumerate(offsets)), offsets
+        late = sorted(at - k for k, at in enumerate(offsets))
+        assert late[len(late) // 2] < 0.5, offsets       # most ticks nearer their own second
     idle, locked = per_gpu[0][-1], per_gpu[1][-1]
     assert idle["clock_event_reasons"] == ["gpu_idle"]
     assert idle["sm_clock_mhz"] == 1980 and idle["util_gpu_pct"] == 0

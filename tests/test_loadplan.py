@@ -8,7 +8,7 @@ import pytest
 
 from streamquake.errors import ScenarioError
 from streamquake.loadgen.plan import LoadPlan, TraceReplay
-from streamquake.run.loadplan import load_plan_for
+from streamquake.run.load_from_scenario import load_plan_for
 from streamquake.scenario import parse_scenario
 
 

@@ -26,15 +26,12 @@ from streamquake.errors import InjectorError
 from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import RunContext
 from streamquake.faults.tc.netem import NetemFault, NetemInjector, kernel_options
-from streamquake.faults.tc.netns import (
-    TOPOLOGY_JOURNAL_TYPE,
-    NamespaceTopology,
-    NetworkConfig,
-)
+from streamquake.faults.tc.netns import TOPOLOGY_JOURNAL_TYPE, NamespaceTopology
 from streamquake.faults.tc.probe import NO_NETEM, kernel_features
 from streamquake.faults.tc.profiles import PROFILES
 from streamquake.faults.tc.tbf import TbfFault, TbfInjector
 from streamquake.journal import Journal
+from streamquake.scenario.network import NetworkConfig
 from tests.netns_fixtures import Serve, tcp_socket
 
 REPO = Path(__file__).resolve().parents[1]
@@ -373,7 +370,8 @@ from pathlib import Path
 from streamquake.faults.contract import RunContext
 from streamquake.faults.tc.tbf import TbfFault, TbfInjector
 from streamquake.journal import Journal
-from streamquake.faults.tc.netns import NamespaceTopology, NetworkConfig
+from streamquake.faults.tc.netns import NamespaceTopology
+from streamquake.scenario.network import NetworkConfig
 client = sys.argv[1]
 topo = NamespaceTopology(host_netns=client).create()
 for mode in ("namespace", "host"):

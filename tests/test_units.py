@@ -4,10 +4,19 @@ every duration field; the simple forms keep working."""
 from __future__ import annotations
 
 import pytest
+from pydantic import BaseModel, Field
 
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.faults.tc.spec import NetemFault
-from streamquake.units import format_duration, parse_duration_ms, parse_duration_s
+from streamquake.units import (
+    DurationMs,
+    Fraction,
+    Rate,
+    Size,
+    format_duration,
+    parse_duration_ms,
+    parse_duration_s,
+)
 
 
 @pytest.mark.timeout(10)
@@ -82,3 +91,39 @@ agents:
 def test_format_duration_writes_the_compound_form(seconds: float, text: str) -> None:
     assert format_duration(seconds) == text
     assert parse_duration_s(text) == pytest.approx(seconds, abs=0.05)
+
+
+class _Declared(BaseModel):
+    """Units declared by type only: no validator for the reference to read."""
+
+    wait_ms: DurationMs = 0.0
+    cap: Rate | None = Field(None, gt=0)
+    share: Fraction = 0.5
+    chunk: Size | None = None
+    plain: float = 0.0
+
+
+@pytest.mark.timeout(10)
+def test_the_reference_reads_a_fields_unit_from_its_type() -> None:
+    from streamquake.reference import quantity
+
+    m = _Declared.model_validate({"wait_ms": "1.5s", "cap": "8mbit", "share": "15%",
+                                  "chunk": "32kb"})
+    assert (m.wait_ms, m.cap, m.share, m.chunk) == (1500.0, 1e6, 0.15, 32768)
+    assert [quantity(_Declared, f) for f in _Declared.model_fields] == [
+        "duration", "rate", "percentage", "size", None]
+
+
+@pytest.mark.timeout(30)
+def test_the_schema_writes_a_bound_on_an_optional_quantity_as_json_schema() -> None:
+    """Pydantic writes ``gt`` checked behind a before-validator under its Python name; an editor
+    would not know it. The schema says ``exclusiveMinimum``, and takes the text form too."""
+    from streamquake.reference import scenario_schema
+
+    defs = scenario_schema()["$defs"]
+    assert isinstance(defs, dict)
+    rate = defs["NetemFault"]["properties"]["rate"]["anyOf"]
+    assert rate[0] == {"exclusiveMinimum": 0, "type": "number"}
+    assert rate[-1]["type"] == "string" and "8mbit" in rate[-1]["description"]
+    buffer = defs["ReadSpec"]["properties"]["receive_buffer"]["anyOf"]
+    assert buffer[0] == {"minimum": 1, "type": "integer"}

@@ -11,6 +11,7 @@ import json
 import os
 import socket
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -279,19 +280,18 @@ def revert(console: Console, key: str | None, every: bool, where: Where,
 
 
 def serve_agent(listen: str, token_env: str, allow_types: list[str] | None,
-                allow_interfaces: list[str] | None, allow_gpus: list[str] | None,
+                allow_options: Mapping[str, list[str] | None],
                 tls_cert: Path | None, tls_key: Path | None, tls_client_ca: Path | None,
                 state_dir: Path | None, discovery_file: Path | None,
                 exit_when_idle: str | None, watch_runs: Path | None = None,
-                insecure_http: bool = False, allow_proxies: list[str] | None = None) -> int:
+                insecure_http: bool = False) -> int:
+    from streamquake.agent.http_api import AgentConfig, parse_listen, serve
     from streamquake.agent.policy import Allowlist
-    from streamquake.agent.server import AgentConfig, parse_listen, serve
     from streamquake.journal import state_dir as default_state_dir
 
     host, port = parse_listen(listen)
     try:
-        allow = Allowlist.build(fault_types(), allow_types, allow_interfaces, allow_gpus,
-                                allow_proxies)
+        allow = Allowlist.build(fault_types(), allow_types, allow_options)
         idle_s = parse_duration_s(exit_when_idle) if exit_when_idle else None
     except ValueError as exc:
         raise ScenarioError(str(exc)) from None

@@ -38,14 +38,14 @@ from streamquake.agentwire.api import (
 )
 from streamquake.errors import StreamquakeError, validation_sentences
 from streamquake.faults.catalog import fault_types
-from streamquake.faults.contract import FaultSpec, Injector, Preflights, RunContext
+from streamquake.faults.contract import FaultSpec, HoldRequest, Injector, Preflights, RunContext
 from streamquake.faults.proxy.resources import FaultProxy
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.faults.proxy.standing import control_url_for
-from streamquake.faults.tc.spec import NetworkConfig
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
 from streamquake.reference import as_written
+from streamquake.scenario.network import NetworkConfig
 from streamquake.units import format_clock
 
 APPLY_TIMEOUT_S = 30.0
@@ -235,7 +235,7 @@ class Holder:
             except ValidationError as exc:
                 problems = validation_sentences(exc, "network")
                 raise AgentError(400, "; ".join(problems), problems) from None
-        refused = self.allow.refusal(spec, network, _standing_proxy(req, spec))
+        refused = self.allow.refusal(spec, HoldRequest(network, _standing_proxy(req, spec)))
         if refused:
             raise AgentError(403, refused)
         return spec, network

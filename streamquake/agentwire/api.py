@@ -32,11 +32,11 @@ own preflight or apply refused, 500 a revert that failed (the agent keeps retryi
 from __future__ import annotations
 
 import json
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, JsonValue
 
-from streamquake.units import parse_duration_s
+from streamquake.units import DURATION, parse_duration_s
 
 API_VERSION = 1
 DEFAULT_PORT = 7355
@@ -72,6 +72,11 @@ def _lease(v: object) -> float:
                      f"{json.dumps(v, default=str)}")
 
 
+Lease = Annotated[float, DURATION, BeforeValidator(_lease)]
+# Renewing may leave the lease as it was, but only by leaving it out: a null is a mistake.
+_RenewLease = Annotated[float | None, DURATION, BeforeValidator(_lease)]
+
+
 class TargetAddr(_Body):
     """Where the fault's target lives, for faults that shape the path to it (tc's scope)."""
 
@@ -83,7 +88,7 @@ class ApplyRequest(_Body):
     """A fault as a scenario writes it (``{type: netem, delay: 100ms}``), held for ``lease``."""
 
     fault: dict[str, JsonValue]
-    lease_s: float = Field(alias="lease", gt=0, le=7 * 24 * 3600)
+    lease_s: Lease = Field(alias="lease", gt=0, le=7 * 24 * 3600)
     owner: str = ""
     id: str | None = Field(default=None, pattern=r"^[0-9a-f]{8,32}$")
     target: TargetAddr | None = None
@@ -92,13 +97,9 @@ class ApplyRequest(_Body):
     # its URL, or its control URL, as the agent's host reaches it.
     proxy: str | None = Field(default=None, max_length=2048)
 
-    _l = field_validator("lease_s", mode="before")(_lease)
-
 
 class Renew(_Body):
-    lease_s: float | None = Field(default=None, alias="lease", gt=0, le=7 * 24 * 3600)
-
-    _l = field_validator("lease_s", mode="before")(_lease)
+    lease_s: _RenewLease = Field(default=None, alias="lease", gt=0, le=7 * 24 * 3600)
 
 
 class WatchRun(_Body):
@@ -108,9 +109,7 @@ class WatchRun(_Body):
     pid_start: int | None = None
     journal: str
     label: str = ""
-    lease_s: float = Field(alias="lease", gt=0, le=24 * 3600)
-
-    _l = field_validator("lease_s", mode="before")(_lease)
+    lease_s: Lease = Field(alias="lease", gt=0, le=24 * 3600)
 
 
 RunState = Literal["watched", "reverting", "ended"]
@@ -182,12 +181,14 @@ class Problem(_Answer):
 
 
 class Allowed(_Answer):
-    """What this agent may touch; None: anything (of the types it has)."""
+    """What this agent may touch: its fault types, and the values of each family's allowlist
+    option by name (``interfaces``, ``gpus``, ``proxies`` as HOST:PORT...); None: anything (of
+    the types it has)."""
+
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
 
     types: list[str]
-    interfaces: list[str] | None
-    gpus: list[str] | None
-    proxies: list[str] | None = None     # standing SSE proxies, HOST:PORT
+    __pydantic_extra__: dict[str, list[str] | None] = Field(init=False)
 
 
 class AgentInfo(_Answer):

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 import re
+from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
 
 from streamquake.envref import is_env_name
-from streamquake.units import parse_duration_s
+from streamquake.units import DURATION, parse_duration_s, text_only
 
 DEFAULT_TOKEN_ENV = "STREAMQUAKE_AGENT_TOKEN"
 DEFAULT_LEASE_S = 15.0
@@ -28,15 +29,11 @@ class AgentRef(BaseModel):
     name: str
     url: str
     token_env: str = DEFAULT_TOKEN_ENV
-    lease_s: float = Field(default=DEFAULT_LEASE_S, alias="lease", ge=1.0, le=3600.0)
+    lease_s: Annotated[float, DURATION, BeforeValidator(text_only(parse_duration_s))] = Field(
+        default=DEFAULT_LEASE_S, alias="lease", ge=1.0, le=3600.0)
     ca_cert: str | None = None
     client_cert: str | None = None
     client_key: str | None = None
-
-    @field_validator("lease_s", mode="before")
-    @classmethod
-    def _lease(cls, v: object) -> object:
-        return parse_duration_s(v) if isinstance(v, str) else v
 
     @field_validator("name")
     @classmethod

@@ -14,7 +14,14 @@ from collections.abc import Iterator
 from importlib.metadata import entry_points
 
 from streamquake.errors import StreamquakeError
-from streamquake.faults.contract import Family, FaultSpec, FaultType, Recoverer, Recovers
+from streamquake.faults.contract import (
+    AllowOption,
+    Family,
+    FaultSpec,
+    FaultType,
+    Recoverer,
+    Recovers,
+)
 
 FAMILIES_ENV = "STREAMQUAKE_FAULT_FAMILIES"
 ENTRY_POINT_GROUP = "streamquake.faults"
@@ -51,12 +58,28 @@ def families() -> tuple[Family, ...]:
     dupes = sorted({t for t in types if types.count(t) > 1})
     if dupes:
         raise StreamquakeError(f"two fault families declare the same type: {', '.join(dupes)}")
+    options = [o.name for f in found for o in f.agent.options]
+    dupes = sorted({o for o in options if options.count(o) > 1 or o == "types"})
+    if dupes:
+        raise StreamquakeError("two fault families declare the same agent allowlist option: "
+                               f"{', '.join(f'--allow-{o}' for o in dupes)}")
     return tuple(found)
 
 
 def fault_types() -> dict[str, FaultType[FaultSpec]]:
     """Every fault type by name, sorted, so messages that list them read the same everywhere."""
     return dict(sorted((t.name, t) for f in families() for t in f.faults))
+
+
+def family_of(type_name: str) -> Family:
+    """The family that offers this fault type."""
+    fault_type(type_name)
+    return next(f for f in families() if any(t.name == type_name for t in f.faults))
+
+
+def allow_options() -> list[AllowOption]:
+    """Every family's agent allowlist options (``--allow-<name>``), in family order."""
+    return [o for f in families() for o in f.agent.options]
 
 
 def fault_type(name: str) -> FaultType[FaultSpec]:

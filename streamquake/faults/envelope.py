@@ -7,12 +7,12 @@ narrows ``type`` to ``Literal["..."]`` and adds its parameters; the scenario sch
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
 from streamquake.faults.flap import Flap
-from streamquake.units import bools_as_text, plain_name
+from streamquake.units import PlainName, bools_as_text
 
 PhaseName = Literal["warmup", "baseline", "fault", "recovery"]
 LOCAL = "local"
@@ -23,13 +23,11 @@ class FaultSpec(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_bool_numbers(cls, data: Any) -> Any:
+    def _no_bool_numbers(cls, data: object) -> object:
         return bools_as_text(cls, data)
 
     type: str
-    name: str | None = None
-
-    _n = field_validator("name")(lambda v: v if v is None else plain_name(v))
+    name: PlainName | None = None
     phase: PhaseName = "fault"
     # Where the fault runs: None (``at: local``, the default) in this process; else the name of
     # an agent in the scenario's ``agents:``, which holds it under a lease (streamquake/agent).

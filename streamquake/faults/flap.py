@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
-from streamquake.units import bools_as_text, parse_duration_s
+from streamquake.units import DURATION, bools_as_text, parse_duration_s
 
 # The shortest state: the runner times edges with its sleep (run/timeline.py), to within a few
 # ms on a quiet host; a fault that cannot stay on this long is better given a probability.
@@ -31,6 +31,9 @@ def _duration_s(v: Any) -> float:
     return s
 
 
+StateS = Annotated[float, DURATION, BeforeValidator(_duration_s)]
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
@@ -43,12 +46,9 @@ class _Model(BaseModel):
 class Draw(_Model):
     """A random state length: its mean, clamped to [min, max]."""
 
-    mean_s: float = Field(alias="mean")
-    min_s: float = Field(default=MIN_STATE_S, alias="min")
-    max_s: float | None = Field(default=None, alias="max")
-
-    _d = field_validator("mean_s", "min_s", "max_s", mode="before")(
-        lambda v: v if v is None else _duration_s(v))
+    mean_s: StateS = Field(alias="mean")
+    min_s: StateS = Field(default=MIN_STATE_S, alias="min")
+    max_s: StateS | None = Field(default=None, alias="max")
 
     @model_validator(mode="after")
     def _ordered(self) -> Draw:
@@ -65,8 +65,8 @@ class Draw(_Model):
 
 
 class Flap(_Model):
-    on: float | Draw
-    off: float | Draw
+    on: Annotated[float | Draw, DURATION]   # the Unit tells the reference; _length converts
+    off: Annotated[float | Draw, DURATION]
     start: Literal["on", "off"] = "on"
     distribution: Literal["exponential", "uniform"] = "exponential"
     seed: int | None = None

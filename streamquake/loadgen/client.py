@@ -45,7 +45,7 @@ from streamquake.loadgen.sse import SSEEvent, SSELimitError, SSELimits, SSEParse
 from streamquake.loadgen.wire import (
     ProtocolError,
     build_request,
-    decode,
+    decoder,
     finish_required,
     join_path,
     protocol_headers,
@@ -442,6 +442,7 @@ class _Tally:
                  max_events: int, guard: saturation.Guard | None = None) -> None:
         self.sample = sample
         self.protocol = plan.protocol
+        self._decode = decoder(plan.protocol)
         self.finish_required = finish_required(plan.protocol)
         self.stall_s = plan.stall_threshold_ms / 1000.0
         self.t0 = t0
@@ -486,7 +487,7 @@ class _Tally:
         if event.id is not None and len(event.id) <= 18 and event.id.isdigit():
             self.ids.add(int(event.id))
         try:
-            d = decode(self.protocol, event)
+            d = self._decode(event)
         except ProtocolError as exc:
             raise _Failed("protocol", str(exc)) from exc
         if d.usage_output_tokens is not None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import copy
 import random
+from collections.abc import Callable
 
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.plan import RequestClassPlan
 from streamquake.loadgen.sse import SSEEvent
 from streamquake.protocols import Decoded, Protocol, ProtocolError, get
 
-__all__ = ["Decoded", "ProtocolError", "build_request", "decode", "default_path",
+__all__ = ["Decoded", "ProtocolError", "build_request", "decode", "decoder", "default_path",
            "finish_required", "join_path", "protocol_headers"]
 
 
@@ -52,6 +53,11 @@ def build_request(
 def decode(protocol: Protocol, event: SSEEvent) -> Decoded:
     """What one SSE event of ``protocol`` carries. Raises ProtocolError on a malformed payload."""
     return get(protocol).decode(event)
+
+
+def decoder(protocol: Protocol) -> Callable[[SSEEvent], Decoded]:
+    """``decode`` for one protocol, looked up once (a stream's events are all of one)."""
+    return get(protocol).decode
 
 
 def finish_required(protocol: Protocol) -> bool:

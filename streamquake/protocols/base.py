@@ -13,7 +13,7 @@ import time
 import typing
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar, Literal
+from typing import ClassVar, Literal, NamedTuple
 
 from streamquake.errors import StreamquakeError
 from streamquake.jsontypes import JsonDict
@@ -45,9 +45,9 @@ class Event(typing.Protocol):
         """The ``data:`` lines, joined by "\\n"."""
 
 
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    """What one event means to the load generator."""
+class Decoded(NamedTuple):
+    """What one event means to the load generator. A named tuple, not a frozen dataclass:
+    one is made per event, and this builds in a fifth of the time."""
 
     text: str = ""                          # generated text this event carries ("" if none)
     usage_output_tokens: int | None = None  # the server's count of output tokens so far

@@ -40,6 +40,11 @@ _DECODED_KEYS = ("reasoning_content", "content")
 _CONTENT_KEYS = (*_DECODED_KEYS, "refusal")
 
 
+def _bad_choice(data: str) -> ProtocolError:
+    return ProtocolError("a chunk with a choice that is not an object with an object `delta`: "
+                         f"{short(data)!r}")
+
+
 class OpenAIEncoder(StreamEncoder):
     def __init__(self, request: GenRequest, ids: bool) -> None:
         super().__init__(request, ids)
@@ -108,38 +113,43 @@ class OpenAI(WireProtocol):
         return body
 
     def decode(self, event: Event) -> Decoded:
-        if event.data.strip() == "[DONE]":
+        # The per-event path of the load generator: one pass, exact type checks (a JSON
+        # parser makes only these types), no list for the text of the usual one choice.
+        data = event.data
+        if data == "[DONE]" or data.strip() == "[DONE]":
             return Decoded(done=True)
         obj = json_object(event)
         if "error" in obj:
             return Decoded(error=error_text(obj["error"]))
-        texts: list[str] = []
+        text = ""
         finish: str | None = None
         choices = obj.get("choices")
-        if not isinstance(choices, list) and not ("choices" not in obj and "usage" in obj):
-            # A usage-only chunk may leave choices out; any other chunk without a list of them
-            # is not a chat completion chunk, whatever else it holds.
-            raise ProtocolError(f"a chunk whose `choices` is {shape(choices)}, not a list: "
-                                f"{short(event.data)!r}")
-        for choice in choices or ():
-            delta = choice.get("delta") if isinstance(choice, dict) else None
-            if not isinstance(choice, dict) or not isinstance(delta, dict | None):
-                raise ProtocolError("a chunk with a choice that is not an object with an "
-                                    f"object `delta`: {short(event.data)!r}")
+        if type(choices) is not list:
+            if "choices" in obj or "usage" not in obj:
+                # A usage-only chunk may leave choices out; any other chunk without a list of
+                # them is not a chat completion chunk, whatever else it holds.
+                raise ProtocolError(f"a chunk whose `choices` is {shape(choices)}, not a list: "
+                                    f"{short(data)!r}")
+            choices = ()
+        for choice in choices:
+            delta = choice.get("delta") if type(choice) is dict else None
             if delta is not None:
+                if type(delta) is not dict:
+                    raise _bad_choice(data)
                 for key in _DECODED_KEYS:
                     piece = delta.get(key)
-                    if isinstance(piece, str) and piece:
-                        texts.append(piece)
+                    if type(piece) is str and piece:
+                        text += piece
+            elif type(choice) is not dict:
+                raise _bad_choice(data)
             reason = choice.get("finish_reason")
             if reason is not None:
                 finish = str(reason)
         usage = obj.get("usage")
-        tokens = int_or_none(usage.get("completion_tokens")) if isinstance(usage, dict) else None
+        tokens = int_or_none(usage.get("completion_tokens")) if type(usage) is dict else None
         rid, model = obj.get("id"), obj.get("model")
-        return Decoded(text="".join(texts), usage_output_tokens=tokens, finish=finish,
-                       response_id=rid if isinstance(rid, str) else None,
-                       model=model if isinstance(model, str) else None)
+        return Decoded(text, tokens, False, None, rid if type(rid) is str else None, finish,
+                       model if type(model) is str else None)
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)

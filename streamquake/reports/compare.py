@@ -5,7 +5,7 @@ Method: a percentile bootstrap over requests. Each resample draws every phase's 
 replacement, independently in A and in B, and recomputes each metric exactly from the raw
 per-request samples (nearest-rank percentiles; a request's ITL gaps travel with it, so their
 correlation within a stream is kept). What of a request counts in a phase is the run's rule
-(reports/loaded.py), so A and B are the figures their reports show. The interval is the
+(reports/saved_run.py), so A and B are the figures their reports show. The interval is the
 (1-c)/2 and (1+c)/2 quantiles of the resampled differences. A verdict is **worse** (or
 **better**) only when the *whole* interval lies beyond the tolerance margin, max(tolerance x A,
 an absolute floor: 1 ms or B's scenario's ``recovery.slack`` if larger, 0.5 points, 1 token/s),
@@ -27,7 +27,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from streamquake.jsontypes import JsonDict
-from streamquake.reports.loaded import LoadedPhase, LoadedRun, Share
+from streamquake.reports.saved_run import LoadedPhase, LoadedRun, Share
 from streamquake.reports.words import value_text
 from streamquake.run.series import values_of
 from streamquake.stats import nearest_rank

@@ -24,6 +24,7 @@ from streamquake.reports.table import (
 from streamquake.reports.words import (
     class_reading,
     duration,
+    flap_text,
     inconclusive_legend,
     interruption,
     pairs,
@@ -85,6 +86,11 @@ class _Page:
         out = []
         for f in self.r.faults:
             if f.applied_at is None:
+                continue
+            if f.edges:     # a flapping fault: a band per on-state, from its apply to its revert
+                ends = [*(e.at for e in f.edges), self.r.finished_at]
+                out += [svg.Band(e.at - self.t0, end - self.t0, f"{f.name} on")
+                        for e, end in zip(f.edges, ends[1:], strict=True) if e.state == "on"]
                 continue
             end = f.reverted_at if f.reverted_at is not None else self.r.finished_at
             out.append(svg.Band(f.applied_at - self.t0, end - self.t0, f"{f.name} ({f.type})"))
@@ -212,7 +218,7 @@ def _timeline(page: _Page) -> None:
     page.add("<h2>Timeline, per second</h2><p class=\"cap\">Each request counts in the second "
              "it was sent. Percentiles are exact per second (nearest rank); a second with fewer "
              "than 20 values has its maximum as p95. Shaded: fault windows, from apply to "
-             "revert. Numbers per second: timeline.csv.</p>")
+             "revert (a flapping fault: each on-state). Numbers per second: timeline.csv.</p>")
     for metric, title, unit in TIMELINE:
         lines = [svg.Line(f"p{q}", svg.PALETTE[f"p{q}"],
                           [(p.t + 0.5, (p.p50 if q == 50 else p.p95).get(metric))
@@ -312,6 +318,8 @@ def _faults(page: _Page) -> None:
         at = "-" if f.applied_at is None else f"+{f.applied_at - page.t0:.1f} s"
         until = "-" if f.reverted_at is None else f"+{f.reverted_at - page.t0:.1f} s"
         err = f'<br><span class="broken">{_t(f.error)}</span>' if f.error else ""
+        flapped = flap_text(f)
+        err += "" if flapped is None else f"<br>{_t(flapped)}"
         page.add(f"<tr><td><b>{_t(f.name)}</b><br>{_t(f.type)}, {_t(f.phase)}<br>"
                  f"{at} → {until}{err}</td>",
                  f'<td class="kv">{_kv(f.configured)}</td><td class="kv">{_kv(f.applied)}</td>'

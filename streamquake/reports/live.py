@@ -77,7 +77,7 @@ class LiveView:
         self.line_every_s = line_every_s
         self.phase: str | None = None
         self.phase_end = 0.0            # before the first phase: when it begins
-        self.first = next(p for p in PHASE_ORDER if scenario.phases.duration_s(p) > 0)
+        self.first = scenario.timeline[0].name
         self.faults: dict[str, str] = {}
         self.stats: RollingStats | None = None
         self._live: Live | None = None

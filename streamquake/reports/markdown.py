@@ -19,6 +19,7 @@ from streamquake.reports.table import (
 from streamquake.reports.words import (
     class_reading,
     duration,
+    flap_text,
     inconclusive_legend,
     interruption,
     pairs,
@@ -51,6 +52,8 @@ def _at(result: RunResult, t: float | None) -> str:
 
 def _fault_rows(result: RunResult, fault: FaultRecord) -> str:
     state = f"**{_esc(fault.error)}**" if fault.error else "applied and reverted"
+    if (flapped := flap_text(fault)) is not None:
+        state += f"; {_esc(flapped)}"
     return (f"| {_esc(fault.name)} | {fault.type} | {fault.phase} | "
             f"`{_esc(pairs(fault.configured, skip=('type', 'name', 'phase')))}` | "
             f"{_at(result, fault.applied_at)} | {_at(result, fault.reverted_at)} | "

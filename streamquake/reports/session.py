@@ -16,8 +16,8 @@ from rich.console import Console
 from streamquake.errors import EXIT_ENVIRONMENT, StreamquakeError
 from streamquake.result import RunResult
 from streamquake.run.events import Events
-from streamquake.run.failed import failed_result
 from streamquake.run.runner import Runner
+from streamquake.run.unmeasured import failed_result
 from streamquake.scenario import Scenario, parse_scenario
 
 

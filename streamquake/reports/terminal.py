@@ -20,7 +20,7 @@ from streamquake.reports.table import (
     verdict_rows,
     verdict_word,
 )
-from streamquake.reports.words import inconclusive_legend, interruption
+from streamquake.reports.words import flap_text, inconclusive_legend, interruption
 from streamquake.result import RunResult
 
 
@@ -82,6 +82,8 @@ def print_result(result: RunResult, console: Console) -> None:
         state = f"[red]{escape(fault.error)}[/]" if fault.error else "applied and reverted"
         console.print(f"fault [bold]{escape(fault.name)}[/] ({fault.type}, {fault.phase}): {state}",
                       soft_wrap=True)
+        if (flapped := flap_text(fault)) is not None:
+            console.print(f"  {escape(flapped)}", soft_wrap=True)
     if result.phases:   # a run that never started printed its errors already
         for err in result.errors:
             console.print(f"[yellow]warning:[/] {escape(err)}", soft_wrap=True)

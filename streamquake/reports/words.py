@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 
 from streamquake.jsontypes import JsonValue
-from streamquake.result import Check, PhaseResult, RunResult
+from streamquake.result import Check, FaultRecord, PhaseResult, RunResult
 
 RATE_METRICS = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate", "usage_deficit")
 COUNT_METRICS = ("requests", "sent", "not_sent")
@@ -244,3 +244,25 @@ def class_reading(result: RunResult) -> dict[str, str]:
             parts.append(f"receive buffer {buf} B")
         out[str(c.get("name"))] = ", ".join(parts)
     return out
+
+
+def _state_value(fault: FaultRecord, state: str, metric: str, stat: str | None) -> str:
+    got = fault.states.get(state, {}).get(metric)
+    value = got.get(stat) if isinstance(got, dict) and stat else got
+    return value_text(metric, value if isinstance(value, int | float) else None)
+
+
+def flap_text(fault: FaultRecord) -> str | None:
+    """A flapping fault in a line: its on-edges, time on, and its effect on vs off."""
+    if not fault.edges:
+        return None
+    ons = sum(e.state == "on" for e in fault.edges)
+    on_s, off_s = (fault.states.get(s, {}).get("seconds") for s in ("on", "off"))
+    text = f"flapped on {ons} times"
+    if isinstance(on_s, int | float) and isinstance(off_s, int | float):
+        text += f", on {on_s:.1f} s of {on_s + off_s:.1f} s"
+    if "requests" in fault.states.get("on", {}):
+        text += "; on / off: " + ", ".join(
+            f"{label} {_state_value(fault, 'on', m, st)} / {_state_value(fault, 'off', m, st)}"
+            for label, m, st in (("TTFT p95", "ttft_ms", "p95"), ("errors", "error_rate", None)))
+    return text

@@ -81,17 +81,19 @@ def limits(scenario: Scenario, streams: int) -> list[Limit]:
                f"shell that runs streamquake; the hard limit here is {hard_text}, so beyond it "
                "as root, or LimitNOFILE= in a systemd unit)")
     out = [Limit("file descriptors of each load process", fds * processes,
-                 f"{per_process + FD_OVERHEAD:,} of {soft:,} (RLIMIT_NOFILE)",
+                 f"{per_process + FD_OVERHEAD:,} file descriptors in each load process "
+                 f"(RLIMIT_NOFILE {soft:,})",
                  f"{fix_fds}, or spread the users over more load.workers")]
     if scenario.target.embedded is not None:
         out.append(Limit("file descriptors of the embedded target", fds,
-                         f"{streams + FD_OVERHEAD:,} of {soft:,} in the target", fix_fds))
+                         f"{streams + FD_OVERHEAD:,} in the embedded target (RLIMIT_NOFILE "
+                         f"{soft:,})", fix_fds))
     ports = _port_range()
     if ports is not None:
         low, high = ports
         out.append(Limit("ephemeral ports", high - low + 1,
-                         f"{streams:,} local ports to one address of {high - low + 1:,} "
-                         f"({low}-{high})",
+                         f"{streams:,} local ports to one address ({high - low + 1:,} in "
+                         f"net.ipv4.ip_local_port_range, {low}-{high})",
                          "widen net.ipv4.ip_local_port_range (`sysctl -w "
                          "net.ipv4.ip_local_port_range='1024 65535'`)"))
     return out
@@ -103,11 +105,13 @@ def capacity_check(scenario: Scenario) -> tuple[list[str], str]:
     streams = concurrent_streams(scenario)
     found = limits(scenario, streams)
     first = min(found, key=lambda lim: lim.streams)
-    needs = "; ".join(f"{lim.what}: {lim.need}" for lim in found)
+    needs = ", ".join(lim.need for lim in found[:-1]) + f" and {found[-1].need}" \
+        if len(found) > 1 else found[0].need
     short = sorted((lim for lim in found if lim.streams < streams), key=lambda lim: lim.streams)
     problems = [
         f"{streams:,} concurrent streams will not fit: {lim.what} run out "
-        f"{'also' if i else 'first'}, at about {lim.streams:,} streams ({lim.need}); {lim.fix}"
+        f"{'also' if i else 'first'}, at about {lim.streams:,} streams: they need {lim.need}; "
+        f"{lim.fix}"
         for i, lim in enumerate(short)]
     sentence = (f"{streams:,} concurrent streams need {needs}; the first to run out would be "
                 f"{first.what}, at about {first.streams:,} streams")

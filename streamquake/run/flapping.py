@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.scorecard import Window, attribute
@@ -93,20 +94,19 @@ def attribute_states(records: Sequence[FaultRecord], windows: Sequence[PhaseWind
                      samples_dir: Path, sampled: bool) -> list[str]:
     """Fill each flapping fault's ``states``; warnings for what could not be split."""
     flapping = [r for r in records if r.edges]
-    if not flapping:
-        return []
-    if not sampled:
-        return ["flapping faults' on/off split needs the per-request samples, and "
-                "load.samples is 'none': only the whole phase is reported"]
     spans = {w.name: w for w in windows}
-    samples = SampleTail(samples_dir).poll()
+    samples = SampleTail(samples_dir).poll() if flapping and sampled else []
     for record in flapping:
         window = spans.get(record.phase)
         if window is None:
             continue
         subs = state_windows(record, window)
-        for state, stats in split_states(record, window, samples).items():
-            summary = stats.to_dict()
+        split = split_states(record, window, samples) if sampled else {}
+        for state in STATES:
+            summary: JsonDict = split[state].to_dict() if state in split else {}
             summary["seconds"] = round(sum(w.end - w.start for w in subs if w.name == state), 3)
             record.states[state] = summary
+    if flapping and not sampled:
+        return ["flapping faults' on/off split needs the per-request samples, and "
+                "load.samples is 'none': only each state's time is reported"]
     return []

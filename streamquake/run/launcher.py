@@ -194,7 +194,7 @@ def start_load(
     run_time_s: float,
 ) -> LocustRun:
     """The runner's entry: a scenario's load against ``base_url`` over the phase ``windows``."""
-    from streamquake.run.loadplan import load_plan_for
+    from streamquake.run.load_from_scenario import load_plan_for
 
     # Scorecards are the runner's input, not a report: they go to a scratch folder off the
     # --out disk, so a report disk that fills up cannot cost the verdicts.

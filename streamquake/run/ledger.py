@@ -30,8 +30,9 @@ WHOLE_RUN = "whole run"
 class PlannedFault:
     spec: FaultSpec
     injector: Injector
-    phase: str                     # a phase name, or WHOLE_RUN
+    phase: str                     # the first step it runs in, or WHOLE_RUN
     journal_type: str | None = None   # the journal entry's type, if not the fault's (remote)
+    steps: tuple[str, ...] = ()    # every step it runs in (held across consecutive ones)
 
     def describe(self) -> JsonDict:
         if isinstance(self.injector, Describes):
@@ -54,11 +55,12 @@ class Ledger:
         self._held: set[str] = set()             # journal entry ids of faults applied, held
 
     def plan(self, ctx: RunContext, implied: list[FaultSpec],
-             listed: list[FaultSpec]) -> list[PlannedFault]:
-        """Build every injector and run every preflight; raise once with all problems."""
+             listed: list[tuple[FaultSpec, tuple[str, ...]]]) -> list[PlannedFault]:
+        """Build every injector and run every preflight; raise once with all problems.
+        ``listed``: each scenario fault with the steps it runs in."""
         planned, problems = [], []
-        for spec, phase in [*((s, WHOLE_RUN) for s in implied),
-                            *((s, s.phase) for s in listed)]:
+        for spec, steps in [*((s, (WHOLE_RUN,)) for s in implied), *listed]:
+            phase = steps[0]
             type_name = spec.type
             if spec.at is not None:    # held by an agent elsewhere (streamquake/run/remote.py)
                 from streamquake.faults.agent_lease import JOURNAL_TYPE
@@ -66,11 +68,11 @@ class Ledger:
 
                 remote = remote_injector(spec, ctx, self.owner)
                 problems += injector_problems(spec.label, type_name, remote)
-                planned.append(PlannedFault(spec, remote, phase, JOURNAL_TYPE))
+                planned.append(PlannedFault(spec, remote, phase, JOURNAL_TYPE, steps))
                 continue
             injector = fault_type(type_name).injector()(spec, ctx)
             problems += injector_problems(spec.label, type_name, injector)
-            planned.append(PlannedFault(spec, injector, phase))
+            planned.append(PlannedFault(spec, injector, phase, steps=steps))
         if problems:
             raise PreflightError(problems)
         return planned

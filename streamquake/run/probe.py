@@ -52,7 +52,7 @@ class Probed:
 def probe(scenario: Scenario, base_url: str, work_dir: Path) -> list[Probed]:
     """One request per class of ``scenario`` to ``base_url``, one after another."""
     from streamquake.loadgen.client import StreamClient  # gevent: only where it is used
-    from streamquake.run.loadplan import load_plan_for
+    from streamquake.run.load_from_scenario import load_plan_for
 
     plan = load_plan_for(scenario, base_url, work_dir / "probe", end_at=0.0)
     client = StreamClient(plan)

@@ -25,7 +25,7 @@ from streamquake.faults.contract import FaultSpec
 from streamquake.journal import Journal
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.scorecard import Scorecard
-from streamquake.result import Check, PhaseResult, RunResult
+from streamquake.result import Check, JudgedFault, PhaseResult, RunResult
 from streamquake.run import preflight, probe
 from streamquake.run.capacity import capacity_check
 from streamquake.run.events import Events, PhaseStarted, RunFinished, RunStarted, Tick
@@ -45,6 +45,7 @@ from streamquake.run.watch import Watch
 from streamquake.run.workers import summarise as summarise_workers
 from streamquake.scenario import Scenario
 from streamquake.scenario.advice import scenario_warnings
+from streamquake.scenario.steps import judged_pairs
 from streamquake.version import __version__
 
 DEFAULT_LEASE_S = 10.0     # how long the watchdog waits for a renewal before undoing faults
@@ -64,6 +65,7 @@ class Runner:
         self.ledger = Ledger(self.journal, self.signals, self.events)
         self.warnings: list[str] = []
         self.aborted: str | None = None
+        self.aborted_in: str | None = None       # the step the run aborted in
         self.watch = Watch(self.work_dir / "samples", [])
         self.phase_start: float | None = None    # the live figures never reach back past it
         self.guard = SaturationGuard(self.work_dir, [], self.events)
@@ -98,8 +100,9 @@ class Runner:
                     target_info = parts.target_info
                     if self.scenario.target.probe:
                         self._probe(parts.wiring.load_url)
-                    planned = self.ledger.plan(parts.ctx, self._implied(),
-                                               list(self.scenario.faults))
+                    planned = self.ledger.plan(parts.ctx, self._implied(), [
+                        (f, tuple(s.name for s in self.scenario.timeline if f.label in s.faults))
+                        for f in self.scenario.faults])
                     # Whole-run faults on a stack of their own, so an abort can revert them early.
                     whole_run = stack.enter_context(contextlib.ExitStack())
                     for fault in (f for f in planned if f.phase == WHOLE_RUN):
@@ -190,30 +193,54 @@ class Runner:
 
     def _walk(self, windows: list[PhaseWindow], planned: list[PlannedFault],
               load: LocustRun, whole_run: contextlib.ExitStack) -> None:
-        for w in windows:
-            sleep_until(w.start, load, self.work_dir, self._tick)
-            self.phase_start = w.start
-            self.events.emit(PhaseStarted(w.name, w.end - w.start, w.start))
-            with contextlib.ExitStack() as phase_stack:
-                refused = self.aborted is None and not self._apply(phase_stack, planned, w.name)
-                flaps = [Flapper.plan(f, w, self.scenario.load.seed) for f in planned
-                         if f.phase == w.name and f.spec.flap is not None and not refused
-                         and self.aborted is None]
-                aborted_now = refused or self._flap_until(w, flaps, phase_stack, load)
-            if aborted_now:
-                # The phase's faults were reverted as its stack closed; the whole-run ones now.
-                whole_run.close()
-                self.events.message(f"ABORTED in {w.name}: {self.aborted}; faults reverted, "
-                                    "the remaining phases run without faults")
-                sleep_until(w.end, load, self.work_dir, self._tick)
+        """Each step in turn: at its start, revert the held faults it does not run and apply
+        the ones it adds (a fault named by consecutive steps stays applied across them; a
+        flapping one switches inside each of its steps). The held faults' stacks live on
+        ``held_stack``, so an error or a signal anywhere reverts them too."""
+        with contextlib.ExitStack() as held_stack:
+            held: dict[int, contextlib.ExitStack] = {}
+            for w in windows:
+                sleep_until(w.start, load, self.work_dir, self._tick)
+                self._release(held, w.name, planned)
+                self.phase_start = w.start
+                self.events.emit(PhaseStarted(w.name, w.end - w.start, w.start))
+                with contextlib.ExitStack() as phase_stack:
+                    refused = self.aborted is None and not self._apply(
+                        held_stack, held, planned, w.name)
+                    flaps = [Flapper.plan(f, w, self.scenario.load.seed) for f in planned
+                             if w.name in f.steps and f.spec.flap is not None
+                             and not refused and self.aborted is None]
+                    aborted_now = refused or self._flap_until(w, flaps, phase_stack, load)
+                    if aborted_now:
+                        held_stack.close()     # the held faults before the whole-run ones
+                if aborted_now:
+                    self.aborted_in = w.name
+                    # The step's faults were reverted as its stacks closed; whole-run ones now.
+                    whole_run.close()
+                    self.events.message(f"ABORTED in {w.name}: {self.aborted}; faults "
+                                        f"reverted, the remaining {self._rest_word} run "
+                                        "without faults")
+                    sleep_until(w.end, load, self.work_dir, self._tick)
 
-    def _apply(self, stack: contextlib.ExitStack, planned: list[PlannedFault],
-               phase: str) -> bool:
-        """Apply the phase's faults; False (the run aborted) if the lease lapsed first."""
+    @property
+    def _rest_word(self) -> str:
+        return "phases" if self.scenario.steps is None else "steps (fault steps skipped)"
+
+    def _release(self, held: dict[int, contextlib.ExitStack], step: str,
+                 planned: list[PlannedFault]) -> None:
+        """Revert the held faults that the step ``step`` does not run."""
+        for key in [k for k in held if step not in planned[k].steps]:
+            held.pop(key).close()
+
+    def _apply(self, held_stack: contextlib.ExitStack, held: dict[int, contextlib.ExitStack],
+               planned: list[PlannedFault], step: str) -> bool:
+        """Apply the step's faults not held already; False (the run aborted) if the lease
+        lapsed first."""
         try:
-            for fault in planned:
-                if fault.phase == phase and fault.spec.flap is None:
-                    self.ledger.apply(stack, fault)
+            for k, fault in enumerate(planned):
+                if step in fault.steps and fault.spec.flap is None and k not in held:
+                    held[k] = held_stack.enter_context(contextlib.ExitStack())
+                    self.ledger.apply(held[k], fault)
         except LeaseLapsed as exc:
             self.aborted = str(exc)
             return False
@@ -256,13 +283,20 @@ class Runner:
         scored = score(self.scenario, windows, card)
         scored.warnings += attribute_states(self.ledger.records, windows, self.work_dir / "samples",
                                             sampled=self.scenario.load.samples != "none")
-        measured = {k: v for k, v in scored.stats.items() if k != "warmup"}
+        warm = {s.name for s in self.scenario.timeline if s.kind == "warmup"}
+        measured = {k: v for k, v in scored.stats.items() if k not in warm}
         checks = evaluate(self.scenario, measured, scored.class_stats)
         load_processes, worker_warnings = summarise_workers(self.work_dir, windows)
         client_warnings, client_checks = self.guard.mark(
             scored.phases, scored.stats, fail=self.scenario.load.saturation == "fail")
         checks += client_checks
-        _mark_stopped(scored.phases, checks, stopped_at)
+        judged = [JudgedFault(step.name, list(step.faults),
+                              before.name if before is not None else None,
+                              after.name if after is not None else None)
+                  for before, step, after in judged_pairs(self.scenario.timeline)]
+        _mark_stopped(scored.phases, checks, stopped_at, judged)
+        if self.scenario.steps is not None and self.aborted_in is not None:
+            _mark_skipped(scored.phases, checks, self.aborted_in)
         echo = redacted_echo(self.scenario)
         result = RunResult(
             scenario_name=self.scenario.name,
@@ -282,6 +316,8 @@ class Runner:
                     *([f"run aborted: {self.aborted}"] if self.aborted else [])],
             aborted=self.aborted,
             load_processes=load_processes,
+            judged=judged,
+            steps_form=self.scenario.steps is not None,
             timeline=per_second(card, windows, stopped_at),
             cdfs=cdfs(measured),
             environment=environment(echo),
@@ -291,7 +327,8 @@ class Runner:
         return result
 
 
-def _mark_stopped(phases: list[PhaseResult], checks: list[Check], stopped_at: float | None) -> None:
+def _mark_stopped(phases: list[PhaseResult], checks: list[Check], stopped_at: float | None,
+                 judged: list[JudgedFault]) -> None:
     """A phase the run never reached is "not run" (its checks too: not run is not broken); the
     one it stopped in is "partial"."""
     if stopped_at is None:
@@ -303,7 +340,24 @@ def _mark_stopped(phases: list[PhaseResult], checks: list[Check], stopped_at: fl
             not_run.add(phase.name)
         elif phase.end > stopped_at:
             phase.status = "partial"
+    before = {j.step: j.before for j in judged}
     for check in checks:
-        if check.phase in not_run or (check.kind == "recovery" and "baseline" in not_run):
+        base = before.get(check.judges or "", "baseline")
+        if check.phase in not_run or (check.kind == "recovery" and base in not_run):
+            check.ran = False
+            check.passed = False
+
+
+def _mark_skipped(phases: list[PhaseResult], checks: list[Check], aborted_in: str) -> None:
+    """After an abort, the fault steps still to come run without their faults: "skipped", their
+    checks not run (a step with no fault in it says nothing of the fault)."""
+    names = [p.name for p in phases]
+    later = names[names.index(aborted_in) + 1:] if aborted_in in names else []
+    skipped = {p.name for p in phases if p.name in later and p.kind == "fault"}
+    for phase in phases:
+        if phase.name in skipped and phase.status == "complete":
+            phase.status = "skipped"
+    for check in checks:
+        if check.phase in skipped or check.judges in skipped:
             check.ran = False
             check.passed = False

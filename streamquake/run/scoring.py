@@ -62,9 +62,12 @@ def score(scenario: Scenario, windows: Sequence[WindowLike], card: Scorecard) ->
             total.merge(cell)
             if cls in classes:
                 classes[cls] = cell       # the card's own cell: one class in one phase
+    steps = {step.name: step for step in scenario.timeline}
+    warm = {name for name, step in steps.items() if step.kind == "warmup"}
     for w in windows:
         stats = out.stats[w.name]
-        if w.name != "warmup":
+        step = steps.get(w.name)
+        if w.name not in warm:
             out.warnings += _not_sent_warning(scenario, w.name, stats)
             out.warnings += _unattributed_warning(w.name, stats)
             out.warnings += _shared_stamp_warning(scenario, w.name, stats)
@@ -73,9 +76,13 @@ def score(scenario: Scenario, windows: Sequence[WindowLike], card: Scorecard) ->
         out.phases.append(PhaseResult(
             name=w.name, start=w.start, end=w.end, stats=stats.to_dict(),
             classes={k: v.to_dict() for k, v in out.class_stats[w.name].items()},
+            kind=step.kind if step is not None else w.name,
+            faults=list(step.faults) if step is not None else [],
+            load=(step.load.model_dump(mode="json", by_alias=True, exclude_none=True)
+                  if step is not None and step.load is not None else None),
         ))
-    out.warnings += _late_start(windows, card.first_sent)
-    scored = [out.stats[w.name] for w in windows if w.name != "warmup"]
+    out.warnings += _late_start(windows, card.first_sent, warm)
+    scored = [out.stats[w.name] for w in windows if w.name not in warm]
     out.warnings += _counted_tokens_warning(scored)
     out.warnings += _model_warning(scenario, scored)
     return out
@@ -205,10 +212,11 @@ def _model_warning(scenario: Scenario, phases: Sequence[Stats]) -> list[str]:
             "whatever the request names, so these figures are that model's"]
 
 
-def _late_start(windows: Sequence[WindowLike], first_sent: float | None) -> list[str]:
+def _late_start(windows: Sequence[WindowLike], first_sent: float | None,
+                warm: set[str]) -> list[str]:
     """The warm-up exists to absorb cold starts (new connections, first requests); if the load
     generator sent nothing before it ended, they were scored in the first measured phase."""
-    if first_sent is None or not windows or windows[0].name != "warmup":
+    if first_sent is None or not windows or windows[0].name not in warm:
         return []
     warmup = windows[0]
     if first_sent < warmup.end:

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Protocol
 
 from streamquake.errors import StreamquakeError
-from streamquake.scenario import PHASE_ORDER, Scenario
+from streamquake.scenario import Scenario
 
 STARTUP_LEAD_S = 3.0
 TICK_S = 0.5        # time the load process gets to import Locust and spawn users
@@ -29,12 +29,11 @@ class Load(Protocol):
 
 
 def plan_windows(scenario: Scenario, t0: float) -> list[PhaseWindow]:
+    """One window per step of the timeline, named as the step, back to back from ``t0``."""
     windows, t = [], t0
-    for phase in PHASE_ORDER:
-        d = scenario.phases.duration_s(phase)
-        if d > 0:
-            windows.append(PhaseWindow(phase, t, t + d))
-            t += d
+    for step in scenario.timeline:
+        windows.append(PhaseWindow(step.name, t, t + step.duration_s))
+        t += step.duration_s
     return windows
 
 

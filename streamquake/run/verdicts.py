@@ -13,8 +13,9 @@ from typing import Protocol
 from streamquake.loadgen.metrics import NOT_MEASURABLE
 from streamquake.loadgen.quantile_ci import min_samples_for_upper_bound
 from streamquake.result import Check
-from streamquake.scenario import HIGHER_IS_BETTER, SCORED_PHASES, RecoverySpec, Scenario, SLOSpec
+from streamquake.scenario import HIGHER_IS_BETTER, RecoverySpec, Scenario, SLOSpec
 from streamquake.scenario.schema import VerdictSpec
+from streamquake.scenario.steps import judged_pairs
 
 
 class PhaseStats(Protocol):
@@ -75,7 +76,8 @@ def needed(op: str, percentile: float | None, low: float | None, high: float | N
 
 
 def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = None,
-              verdicts: VerdictSpec | None = None) -> Check:
+              verdicts: VerdictSpec | None = None, kind: str | None = None) -> Check:
+    """``slo`` in the step ``phase`` (of ``kind``; a phase is the step named as its kind)."""
     verdicts = verdicts or VerdictSpec()
     observed = observe(stats, slo.metric, slo.percentile)
     if slo.max is not None:
@@ -101,7 +103,7 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
         threshold=threshold,
         observed=observed,
         passed=gate(passed, certain, verdicts.inconclusive),
-        gating=phase in slo.phases,
+        gating=phase in slo.phases or (kind or phase) in slo.phases,
         cls=cls,
         percentile=slo.percentile,
         detail=why,
@@ -119,7 +121,10 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
 
 
 def check_recovery(spec: RecoverySpec, baseline: PhaseStats, recovery: PhaseStats,
-                   verdicts: VerdictSpec | None = None) -> list[Check]:
+                   verdicts: VerdictSpec | None = None, after: str = "recovery",
+                   before: str = "baseline", judges: str | None = None) -> list[Check]:
+    """The recovery step ``after`` against the baseline step ``before``; ``judges``: the fault
+    step between them, when the timeline has steps (None for ``phases:``)."""
     verdicts = verdicts or VerdictSpec()
     checks = []
     for metric in spec.metrics:
@@ -148,7 +153,8 @@ def check_recovery(spec: RecoverySpec, baseline: PhaseStats, recovery: PhaseStat
             Check(
                 name=f"{metric} p{spec.percentile:g} recovers to baseline +{tol}",
                 kind="recovery",
-                phase="recovery",
+                phase=after,
+                judges=judges,
                 metric=metric,
                 op=op,
                 threshold=threshold if threshold is not None else float("nan"),
@@ -157,10 +163,11 @@ def check_recovery(spec: RecoverySpec, baseline: PhaseStats, recovery: PhaseStat
                 gating=True,
                 percentile=spec.percentile,
                 detail=(
-                    f"baseline {base:.1f} ({_count(b_n, b_eff)}, {conf} CI "
-                    f"{_span(b_low, b_high)}); recovery {_count(n, eff)}, {conf} CI "
+                    f"{_pair(judges)}{before} {base:.1f} ({_count(b_n, b_eff)}, "
+                    f"{conf} CI {_span(b_low, b_high)}); {after} {_count(n, eff)}, {conf} CI "
                     f"{_span(low, high)}"
-                    if base is not None else "no baseline data to compare"
+                    if base is not None else
+                    f"{_pair(judges)}no {before} data to compare"
                 ),
                 samples=n,
                 effective_samples=eff if n else None,
@@ -173,6 +180,10 @@ def check_recovery(spec: RecoverySpec, baseline: PhaseStats, recovery: PhaseStat
             )
         )
     return checks
+
+
+def _pair(judges: str | None) -> str:
+    return f"after {judges}: " if judges is not None else ""
 
 
 def _limit(spec: RecoverySpec, op: str, base: float | None) -> float | None:
@@ -216,18 +227,30 @@ def evaluate(
 ) -> list[Check]:
     """All checks for a run. ``phases`` maps phase -> stats; ``classes`` phase -> class -> stats."""
     checks: list[Check] = []
-    scored = [p for p in SCORED_PHASES if p in phases]
+    scored = [(s.name, s.kind) for s in scenario.timeline
+              if s.kind != "warmup" and s.name in phases]
     for slo in scenario.slos:
-        checks.extend(check_slo(slo, phase, phases[phase], verdicts=scenario.verdicts)
-                      for phase in scored)
+        checks.extend(check_slo(slo, name, phases[name], verdicts=scenario.verdicts, kind=kind)
+                      for name, kind in scored)
     for rc in scenario.load.classes:
         for slo in rc.slos:
-            for phase in scored:
-                cls_stats = classes.get(phase, {}).get(rc.name)
+            for name, kind in scored:
+                cls_stats = classes.get(name, {}).get(rc.name)
                 if cls_stats is not None:
-                    checks.append(check_slo(slo, phase, cls_stats, cls=rc.name,
-                                            verdicts=scenario.verdicts))
-    if scenario.recovery is not None and "baseline" in phases and "recovery" in phases:
-        checks.extend(check_recovery(scenario.recovery, phases["baseline"], phases["recovery"],
-                                     scenario.verdicts))
+                    checks.append(check_slo(slo, name, cls_stats, cls=rc.name,
+                                            verdicts=scenario.verdicts, kind=kind))
+    if scenario.recovery is None:
+        return checks
+    if scenario.steps is None:
+        # phases: recovery against baseline, whatever the fault phase (even 0 s long).
+        pairs: list[tuple[str, str, str | None]] = [("baseline", "recovery", None)]
+    else:
+        pairs = [(before.name, after.name, step.name)
+                 for before, step, after in judged_pairs(scenario.timeline)
+                 if before is not None and after is not None]
+    for before_name, after_name, judges in pairs:
+        if before_name in phases and after_name in phases:
+            checks.extend(check_recovery(scenario.recovery, phases[before_name],
+                                         phases[after_name], scenario.verdicts,
+                                         after=after_name, before=before_name, judges=judges))
     return checks

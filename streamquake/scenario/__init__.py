@@ -2,7 +2,6 @@
 
 from streamquake.scenario.loader import load_scenario, parse_scenario
 from streamquake.scenario.schema import (
-    ENV_REF,
     HIGHER_IS_BETTER,
     HISTOGRAM_METRICS,
     PHASE_ORDER,
@@ -19,7 +18,7 @@ from streamquake.scenario.schema import (
 )
 
 __all__ = [
-    "ENV_REF", "HIGHER_IS_BETTER", "HISTOGRAM_METRICS", "PHASE_ORDER", "RATE_METRICS",
-    "SCORED_PHASES", "FaultModel", "LoadSpec", "PhasesSpec", "RecoverySpec", "RequestClass",
+    "HIGHER_IS_BETTER", "HISTOGRAM_METRICS", "PHASE_ORDER", "RATE_METRICS", "SCORED_PHASES",
+    "FaultModel", "LoadSpec", "PhasesSpec", "RecoverySpec", "RequestClass",
     "SLOSpec", "Scenario", "TargetSpec", "load_scenario", "parse_scenario",
 ]

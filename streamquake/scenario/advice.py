@@ -23,13 +23,14 @@ def scenario_warnings(scenario: Scenario) -> list[str]:
                 "numbers its events (`id:` lines), which the Gemini, OpenAI and Anthropic APIs "
                 "do not")
     for f in scenario.faults:
-        length = scenario.phases.duration_s(f.phase)
         if f.flap is None:
             continue
         on, off = f.flap.typical_s("on"), f.flap.typical_s("off")
-        if on + off > length:
-            warnings.append(
-                f"fault '{f.label}' flaps on {on:g}s / off {off:g}s, longer than its phase "
-                f"'{f.phase}' ({length:g}s): it switches at most once or twice, so its on/off "
-                "split measures little")
+        for step in (s for s in scenario.timeline if f.label in s.faults):
+            if on + off > step.duration_s:
+                warnings.append(
+                    f"fault '{f.label}' flaps on {on:g}s / off {off:g}s, longer than its "
+                    f"{'phase' if scenario.phases else 'step'} '{step.name}' "
+                    f"({step.duration_s:g}s): it switches at most once or twice, so its "
+                    "on/off split measures little")
     return warnings

@@ -3,6 +3,7 @@ from the fault catalog, so a new family needs no change here."""
 
 from __future__ import annotations
 
+import functools
 import re
 import typing
 from typing import TYPE_CHECKING, Annotated, Any, Literal
@@ -22,6 +23,7 @@ from streamquake.envref import ENV_REF, is_env_name, not_a_name
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.envelope import FaultSpec, PhaseName
 from streamquake.scenario.network import NetworkConfig
+from streamquake.scenario.steps import StepSpec, timeline_problems
 from streamquake.target.config import Protocol, TargetConfig
 from streamquake.units import (
     DURATION,
@@ -31,6 +33,7 @@ from streamquake.units import (
     Fraction,
     PlainName,
     RateOrBytes,
+    RequestRate,
     SizeOrBytes,
     Unit,
     bools_as_text,
@@ -74,7 +77,7 @@ class _Model(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_bool_numbers(cls, data: Any) -> Any:
+    def _no_bool_numbers(cls, data: object) -> object:
         return bools_as_text(cls, data)
 
 
@@ -141,20 +144,9 @@ class ThinkTime(_Model):
 
 
 class Arrival(_Model):
-    rate_per_s: float = Field(alias="rate", gt=0)
+    rate_per_s: RequestRate = Field(alias="rate", gt=0)
     process: Literal["constant", "poisson"] = "poisson"
     max_inflight: int = Field(default=1000, ge=1)
-
-    @field_validator("rate_per_s", mode="before")
-    @classmethod
-    def _rate(cls, v: Any) -> Any:
-        # "10/s", "600/m" or a bare number of requests per second.
-        if isinstance(v, str):
-            m = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|m|min)\s*$", v)
-            if not m:
-                raise ValueError(f"expected a rate like '10/s' or '600/m', got {v!r}")
-            return float(m[1]) / (1.0 if m[2] == "s" else 60.0)
-        return v
 
 
 class TraceSpec(_Model):
@@ -168,7 +160,7 @@ class TraceSpec(_Model):
 
     @model_validator(mode="before")
     @classmethod
-    def _bare(cls, v: Any) -> Any:
+    def _bare(cls, v: object) -> object:
         return {"file": v} if isinstance(v, str) else v
 
 
@@ -243,7 +235,9 @@ class SLOSpec(_Model):
     percentile: float | None = Field(default=None, gt=0, le=100)
     max: Threshold | None = None
     min: Threshold | None = None
-    phases: list[PhaseName] = Field(default_factory=lambda: list(SCORED_PHASES))
+    # Where it gates: step names or kinds (``phases: [baseline, recovery]`` means every step of
+    # those kinds; with ``phases:`` the steps are named as their kinds).
+    phases: list[PlainName] = Field(default_factory=lambda: [str(p) for p in SCORED_PHASES])
     name: PlainName | None = None
 
     @model_validator(mode="after")
@@ -281,7 +275,7 @@ class ReadSpec(_Model):
 
     @field_validator("every", mode="before")
     @classmethod
-    def _events(cls, v: Any) -> Any:
+    def _events(cls, v: object) -> object:
         # "10 events" reads as it is meant; a bare number too.
         if isinstance(v, str) and (m := re.fullmatch(r"\s*([0-9]+)\s*(events?)?\s*", v)):
             return int(m[1])
@@ -400,7 +394,7 @@ class RecoverySpec(_Model):
     slack_ms: DurationMs = Field(default=5.0, alias="slack", ge=0)
 
 
-def _fault_union() -> Any:
+def _fault_union() -> object:
     specs = tuple(t.spec for t in fault_types().values())
     if len(specs) == 1:
         return specs[0]
@@ -419,8 +413,9 @@ class Scenario(_Model):
     target: TargetSpec
     network: NetworkConfig = Field(default_factory=NetworkConfig)
     load: LoadSpec = Field(default_factory=LoadSpec)
-    phases: PhasesSpec
+    phases: PhasesSpec | None = None
     faults: list[FaultModel] = Field(default_factory=list)
+    steps: list[StepSpec] | None = None
     slos: list[SLOSpec] = Field(default_factory=list)
     recovery: RecoverySpec | None = None
     verdicts: VerdictSpec = Field(default_factory=VerdictSpec)
@@ -451,22 +446,86 @@ class Scenario(_Model):
                                  "`at: local`")
         return self
 
+    @field_validator("steps")
+    @classmethod
+    def _whole_timeline(cls, v: list[StepSpec] | None, info: ValidationInfo
+                        ) -> list[StepSpec] | None:
+        faults = info.data.get("faults")
+        if v is None or not isinstance(faults, list):
+            return v
+        problems = timeline_problems(v, [f.label for f in faults])
+        problems += [f"fault '{f.label}': its steps say when it runs: remove 'phase: "
+                     f"{f.phase}'" for f in faults if "phase" in f.model_fields_set]
+        if problems:
+            raise ValueError("; ".join(problems))
+        return v
+
+    @model_validator(mode="after")
+    def _slo_steps(self) -> Scenario:
+        if (self.phases is None) == (self.steps is None):
+            return self         # _consistent says which to give
+        steps = {s.name: s.kind for s in self.timeline}
+        kinds = ("baseline", "fault", "recovery")
+        slos = [(f"slos.{i}", slo) for i, slo in enumerate(self.slos)]
+        slos += [(f"load.classes.{i}.slos.{j}", slo) for i, rc in enumerate(self.load.classes)
+                 for j, slo in enumerate(rc.slos)]
+        for where, slo in slos:
+            for k, name in enumerate(slo.phases):
+                if steps.get(name) == "warmup":
+                    raise ValueError(f"{where}.phases.{k}: warm-up is never scored: name "
+                                     "baseline, fault or recovery steps")
+                if name not in kinds and name not in steps:
+                    named = (f"; steps: {', '.join(s for s in steps if steps[s] != 'warmup')}"
+                             if self.steps is not None else "")
+                    raise ValueError(f"{where}.phases.{k}: '{name}' is no step and no kind "
+                                     f"(kinds: {', '.join(kinds)}{named})")
+        return self
+
     @model_validator(mode="after")
     def _consistent(self) -> Scenario:
+        if (self.phases is None) == (self.steps is None):
+            raise ValueError("give either 'phases' (warmup, baseline, fault, recovery) or "
+                             "'steps' (a list of named steps), not both" if self.phases else
+                             "give 'phases' (e.g. {baseline: 30s, fault: 30s, recovery: 30s}) "
+                             "or 'steps' (a list of named steps)")
         labels = [f.label for f in self.faults]
         dupes = sorted({n for n in labels if labels.count(n) > 1})
         if dupes:
             raise ValueError(f"give each fault a unique 'name'; repeated: {', '.join(dupes)}")
         for f in self.faults:
-            if self.phases.duration_s(f.phase) <= 0:
+            steps = [s for s in self.timeline if f.label in s.faults]
+            if self.phases is not None and not steps:
                 raise ValueError(f"fault '{f.label}' lives in phase '{f.phase}', which lasts 0 s")
-            if f.flap is not None and (
-                    first := f.flap.shortest_s(f.flap.start)) >= self.phases.duration_s(f.phase):
+            shortest = min((s.duration_s for s in steps), default=0.0)
+            if f.flap is not None and (first := f.flap.shortest_s(f.flap.start)) >= shortest:
+                where = (f"its phase '{f.phase}'" if self.phases is not None
+                         else "its shortest step")
                 raise ValueError(
                     f"fault '{f.label}' flaps, but its first state ({f.flap.start}, at least "
-                    f"{first:g}s) fills its phase '{f.phase}' "
-                    f"({self.phases.duration_s(f.phase):g}s): it would never switch; shorten "
-                    f"flap.{f.flap.start} or leave flap out")
+                    f"{first:g}s) fills {where} ({shortest:g}s): it would never switch; "
+                    f"shorten flap.{f.flap.start} or leave flap out")
         return self
+
+    @functools.cached_property
+    def timeline(self) -> tuple[StepSpec, ...]:
+        """The run's steps, in order: ``steps`` as given, or the four ``phases`` as the steps
+        named as their kinds (a zero duration leaves a step out), each fault in the step its
+        ``phase`` names."""
+        if self.steps is not None:
+            return tuple(self.steps)
+        assert self.phases is not None
+        return tuple(
+            StepSpec.model_construct(
+                name=p, kind=p, duration_s=self.phases.duration_s(p),
+                faults=tuple(f.label for f in self.faults if f.phase == p), load=None)
+            for p in PHASE_ORDER if self.phases.duration_s(p) > 0)
+
+    @property
+    def total_s(self) -> float:
+        """The timeline's length, every step."""
+        return sum(s.duration_s for s in self.timeline)
+
+    def step(self, name: str) -> StepSpec | None:
+        return next((s for s in self.timeline if s.name == name), None)
 
 

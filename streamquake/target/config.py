@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import typing
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
@@ -17,7 +17,7 @@ class _Frozen(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_bool_numbers(cls, data: Any) -> Any:
+    def _no_bool_numbers(cls, data: object) -> object:
         return bools_as_text(cls, data)
 
 

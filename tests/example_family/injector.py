@@ -27,6 +27,7 @@ class MarkerFileInjector:
     def apply(self, entry: JournalEntry) -> JsonDict:
         entry.save({"path": str(self.path)})       # journal first: a kill from here on is undone
         self.path.write_text(self.spec.content)
+        self.path.chmod(int(self.spec.mode, 8))
         return {"path": str(self.path), "bytes": len(self.spec.content.encode())}
 
     def revert(self) -> JsonDict:

@@ -30,9 +30,10 @@ from streamquake.faults.tc.netem import (
     load_table,
     network_profile_fault,
 )
-from streamquake.faults.tc.netns import NamespaceTopology, NetworkConfig
+from streamquake.faults.tc.netns import NamespaceTopology
 from streamquake.faults.tc.tbf import TbfFault, TbfInjector
 from streamquake.journal import Journal
+from streamquake.scenario.network import NetworkConfig
 from tests.netns_fixtures import Serve, tcp_socket
 
 pytestmark = [

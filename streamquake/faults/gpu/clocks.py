@@ -9,6 +9,7 @@ the ``applications_clocks_setting`` clock-event reason) but cannot be re-created
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -18,18 +19,18 @@ from streamquake.faults.gpu.nvml import (
     ARCH_AMPERE,
     ARCH_VOLTA,
     Gpu,
+    Handle,
+    Nvml,
+    NvmlError,
     Operation,
-    clock_event_reasons,
     decode_reasons,
-    error_code,
     explain,
     gpu_by_uuid,
-    is_emulated,
     not_supported_message,
     nvml_session,
+    or_none,
     out_of_range_message,
     power_limit_range_w,
-    read_or_none,
     select_gpus,
     supported_mem_clocks,
     supported_sm_range,
@@ -86,49 +87,47 @@ class _Plan:
         }
 
 
-def _resolve(spec: GpuClocksFault, nv: Any, gpu: Gpu) -> _Plan:
-    """Raises pynvml errors from the reads; the caller explains them."""
+def _resolve(spec: GpuClocksFault, nv: Nvml, gpu: Gpu) -> _Plan:
+    """Raises ``NvmlError`` from the reads; the caller explains them."""
     sm = spec.sm_clocks_mhz
     if spec.sm_clocks:
-        top = int(nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_SM))
+        top = nv.max_clock_mhz(gpu.handle, "sm")
         sm = (round(spec.sm_clocks[0] * top), round(spec.sm_clocks[1] * top))
     mem = spec.mem_clocks_mhz
     if spec.mem_clocks:
-        top = int(nv.nvmlDeviceGetMaxClockInfo(gpu.handle, nv.NVML_CLOCK_MEM))
+        top = nv.max_clock_mhz(gpu.handle, "mem")
         mem = (round(spec.mem_clocks[0] * top), round(spec.mem_clocks[1] * top))
     power = round(spec.power_limit_w * 1000) if spec.power_limit_w else None
     if spec.power_limit is not None:
-        default_mw = int(nv.nvmlDeviceGetPowerManagementDefaultLimit(gpu.handle))
+        default_mw = nv.default_power_limit_mw(gpu.handle)
         power = round(spec.power_limit * default_mw)
     return _Plan(sm, mem, power)
 
 
-def _readback(nv: Any, gpu: Gpu) -> dict[str, Any]:
+def _readback(nv: Nvml, gpu: Gpu) -> dict[str, Any]:
     """What the driver reports now; fields it cannot answer are None."""
     h = gpu.handle
 
-    def watts(fn: str) -> float | None:
-        mw = read_or_none(nv, fn, h)
+    def watts(read: Callable[[Handle], int]) -> float | None:
+        mw = or_none(read, h)
         return mw / 1000.0 if mw is not None else None
 
-    try:
-        reasons: list[str] | None = decode_reasons(clock_event_reasons(nv, h))
-    except nv.NVMLError:
-        reasons = None
+    bits = or_none(nv.clock_event_reasons, h)
+    reasons = decode_reasons(bits) if bits is not None else None
     return {
         "index": gpu.index,
         "uuid": gpu.uuid,
         "name": gpu.name,
-        "sm_clock_mhz": read_or_none(nv, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_SM),
-        "mem_clock_mhz": read_or_none(nv, "nvmlDeviceGetClockInfo", h, nv.NVML_CLOCK_MEM),
-        "max_sm_clock_mhz": read_or_none(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_SM),
-        "power_limit_w": watts("nvmlDeviceGetPowerManagementLimit"),
-        "enforced_power_limit_w": watts("nvmlDeviceGetEnforcedPowerLimit"),
+        "sm_clock_mhz": or_none(nv.clock_mhz, h, "sm"),
+        "mem_clock_mhz": or_none(nv.clock_mhz, h, "mem"),
+        "max_sm_clock_mhz": or_none(nv.max_clock_mhz, h, "sm"),
+        "power_limit_w": watts(nv.power_limit_mw),
+        "enforced_power_limit_w": watts(nv.enforced_power_limit_mw),
         "clock_event_reasons": reasons,
     }
 
 
-def _snapshot(nv: Any, gpu: Gpu, plan: _Plan) -> dict[str, Any]:
+def _snapshot(nv: Nvml, gpu: Gpu, plan: _Plan) -> dict[str, Any]:
     """Everything revert and recover need, read before any change."""
     record = _readback(nv, gpu)
     record["plan"] = plan.to_json()
@@ -139,8 +138,8 @@ def _snapshot(nv: Any, gpu: Gpu, plan: _Plan) -> dict[str, Any]:
     )
     if plan.power_mw is not None:
         try:
-            record["power_limit_mw"] = int(nv.nvmlDeviceGetPowerManagementLimit(gpu.handle))
-        except nv.NVMLError as exc:
+            record["power_limit_mw"] = nv.power_limit_mw(gpu.handle)
+        except NvmlError as exc:
             raise InjectorError(
                 explain(exc, "query", gpu, nv) + " The original power limit must be known "
                 "before it is changed, so the fault was not applied."
@@ -148,26 +147,26 @@ def _snapshot(nv: Any, gpu: Gpu, plan: _Plan) -> dict[str, Any]:
     return record
 
 
-def _set(nv: Any, gpu: Gpu, op: str, plan: _Plan) -> None:
+def _set(nv: Nvml, gpu: Gpu, op: str, plan: _Plan) -> None:
     if op == "sm_clocks" and plan.sm_mhz:
-        nv.nvmlDeviceSetGpuLockedClocks(gpu.handle, *plan.sm_mhz)
+        nv.lock_sm_clocks(gpu.handle, *plan.sm_mhz)
     elif op == "mem_clocks" and plan.mem_mhz:
-        nv.nvmlDeviceSetMemoryLockedClocks(gpu.handle, *plan.mem_mhz)
+        nv.lock_mem_clocks(gpu.handle, *plan.mem_mhz)
     elif op == "power_limit" and plan.power_mw is not None:
-        nv.nvmlDeviceSetPowerManagementLimit(gpu.handle, plan.power_mw)
+        nv.set_power_limit_mw(gpu.handle, plan.power_mw)
 
 
-def _undo_one(nv: Any, gpu: Gpu, op: str, record: dict[str, Any]) -> str:
+def _undo_one(nv: Nvml, gpu: Gpu, op: str, record: dict[str, Any]) -> str:
     if op == "sm_clocks":
-        nv.nvmlDeviceResetGpuLockedClocks(gpu.handle)
+        nv.reset_sm_clocks(gpu.handle)
         return "SM clocks unlocked"
     if op == "mem_clocks":
-        nv.nvmlDeviceResetMemoryLockedClocks(gpu.handle)
+        nv.reset_mem_clocks(gpu.handle)
         return "memory clocks unlocked"
     original = int(record["power_limit_mw"])
-    nv.nvmlDeviceSetPowerManagementLimit(gpu.handle, original)
-    now = read_or_none(nv, "nvmlDeviceGetPowerManagementLimit", gpu.handle)
-    if now is not None and int(now) != original:
+    nv.set_power_limit_mw(gpu.handle, original)
+    now = or_none(nv.power_limit_mw, gpu.handle)
+    if now is not None and now != original:
         raise RevertError(
             f"{gpu.label} reports a power limit of {now / 1000:g} W after restoring "
             f"{original / 1000:g} W: check `nvidia-smi -q -d POWER` and set it by hand."
@@ -176,13 +175,13 @@ def _undo_one(nv: Any, gpu: Gpu, op: str, record: dict[str, Any]) -> str:
 
 
 def _undo_gpu(
-    nv: Any, record: dict[str, Any], ops: list[str]
+    nv: Nvml, record: dict[str, Any], ops: list[str]
 ) -> tuple[list[str], list[str], list[str]]:
     """Undo ``ops`` (newest first) on one GPU. Returns (done, still pending, problems)."""
     label = f"GPU {record.get('index')} ({record['uuid']})"
     try:
         gpu = gpu_by_uuid(nv, record["uuid"])
-    except nv.NVMLError as exc:
+    except NvmlError as exc:
         return [], ops, [explain(exc, _UNDO_OP[ops[-1]], label=label)]
     if gpu is None:
         # The GPU is not on this host any more; a setting cannot outlive its device.
@@ -193,8 +192,8 @@ def _undo_gpu(
     for op in reversed(ops):
         try:
             done.append(_undo_one(nv, gpu, op, record))
-        except nv.NVMLError as exc:
-            if error_code(exc) == _NOT_SUPPORTED and op != "power_limit":
+        except NvmlError as exc:
+            if exc.value == _NOT_SUPPORTED and op != "power_limit":
                 continue  # no lock can exist where locking is unsupported: already gone
             pending.insert(0, op)
             problems.append(explain(exc, _UNDO_OP[op], gpu, nv))
@@ -224,7 +223,7 @@ class GpuClocksInjector:
         self.preflight_checks = []
         try:
             with nvml_session() as nv:
-                if is_emulated(nv):
+                if nv.emulated:
                     self.preflight_checks.append("NVML is streamquake's emulated test driver")
                 gpus, problems = select_gpus(nv, self.spec.gpus)
                 for gpu in gpus:
@@ -238,12 +237,12 @@ class GpuClocksInjector:
             )
         return problems
 
-    def _check_gpu(self, nv: Any, gpu: Gpu) -> list[str]:
+    def _check_gpu(self, nv: Nvml, gpu: Gpu) -> list[str]:
         try:
             plan = _resolve(self.spec, nv, gpu)
-        except nv.NVMLError as exc:
+        except NvmlError as exc:
             return [explain(exc, "query", gpu, nv)]
-        arch = read_or_none(nv, "nvmlDeviceGetArchitecture", gpu.handle)
+        arch = or_none(nv.architecture, gpu.handle)
         problems: list[str] = []
         checked: list[str] = []
         if plan.sm_mhz:
@@ -256,7 +255,7 @@ class GpuClocksInjector:
         return problems
 
     def _check_sm(
-        self, nv: Any, gpu: Gpu, plan: _Plan, arch: int | None, checked: list[str]
+        self, nv: Nvml, gpu: Gpu, plan: _Plan, arch: int | None, checked: list[str]
     ) -> list[str]:
         assert plan.sm_mhz
         want = plan.requested("sm_clocks")
@@ -272,7 +271,7 @@ class GpuClocksInjector:
         return []
 
     def _check_mem(
-        self, nv: Any, gpu: Gpu, plan: _Plan, arch: int | None, checked: list[str]
+        self, nv: Nvml, gpu: Gpu, plan: _Plan, arch: int | None, checked: list[str]
     ) -> list[str]:
         assert plan.mem_mhz
         want = plan.requested("mem_clocks")
@@ -287,7 +286,7 @@ class GpuClocksInjector:
             return [out_of_range_message("lock_mem_clocks", gpu, nv, want)]
         return []
 
-    def _check_power(self, nv: Any, gpu: Gpu, plan: _Plan, checked: list[str]) -> list[str]:
+    def _check_power(self, nv: Nvml, gpu: Gpu, plan: _Plan, checked: list[str]) -> list[str]:
         assert plan.power_mw is not None
         want = plan.requested("power_limit")
         lim = power_limit_range_w(nv, gpu.handle)
@@ -310,14 +309,14 @@ class GpuClocksInjector:
             for gpu in gpus:
                 try:
                     plans.append(_resolve(self.spec, nv, gpu))
-                except nv.NVMLError as exc:
+                except NvmlError as exc:
                     raise InjectorError(explain(exc, "query", gpu, nv)) from exc
             # Each setting has one owner, even within a run: a second fault's "original" would be
             # the first's value, and a lock's range cannot be read back to restore it.
             entry.claim({f"gpu:{g.uuid}:{op}": f"the {_SETTING[op]} of {g.label}"
                          for g, p in zip(gpus, plans, strict=True) for op in p.ops()})
             self._records = [_snapshot(nv, g, p) for g, p in zip(gpus, plans, strict=True)]
-            entry.save({"gpus": self._records, "emulated_driver": is_emulated(nv)})
+            entry.save({"gpus": self._records, "emulated_driver": nv.emulated})
             try:
                 for gpu, plan, record in zip(gpus, plans, self._records, strict=True):
                     self._apply_gpu(nv, gpu, plan, record, entry)
@@ -327,10 +326,10 @@ class GpuClocksInjector:
             readback = []
             for gpu, plan in zip(gpus, plans, strict=True):
                 readback.append({"requested": plan.to_json(), **_readback(nv, gpu)})
-            return {"gpus": readback, "emulated_driver": is_emulated(nv)}
+            return {"gpus": readback, "emulated_driver": nv.emulated}
 
     def _apply_gpu(
-        self, nv: Any, gpu: Gpu, plan: _Plan, record: dict[str, Any], entry: JournalEntry
+        self, nv: Nvml, gpu: Gpu, plan: _Plan, record: dict[str, Any], entry: JournalEntry
     ) -> None:
         for op in plan.ops():
             record["changed"].append(op)
@@ -339,20 +338,20 @@ class GpuClocksInjector:
             try:
                 _set(nv, gpu, op, plan)
                 killpoint("gpu.set")
-            except nv.NVMLError as exc:
+            except NvmlError as exc:
                 raise InjectorError(
                     explain(exc, _APPLY_OP[op], gpu, nv, plan.requested(op))
                 ) from exc
             self._pending.setdefault(gpu.uuid, []).append(op)
 
-    def _roll_back(self, nv: Any, cause: Exception) -> None:
+    def _roll_back(self, nv: Nvml, cause: Exception) -> None:
         problems = self._undo_pending(nv)[1]
         if problems:
             raise RevertError(
                 f"{cause} Undoing the settings already applied also failed: " + " ".join(problems)
             ) from cause
 
-    def _undo_pending(self, nv: Any) -> tuple[list[dict[str, Any]], list[str]]:
+    def _undo_pending(self, nv: Nvml) -> tuple[list[dict[str, Any]], list[str]]:
         restored: list[dict[str, Any]] = []
         problems: list[str] = []
         for record in self._records:
@@ -364,7 +363,7 @@ class GpuClocksInjector:
             problems += errs
             try:
                 gpu = gpu_by_uuid(nv, record["uuid"]) if not errs else None
-            except nv.NVMLError:
+            except NvmlError:
                 gpu = None  # the read-back is a courtesy; the undo itself succeeded
             restored.append(
                 {"uuid": record["uuid"], "index": record["index"], "restored": done,

@@ -8,9 +8,10 @@ streamquake must work, and stay silent, on hosts without an NVIDIA driver.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any, Literal
+from types import ModuleType
+from typing import Any, Literal, NewType, ParamSpec, TypeVar
 
 from streamquake.errors import InjectorError
 
@@ -80,6 +81,137 @@ _NOT_SUPPORTED_WHY: dict[Operation, str] = {
 }
 
 
+Handle = NewType("Handle", object)   # NVML's opaque device pointer
+Clock = Literal["sm", "mem"]
+_P = ParamSpec("_P")
+_T = TypeVar("_T")
+
+
+class NvmlError(Exception):
+    """A pynvml error, converted at the boundary: ``value`` is NVML's return code, the text
+    is pynvml's."""
+
+    def __init__(self, value: int | None, text: str) -> None:
+        super().__init__(text)
+        self.value = value
+
+
+class Nvml:
+    """The NVML calls the gpu family makes, typed (pynvml has no types); pynvml's errors come
+    out as ``NvmlError``. Made by ``nvml_session``."""
+
+    def __init__(self, lib: ModuleType) -> None:
+        self._lib = lib
+        self._clocks = {"sm": lib.NVML_CLOCK_SM, "mem": lib.NVML_CLOCK_MEM}
+
+    def _call(self, fn: str, *args: object) -> Any:  # the one untyped step: pynvml's answer
+        try:
+            return getattr(self._lib, fn)(*args)
+        except self._lib.NVMLError as exc:
+            raise NvmlError(error_code(exc), str(exc)) from exc
+
+    @property
+    def emulated(self) -> bool:
+        """True when the loaded library is streamquake's test shim rather than a real driver."""
+        return hasattr(self._lib.nvmlLib, "fakeNvmlIsEmulated")
+
+    def driver_version(self) -> str:
+        return _text(self._call("nvmlSystemGetDriverVersion"))
+
+    def device_count(self) -> int:
+        return int(self._call("nvmlDeviceGetCount"))
+
+    def handle_by_index(self, index: int) -> Handle:
+        return Handle(self._call("nvmlDeviceGetHandleByIndex", index))
+
+    def handle_by_uuid(self, uuid: str) -> Handle:
+        return Handle(self._call("nvmlDeviceGetHandleByUUID", uuid))
+
+    def index(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetIndex", h))
+
+    def uuid(self, h: Handle) -> str:
+        return _text(self._call("nvmlDeviceGetUUID", h))
+
+    def name(self, h: Handle) -> str:
+        return _text(self._call("nvmlDeviceGetName", h))
+
+    def architecture(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetArchitecture", h))
+
+    def clock_mhz(self, h: Handle, clock: Clock) -> int:
+        return int(self._call("nvmlDeviceGetClockInfo", h, self._clocks[clock]))
+
+    def max_clock_mhz(self, h: Handle, clock: Clock) -> int:
+        return int(self._call("nvmlDeviceGetMaxClockInfo", h, self._clocks[clock]))
+
+    def supported_mem_clocks(self, h: Handle) -> list[int]:
+        return [int(c) for c in self._call("nvmlDeviceGetSupportedMemoryClocks", h)]
+
+    def supported_graphics_clocks(self, h: Handle, mem_mhz: int) -> list[int]:
+        return [int(c) for c in self._call("nvmlDeviceGetSupportedGraphicsClocks", h, mem_mhz)]
+
+    def lock_sm_clocks(self, h: Handle, low_mhz: int, high_mhz: int) -> None:
+        self._call("nvmlDeviceSetGpuLockedClocks", h, low_mhz, high_mhz)
+
+    def lock_mem_clocks(self, h: Handle, low_mhz: int, high_mhz: int) -> None:
+        self._call("nvmlDeviceSetMemoryLockedClocks", h, low_mhz, high_mhz)
+
+    def reset_sm_clocks(self, h: Handle) -> None:
+        self._call("nvmlDeviceResetGpuLockedClocks", h)
+
+    def reset_mem_clocks(self, h: Handle) -> None:
+        self._call("nvmlDeviceResetMemoryLockedClocks", h)
+
+    def power_limit_mw(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetPowerManagementLimit", h))
+
+    def enforced_power_limit_mw(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetEnforcedPowerLimit", h))
+
+    def default_power_limit_mw(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetPowerManagementDefaultLimit", h))
+
+    def power_limit_constraints_mw(self, h: Handle) -> tuple[int, int]:
+        low, high = self._call("nvmlDeviceGetPowerManagementLimitConstraints", h)
+        return int(low), int(high)
+
+    def set_power_limit_mw(self, h: Handle, mw: int) -> None:
+        self._call("nvmlDeviceSetPowerManagementLimit", h, mw)
+
+    def power_usage_mw(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetPowerUsage", h))
+
+    def temperature_c(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetTemperature", h, self._lib.NVML_TEMPERATURE_GPU))
+
+    def utilization_pct(self, h: Handle) -> tuple[int, int]:
+        """(GPU, memory) busy percentages over the driver's last sample period."""
+        util = self._call("nvmlDeviceGetUtilizationRates", h)
+        return int(util.gpu), int(util.memory)
+
+    def memory_used_bytes(self, h: Handle) -> int:
+        return int(self._call("nvmlDeviceGetMemoryInfo", h).used)
+
+    def clock_event_reasons(self, h: Handle) -> int:
+        """Current clock-event (formerly "throttle") reason bits; old drivers lack the new
+        name."""
+        try:
+            return int(self._call("nvmlDeviceGetCurrentClocksEventReasons", h))
+        except NvmlError as exc:
+            if exc.value != _FUNCTION_NOT_FOUND:
+                raise
+        return int(self._call("nvmlDeviceGetCurrentClocksThrottleReasons", h))
+
+
+def or_none(read: Callable[_P, _T], *args: _P.args, **kwargs: _P.kwargs) -> _T | None:
+    """``read(*args)``; None when the GPU or driver cannot answer."""
+    try:
+        return read(*args, **kwargs)
+    except NvmlError:
+        return None
+
+
 @dataclass(frozen=True)
 class Gpu:
     """One GPU as NVML numbers it (like ``nvidia-smi``; CUDA_VISIBLE_DEVICES does not apply)."""
@@ -87,7 +219,7 @@ class Gpu:
     index: int
     uuid: str
     name: str
-    handle: Any
+    handle: Handle
 
     @property
     def label(self) -> str:
@@ -108,13 +240,13 @@ def explain(
     exc: BaseException,
     operation: Operation,
     gpu: Gpu | None = None,
-    nv: Any = None,
+    nv: Nvml | None = None,
     requested: str = "",
     label: str | None = None,
 ) -> str:
     """One sentence saying what failed, why, and what to do about it.
 
-    ``nv`` (the pynvml module) lets it look up the supported range for an out-of-range value;
+    ``nv`` lets it look up the supported range for an out-of-range value;
     ``label`` names the GPU when there is no ``Gpu`` yet (e.g. its handle could not be had).
     """
     code = error_code(exc)
@@ -163,7 +295,7 @@ def _cap(text: str) -> str:
 def not_supported_message(
     operation: Operation,
     gpu: Gpu | None,
-    nv: Any = None,
+    nv: Nvml | None = None,
     requested: str = "",
     label: str | None = None,
 ) -> str:
@@ -183,7 +315,7 @@ def not_supported_message(
 def out_of_range_message(
     operation: Operation,
     gpu: Gpu | None,
-    nv: Any = None,
+    nv: Nvml | None = None,
     requested: str = "",
     label: str | None = None,
 ) -> str:
@@ -198,12 +330,12 @@ def out_of_range_message(
     )
 
 
-def _arch_suffix(nv: Any, gpu: Gpu) -> str:
-    arch = read_or_none(nv, "nvmlDeviceGetArchitecture", gpu.handle) if nv else None
+def _arch_suffix(nv: Nvml | None, gpu: Gpu) -> str:
+    arch = or_none(nv.architecture, gpu.handle) if nv else None
     return f", {arch_name(arch)}" if arch is not None else ""
 
 
-def _supported_range_text(operation: Operation, gpu: Gpu | None, nv: Any) -> str:
+def _supported_range_text(operation: Operation, gpu: Gpu | None, nv: Nvml | None) -> str:
     if gpu is None or nv is None:
         return ""
     if operation in ("lock_sm_clocks", "reset_sm_clocks"):
@@ -220,8 +352,8 @@ def _supported_range_text(operation: Operation, gpu: Gpu | None, nv: Any) -> str
 
 
 @contextlib.contextmanager
-def nvml_session() -> Iterator[Any]:
-    """Initialise NVML for the block and yield the ``pynvml`` module; shut it down after.
+def nvml_session() -> Iterator[Nvml]:
+    """Initialise NVML for the block and yield it; shut it down after.
 
     Raises ``InjectorError`` with an actionable sentence when the driver is missing.
     """
@@ -232,7 +364,7 @@ def nvml_session() -> Iterator[Any]:
     except pynvml.NVMLError as exc:
         raise InjectorError(explain(exc, "init")) from exc
     try:
-        yield pynvml
+        yield Nvml(pynvml)
     finally:
         with contextlib.suppress(pynvml.NVMLError):
             pynvml.nvmlShutdown()
@@ -247,17 +379,12 @@ def nvml_available() -> bool:
         return False
 
 
-def is_emulated(nv: Any) -> bool:
-    """True when the loaded library is streamquake's test shim rather than a real driver."""
-    return hasattr(nv.nvmlLib, "fakeNvmlIsEmulated")
-
-
-def select_gpus(nv: Any, selector: GpuSelector) -> tuple[list[Gpu], list[str]]:
+def select_gpus(nv: Nvml, selector: GpuSelector) -> tuple[list[Gpu], list[str]]:
     """Resolve ``all`` / indices / UUIDs to GPUs. Returns (gpus, problems as sentences)."""
     problems: list[str] = []
     try:
-        count = int(nv.nvmlDeviceGetCount())
-    except nv.NVMLError as exc:
+        count = nv.device_count()
+    except NvmlError as exc:
         return [], [explain(exc, "query")]
     if count == 0:
         return [], ["NVML sees no GPUs on this host: `nvidia-smi -L` should list at least one."]
@@ -276,7 +403,7 @@ def select_gpus(nv: Any, selector: GpuSelector) -> tuple[list[Gpu], list[str]]:
     return gpus, problems
 
 
-def _one_gpu(nv: Any, want: int | str, count: int) -> Gpu:
+def _one_gpu(nv: Nvml, want: int | str, count: int) -> Gpu:
     try:
         if isinstance(want, int):
             if not 0 <= want < count:
@@ -285,18 +412,13 @@ def _one_gpu(nv: Any, want: int | str, count: int) -> Gpu:
                     f"0-{count - 1} as `nvidia-smi -L` numbers them (CUDA_VISIBLE_DEVICES does "
                     "not apply to NVML)."
                 )
-            handle = nv.nvmlDeviceGetHandleByIndex(want)
+            handle = nv.handle_by_index(want)
             index = want
         else:
-            handle = nv.nvmlDeviceGetHandleByUUID(want)
-            index = int(nv.nvmlDeviceGetIndex(handle))
-        return Gpu(
-            index=index,
-            uuid=_text(nv.nvmlDeviceGetUUID(handle)),
-            name=_text(nv.nvmlDeviceGetName(handle)),
-            handle=handle,
-        )
-    except nv.NVMLError as exc:
+            handle = nv.handle_by_uuid(want)
+            index = nv.index(handle)
+        return Gpu(index=index, uuid=nv.uuid(handle), name=nv.name(handle), handle=handle)
+    except NvmlError as exc:
         if error_code(exc) == _NOT_FOUND:
             raise InjectorError(
                 f"No GPU with UUID {want} on this host: `nvidia-smi -L` lists the UUIDs."
@@ -304,61 +426,37 @@ def _one_gpu(nv: Any, want: int | str, count: int) -> Gpu:
         raise InjectorError(explain(exc, "query", label=f"GPU {want}")) from exc
 
 
-def gpu_by_uuid(nv: Any, uuid: str) -> Gpu | None:
+def gpu_by_uuid(nv: Nvml, uuid: str) -> Gpu | None:
     """The GPU with this UUID, or None when the host has none (other errors propagate)."""
     try:
-        handle = nv.nvmlDeviceGetHandleByUUID(uuid)
-    except nv.NVMLError as exc:
-        if error_code(exc) == _NOT_FOUND:
+        handle = nv.handle_by_uuid(uuid)
+    except NvmlError as exc:
+        if exc.value == _NOT_FOUND:
             return None
         raise
-    return Gpu(
-        index=int(nv.nvmlDeviceGetIndex(handle)),
-        uuid=uuid,
-        name=_text(nv.nvmlDeviceGetName(handle)),
-        handle=handle,
-    )
+    return Gpu(index=nv.index(handle), uuid=uuid, name=nv.name(handle), handle=handle)
 
 
 def _text(value: str | bytes) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def read_or_none(nv: Any, fn_name: str, *args: Any) -> Any:
-    """Call ``nv.<fn_name>(*args)``; None when the GPU or driver cannot answer."""
-    try:
-        return getattr(nv, fn_name)(*args)
-    except nv.NVMLError:
-        return None
+def supported_mem_clocks(nv: Nvml, handle: Handle) -> list[int]:
+    return sorted(or_none(nv.supported_mem_clocks, handle) or [], reverse=True)
 
 
-def supported_mem_clocks(nv: Any, handle: Any) -> list[int]:
-    return sorted(read_or_none(nv, "nvmlDeviceGetSupportedMemoryClocks", handle) or [],
-                  reverse=True)
-
-
-def supported_sm_range(nv: Any, handle: Any) -> tuple[int, int] | None:
+def supported_sm_range(nv: Nvml, handle: Handle) -> tuple[int, int] | None:
     """(lowest, highest) SM clock in MHz the GPU lists at its top memory clock."""
     mem = supported_mem_clocks(nv, handle)
     if not mem:
         return None
-    clocks = read_or_none(nv, "nvmlDeviceGetSupportedGraphicsClocks", handle, mem[0])
+    clocks = or_none(nv.supported_graphics_clocks, handle, mem[0])
     return (min(clocks), max(clocks)) if clocks else None
 
 
-def power_limit_range_w(nv: Any, handle: Any) -> tuple[float, float] | None:
-    lim = read_or_none(nv, "nvmlDeviceGetPowerManagementLimitConstraints", handle)
+def power_limit_range_w(nv: Nvml, handle: Handle) -> tuple[float, float] | None:
+    lim = or_none(nv.power_limit_constraints_mw, handle)
     return (lim[0] / 1000.0, lim[1] / 1000.0) if lim else None
-
-
-def clock_event_reasons(nv: Any, handle: Any) -> int:
-    """Current clock-event (formerly "throttle") reason bits; old drivers lack the new name."""
-    try:
-        return int(nv.nvmlDeviceGetCurrentClocksEventReasons(handle))
-    except nv.NVMLError as exc:
-        if error_code(exc) != _FUNCTION_NOT_FOUND:
-            raise
-    return int(nv.nvmlDeviceGetCurrentClocksThrottleReasons(handle))
 
 
 def decode_reasons(bits: int) -> list[str]:

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field, PositiveFloat, PositiveInt, field_validator, model_validator
+from pydantic import (
+    AfterValidator,
+    Field,
+    PositiveFloat,
+    PositiveInt,
+    field_validator,
+    model_validator,
+)
 
 from streamquake.faults.envelope import FaultSpec
-from streamquake.units import parse_fraction
+from streamquake.units import Fraction, parse_fraction
+
+
+def _above_zero(frac: float) -> float:
+    if frac <= 0.0:
+        raise ValueError("a power limit must be above 0%")
+    return frac
 
 
 class GpuClocksFault(FaultSpec):
@@ -24,8 +37,8 @@ class GpuClocksFault(FaultSpec):
     mem_clocks: tuple[float, float] | None = Field(
         None, description="lock the memory clock in [low, high], shares of its maximum")
     power_limit_w: PositiveFloat | None = Field(None, description="cap the power, in watts")
-    power_limit: float | None = Field(None, description="cap the power, a share of its "
-                                      "default limit")
+    power_limit: Annotated[Fraction, AfterValidator(_above_zero)] | None = Field(
+        None, description="cap the power, a share of its default limit")
 
     @field_validator("gpus", mode="before")
     @classmethod
@@ -55,16 +68,6 @@ class GpuClocksFault(FaultSpec):
         if any(f <= 0.0 for f in fracs):
             raise ValueError("clock percentages must be above 0%")
         return fracs
-
-    @field_validator("power_limit", mode="before")
-    @classmethod
-    def _fraction(cls, v: object) -> object:
-        if v is None:
-            return v
-        frac = parse_fraction(v)  # type: ignore[arg-type]
-        if frac <= 0.0:
-            raise ValueError("a power limit must be above 0%")
-        return frac
 
     @model_validator(mode="after")
     def _consistent(self) -> GpuClocksFault:

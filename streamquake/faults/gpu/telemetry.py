@@ -8,21 +8,22 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from streamquake.errors import InjectorError, PreflightError
 from streamquake.faults.gpu.nvml import (
     Gpu,
+    GpuSelector,
+    Nvml,
+    NvmlError,
     arch_name,
-    clock_event_reasons,
     decode_reasons,
-    error_code,
     explain,
-    is_emulated,
     nvml_available,
     nvml_session,
+    or_none,
     power_limit_range_w,
-    read_or_none,
     select_gpus,
     supported_mem_clocks,
     supported_sm_range,
@@ -30,38 +31,35 @@ from streamquake.faults.gpu.nvml import (
 
 _GPU_IS_LOST = 15
 _MIB = 1 << 20
+_T = TypeVar("_T")
 
 
-def _sample(nv: Any, gpu: Gpu) -> dict[str, Any]:
+def _unless_lost(read: Callable[[], _T]) -> _T | None:
+    """``read()``; None when the GPU does not report it, but GPU_IS_LOST propagates."""
+    try:
+        return read()
+    except NvmlError as exc:
+        if exc.value == _GPU_IS_LOST:
+            raise
+        return None
+
+
+def _sample(nv: Nvml, gpu: Gpu) -> dict[str, Any]:
     """One reading; a field the GPU does not report is None. GPU_IS_LOST propagates."""
     h = gpu.handle
-
-    def read(fn: str, *args: Any) -> Any:
-        try:
-            return getattr(nv, fn)(h, *args)
-        except nv.NVMLError as exc:
-            if error_code(exc) == _GPU_IS_LOST:
-                raise
-            return None
-
-    util = read("nvmlDeviceGetUtilizationRates")
-    mem = read("nvmlDeviceGetMemoryInfo")
-    power_mw = read("nvmlDeviceGetPowerUsage")
-    try:
-        reasons: list[str] | None = decode_reasons(clock_event_reasons(nv, h))
-    except nv.NVMLError as exc:
-        if error_code(exc) == _GPU_IS_LOST:
-            raise
-        reasons = None
+    util = _unless_lost(lambda: nv.utilization_pct(h))
+    used = _unless_lost(lambda: nv.memory_used_bytes(h))
+    power_mw = _unless_lost(lambda: nv.power_usage_mw(h))
+    bits = _unless_lost(lambda: nv.clock_event_reasons(h))
     return {
-        "sm_clock_mhz": read("nvmlDeviceGetClockInfo", nv.NVML_CLOCK_SM),
-        "mem_clock_mhz": read("nvmlDeviceGetClockInfo", nv.NVML_CLOCK_MEM),
-        "util_gpu_pct": util.gpu if util is not None else None,
-        "util_mem_pct": util.memory if util is not None else None,
-        "mem_used_mib": round(mem.used / _MIB, 1) if mem is not None else None,
-        "temperature_c": read("nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU),
+        "sm_clock_mhz": _unless_lost(lambda: nv.clock_mhz(h, "sm")),
+        "mem_clock_mhz": _unless_lost(lambda: nv.clock_mhz(h, "mem")),
+        "util_gpu_pct": util[0] if util is not None else None,
+        "util_mem_pct": util[1] if util is not None else None,
+        "mem_used_mib": round(used / _MIB, 1) if used is not None else None,
+        "temperature_c": _unless_lost(lambda: nv.temperature_c(h)),
         "power_w": power_mw / 1000.0 if power_mw is not None else None,
-        "clock_event_reasons": reasons,
+        "clock_event_reasons": decode_reasons(bits) if bits is not None else None,
     }
 
 
@@ -74,7 +72,7 @@ class GpuSampler:
     ``error`` (a sentence) instead of readings.
     """
 
-    def __init__(self, interval_s: float = 1.0, gpus: Any = "all") -> None:
+    def __init__(self, interval_s: float = 1.0, gpus: GpuSelector = "all") -> None:
         if interval_s <= 0:
             raise ValueError("interval_s must be positive")
         self.interval_s = interval_s
@@ -118,7 +116,7 @@ class GpuSampler:
         except Exception as exc:  # a sampler must never take the run down with it
             self.error = f"GPU telemetry stopped: {exc}"
 
-    def _loop(self, nv: Any, gpus: list[Gpu]) -> None:
+    def _loop(self, nv: Nvml, gpus: list[Gpu]) -> None:
         started = time.monotonic()
         tick = 0
         while not self._stop.is_set():
@@ -130,11 +128,11 @@ class GpuSampler:
             # Scheduled from the start, so slow reads do not make the rate drift.
             self._stop.wait(max(0.0, started + tick * self.interval_s - time.monotonic()))
 
-    def _one(self, nv: Any, gpu: Gpu, now: float) -> dict[str, Any]:
+    def _one(self, nv: Nvml, gpu: Gpu, now: float) -> dict[str, Any]:
         base: dict[str, Any] = {"t": now, "gpu": gpu.index, "uuid": gpu.uuid}
         try:
             return {**base, **_sample(nv, gpu)}
-        except nv.NVMLError as exc:
+        except NvmlError as exc:
             return {**base, "error": explain(exc, "query", gpu)}
 
 
@@ -146,7 +144,7 @@ def describe_gpus() -> list[dict[str, Any]]:
     try:
         with nvml_session() as nv:
             gpus, problems = select_gpus(nv, "all")
-            driver = read_or_none(nv, "nvmlSystemGetDriverVersion")
+            driver = or_none(nv.driver_version)
             return [_describe(nv, gpu, driver) for gpu in gpus] + [
                 {"error": p} for p in problems
             ]
@@ -154,21 +152,21 @@ def describe_gpus() -> list[dict[str, Any]]:
         raise PreflightError(str(exc)) from exc
 
 
-def _describe(nv: Any, gpu: Gpu, driver: str | None) -> dict[str, Any]:
+def _describe(nv: Nvml, gpu: Gpu, driver: str | None) -> dict[str, Any]:
     h = gpu.handle
     sm = supported_sm_range(nv, h)
     mem = supported_mem_clocks(nv, h)
     power = power_limit_range_w(nv, h)
-    default_mw = read_or_none(nv, "nvmlDeviceGetPowerManagementDefaultLimit", h)
-    arch = read_or_none(nv, "nvmlDeviceGetArchitecture", h)
+    default_mw = or_none(nv.default_power_limit_mw, h)
+    arch = or_none(nv.architecture, h)
     return {
         "index": gpu.index,
         "uuid": gpu.uuid,
         "name": gpu.name,
         "driver": driver,
         "architecture": arch_name(arch) if arch is not None else None,
-        "max_sm_clock_mhz": read_or_none(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_SM),
-        "max_mem_clock_mhz": read_or_none(nv, "nvmlDeviceGetMaxClockInfo", h, nv.NVML_CLOCK_MEM),
+        "max_sm_clock_mhz": or_none(nv.max_clock_mhz, h, "sm"),
+        "max_mem_clock_mhz": or_none(nv.max_clock_mhz, h, "mem"),
         "supported_sm_clocks_mhz": {"min": sm[0], "max": sm[1]} if sm else None,
         "supported_mem_clocks_mhz": mem or None,
         "power_limit_w": {
@@ -176,5 +174,5 @@ def _describe(nv: Any, gpu: Gpu, driver: str | None) -> dict[str, Any]:
             "min": power[0] if power else None,
             "max": power[1] if power else None,
         },
-        "emulated": is_emulated(nv),
+        "emulated": nv.emulated,
     }

@@ -24,7 +24,7 @@ import struct
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
@@ -45,7 +45,7 @@ from streamquake.faults.proxy.decisions import (
     Stats,
     StreamFaults,
 )
-from streamquake.faults.proxy.framing import SSEFramer, parse_event
+from streamquake.faults.proxy.framing import SSEFramer, count_events, parse_event
 from streamquake.faults.proxy.spec import fault_from_params
 from streamquake.faults.proxy.wire import CONTROL_PREFIX
 from streamquake.procs import child_env, python_module_cmd, read_listening_line, spawn, stop
@@ -93,18 +93,18 @@ _BROKEN = "broken"
 _EOF = object()
 
 
-async def _pump(upstream: aiohttp.ClientResponse, queue: asyncio.Queue[Any]) -> None:
-    """Read the upstream as fast as it sends; queue each chunk's blocks with their arrival time."""
+async def _pump(content: aiohttp.StreamReader, framer: SSEFramer, queue: asyncio.Queue[Any]
+                ) -> None:
+    """Read the upstream as fast as it sends; queue each read's blocks with their arrival time."""
     loop = asyncio.get_running_loop()
-    framer = SSEFramer()
     try:
-        async for chunk in upstream.content.iter_any():
-            blocks = framer.feed(chunk)
-            if blocks:
-                await queue.put((loop.time(), blocks, False))
+        async for chunk in content.iter_any():
+            data, ends = framer.feed_joined(chunk)
+            if ends:
+                await queue.put((loop.time(), data, ends, False))
         rest = framer.flush()
         if rest:
-            await queue.put((loop.time(), [rest], True))
+            await queue.put((loop.time(), rest, [], True))
         await queue.put(_EOF)
     except (TimeoutError, aiohttp.ClientError) as exc:
         await queue.put(exc)
@@ -122,54 +122,115 @@ def _reset_connection(request: web.Request) -> None:
 
 
 class _SSERelay:
-    """Moves one stream's events from the upstream queue to the client, faults applied.
+    """Moves one stream's events from the upstream to the client, faults applied.
 
     Each event goes out as soon as it is due. Events that are due together (they came in one
-    upstream read, or the client fell behind) leave in one write: nothing waits for that.
+    upstream read, or the client fell behind) leave in one write: nothing waits for that. While
+    no fault is active and nothing is held back, a read's events leave as they came, unparsed.
+    The relay reads the upstream itself until an event has to wait (a delay, a stall) or the
+    client falls behind; from then on a pump task reads, so that arrivals are stamped as they
+    come, and the relay takes them from its queue.
     """
 
     def __init__(self, resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
-                 stream: StreamFaults, proxy: ProxyState) -> None:
+                 stream: StreamFaults, proxy: ProxyState,
+                 transport: asyncio.BaseTransport | None) -> None:
         self.resp = resp
         self.upstream = upstream
         self.stream = stream
         self.proxy = proxy
+        self.transport = transport
         self.loop = asyncio.get_running_loop()
+        self.framer = SSEFramer()
         self.pending: list[bytes] = []
+        self.queue: asyncio.Queue[Any] | None = None
+        self.pump: asyncio.Task[None] | None = None
 
     async def run(self) -> str:
-        queue: asyncio.Queue[Any] = asyncio.Queue(maxsize=1024)
-        pump = asyncio.create_task(_pump(self.upstream, queue))
         try:
             outcome = self.stream.limits_reached(self.stream.faults())
-            while outcome == CONTINUE:
-                if queue.empty():
-                    await self._flush()
-                item = await queue.get()
-                if item is _EOF:
-                    outcome = END
-                    break
-                if isinstance(item, BaseException):
-                    self.proxy.totals.upstream_errors += 1
-                    self.proxy.log_upstream_error(f"upstream failed mid-stream: {item!r}")
-                    outcome = _BROKEN
-                    break
-                arrived, blocks, tail = item
-                for raw in blocks:
-                    outcome = await self._step(arrived, raw, tail)
-                    if outcome != CONTINUE:
-                        break
+            if outcome == CONTINUE:
+                outcome = await self._read()
+            if outcome == CONTINUE:
+                outcome = await self._from_pump()
             await self._flush()
             return outcome
         finally:
-            pump.cancel()
-            await asyncio.gather(pump, return_exceptions=True)
+            if self.pump is not None:
+                self.pump.cancel()
+                await asyncio.gather(self.pump, return_exceptions=True)
+
+    def _hand_over(self) -> None:
+        """A pump task reads the upstream from now on."""
+        if self.queue is None:
+            self.queue = asyncio.Queue(maxsize=1024)
+            self.pump = asyncio.create_task(_pump(self.upstream.content, self.framer, self.queue))
+
+    async def _read(self) -> str:
+        """Read and relay in this task; CONTINUE once a pump reads instead."""
+        content = self.upstream.content
+        while self.queue is None:
+            try:
+                chunk = await content.readany()
+            except (TimeoutError, aiohttp.ClientError) as exc:
+                return self._broken(exc)
+            if not chunk:
+                rest = self.framer.flush()
+                outcome = await self._step(self.loop.time(), rest, True) if rest else CONTINUE
+                return END if outcome == CONTINUE else outcome
+            data, ends = self.framer.feed_joined(chunk)
+            outcome = await self._blocks(self.loop.time(), data, ends)
+            if outcome != CONTINUE:
+                return outcome
+            await self._flush()
+        return CONTINUE
+
+    async def _from_pump(self) -> str:
+        queue = self.queue
+        assert queue is not None
+        while True:
+            if queue.empty():
+                await self._flush()
+            item = await queue.get()
+            if item is _EOF:
+                return END
+            if isinstance(item, BaseException):
+                return self._broken(item)
+            arrived, data, ends, tail = item
+            outcome = await (self._step(arrived, data, True) if tail
+                             else self._blocks(arrived, data, ends))
+            if outcome != CONTINUE:
+                return outcome
+
+    def _broken(self, exc: BaseException) -> str:
+        self.proxy.totals.upstream_errors += 1
+        self.proxy.log_upstream_error(f"upstream failed mid-stream: {exc!r}")
+        return _BROKEN
 
     async def _flush(self) -> None:
         if self.pending:
             data = b"".join(self.pending)
             self.pending.clear()
             await self.resp.write(data)
+            transport = self.transport
+            if self.queue is None and transport is not None and isinstance(
+                    transport, asyncio.WriteTransport) and transport.get_write_buffer_size():
+                self._hand_over()  # the client falls behind: arrivals are still stamped
+
+    async def _blocks(self, arrived: float, data: bytes, ends: list[int]) -> str:
+        stream = self.stream
+        if not self.proxy.faults and not stream.lag_s:  # nothing to decide, nothing held back
+            stream.pass_through(len(data), count_events(data, ends))
+            if data:
+                self.pending.append(data)
+            return CONTINUE
+        start = 0
+        for end in ends:
+            outcome = await self._step(arrived, data[start:end], False)
+            if outcome != CONTINUE:
+                return outcome
+            start = end
+        return CONTINUE
 
     async def _step(self, arrived: float, raw: bytes, tail: bool) -> str:
         stream = self.stream
@@ -182,6 +243,7 @@ class _SSERelay:
             raw = out
         wait = arrived + stream.lag_s - self.loop.time()
         if wait > 0:
+            self._hand_over()
             await self._flush()
             await asyncio.sleep(wait)
         budget = stream.byte_budget(faults)
@@ -338,7 +400,7 @@ async def forward(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                   headers=_response_headers(upstream, sse))
         await resp.prepare(request)
-        outcome = await (_SSERelay(resp, upstream, stream, proxy).run() if sse
+        outcome = await (_SSERelay(resp, upstream, stream, proxy, request.transport).run() if sse
                          else _relay_raw(resp, upstream, proxy))
         if outcome == RESET:
             _reset_connection(request)
@@ -388,8 +450,8 @@ async def put_fault(request: web.Request) -> web.Response:
     try:
         spec = fault_from_params(params)
     except ValidationError as exc:
-        return web.json_response({"error": f"invalid fault '{name}'", "problems": validation_sentences(exc)},
-                                 status=400)
+        return web.json_response({"error": f"invalid fault '{name}'",
+                                  "problems": validation_sentences(exc)}, status=400)
     seed = spec.seed if spec.seed is not None else proxy.seed
     replaced = proxy.faults.pop(name, None) is not None
     proxy.faults[name] = ActiveFault(name, spec, seed)
@@ -497,6 +559,18 @@ async def serve(state: ProxyState, host: str, port: int,
         await runner.cleanup()
 
 
+def run_serving(main: Coroutine[Any, Any, None]) -> None:
+    """``asyncio.run``, on uvloop where it is installed: its sockets, timers and callbacks are C,
+    which makes the relay's per-event cost about half (benchmarks/README.md)."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(main)
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(main)
+
+
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m streamquake.faults.proxy.server",
                                 description="SSE-aware fault proxy")
@@ -524,7 +598,7 @@ def main(argv: list[str] | None = None) -> None:
         connect_timeout_s=parse_duration_s(args.connect_timeout),
         read_timeout_s=parse_duration_s(args.read_timeout),
     )
-    asyncio.run(serve(state, args.host, args.port))
+    run_serving(serve(state, args.host, args.port))
 
 
 @dataclass

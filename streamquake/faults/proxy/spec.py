@@ -4,24 +4,25 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from streamquake.faults.envelope import ENVELOPE, FaultSpec
 from streamquake.units import (
+    DURATION,
+    PERCENTAGE,
+    DurationMs,
+    DurationS,
+    Fraction,
+    Size,
     bools_as_text,
     parse_duration_ms,
-    parse_duration_s,
     parse_fraction,
-    parse_size_bytes,
 )
 
-def _fraction(v: Any) -> float:
-    return parse_fraction(v)
 
-
-def _positive_ms(v: Any) -> float:
+def _positive_ms(v: object) -> float:
     ms = parse_duration_ms(v)
     if ms <= 0:
         raise ValueError(
@@ -30,39 +31,38 @@ def _positive_ms(v: Any) -> float:
     return ms
 
 
+def _fraction_or_null(v: object) -> object:
+    # A null goes on to the number check ("Input should be a valid number").
+    return None if v is None else parse_fraction(v)
+
+
+PositiveMs = Annotated[float, DURATION, BeforeValidator(_positive_ms)]
+_FractionNotNull = Annotated[float, PERCENTAGE, BeforeValidator(_fraction_or_null)]
+
+
 class _Part(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     @model_validator(mode="before")
     @classmethod
-    def _no_bool_numbers(cls, data: Any) -> Any:
+    def _no_bool_numbers(cls, data: object) -> object:
         return bools_as_text(cls, data)
 
 
 class Stall(_Part):
     """Pause the stream for ``duration`` before an event, with ``probability`` per event."""
 
-    probability: float = Field(description="of each event")
-    duration_ms: float = Field(alias="duration", description="how long the stream pauses")
-
-    _p = field_validator("probability", mode="before")(_fraction)
-    _d = field_validator("duration_ms", mode="before")(_positive_ms)
+    probability: Fraction = Field(description="of each event")
+    duration_ms: PositiveMs = Field(alias="duration", description="how long the stream pauses")
 
 
 class Abort(_Part):
     """Answer ``status`` before streaming, without contacting the upstream."""
 
     status: int = Field(ge=400, le=599, description="an HTTP error status such as 503 or 429")
-    probability: float = Field(1.0, description="of each request")
-    retry_after_s: float | None = Field(default=None, alias="retry_after",
-                                        description="sent as Retry-After")
-
-    _p = field_validator("probability", mode="before")(_fraction)
-
-    @field_validator("retry_after_s", mode="before")
-    @classmethod
-    def _retry_after(cls, v: Any) -> float | None:
-        return None if v is None else parse_duration_s(v)
+    probability: Fraction = Field(1.0, description="of each request")
+    retry_after_s: DurationS | None = Field(default=None, alias="retry_after",
+                                            description="sent as Retry-After")
 
     def retry_after_header(self) -> str | None:
         # Retry-After takes whole seconds (RFC 9110); round up so a client never retries early.
@@ -72,10 +72,8 @@ class Abort(_Part):
 class Reset(_Part):
     """Reset the TCP connection (RST) after ``after_events`` events, with ``probability``."""
 
-    probability: float = Field(1.0, description="of each stream")
+    probability: Fraction = Field(1.0, description="of each stream")
     after_events: int = Field(default=0, ge=0, description="events passed on first")
-
-    _p = field_validator("probability", mode="before")(_fraction)
 
 
 _ACTIONS = (
@@ -90,43 +88,27 @@ class SSEProxyFault(FaultSpec):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     type: Literal["sse_proxy"]
-    drop: float | None = Field(None, description="content events dropped")
-    delay_ms: float | None = Field(default=None, alias="delay",
-                                   description="held back before each event")
-    delay_jitter_ms: float | None = Field(default=None, alias="delay_jitter",
-                                          description="the delay varies by up to this much")
-    delay_probability: float = Field(1.0, description="events delayed")
-    first_event_delay_ms: float | None = Field(default=None, alias="first_event_delay",
-                                               description="held back before the first event")
+    drop: Fraction | None = Field(None, description="content events dropped")
+    delay_ms: PositiveMs | None = Field(default=None, alias="delay",
+                                        description="held back before each event")
+    delay_jitter_ms: DurationMs | None = Field(default=None, alias="delay_jitter",
+                                               description="the delay varies by up to this much")
+    delay_probability: _FractionNotNull = Field(1.0, description="events delayed")
+    first_event_delay_ms: PositiveMs | None = Field(default=None, alias="first_event_delay",
+                                                    description="held back before the first "
+                                                    "event")
     stall: Stall | None = Field(None, description="pause the stream for `duration` before an "
                                 "event, with `probability` per event")
     truncate_after_events: int | None = Field(default=None, ge=0, description="end the "
                                               "stream after this many events")
-    truncate_after_bytes: int | None = Field(default=None, ge=0, description="end the stream "
-                                             "after this much body")
+    truncate_after_bytes: Size | None = Field(default=None, ge=0, description="end the "
+                                              "stream after this much body")
     abort: Abort | None = Field(None, description="answer `status` (with `retry_after`) "
                                 "instead, with `probability`, the upstream never asked")
     reset: Reset | None = Field(None, description="reset the connection (RST) after "
                                 "`after_events` events, with `probability`")
-    corrupt: float | None = Field(None, description="events whose data is garbled")
+    corrupt: Fraction | None = Field(None, description="events whose data is garbled")
     seed: int | None = Field(None, description="for repeatable random choices")
-
-    _f = field_validator("drop", "corrupt", "delay_probability", mode="before")(
-        lambda v: None if v is None else _fraction(v)
-    )
-    _d = field_validator("delay_ms", "first_event_delay_ms", mode="before")(
-        lambda v: None if v is None else _positive_ms(v)
-    )
-
-    @field_validator("delay_jitter_ms", mode="before")
-    @classmethod
-    def _jitter(cls, v: Any) -> float | None:
-        return None if v is None else parse_duration_ms(v)
-
-    @field_validator("truncate_after_bytes", mode="before")
-    @classmethod
-    def _size(cls, v: Any) -> int | None:
-        return None if v is None else parse_size_bytes(v)
 
     @model_validator(mode="after")
     def _coherent(self) -> SSEProxyFault:

@@ -63,6 +63,10 @@ def _needs_target(spec: NetemFault | TbfFault) -> str | None:
 
 
 def _resources(scenario: ScenarioView) -> Sequence[Resource]:
+    return (*_namespace(scenario), *_scaffold(scenario))
+
+
+def _namespace(scenario: ScenarioView) -> Sequence[Resource]:
     if scenario.network.mode != "namespace":
         return ()
     if scenario.target.embedded is None:
@@ -75,6 +79,17 @@ def _resources(scenario: ScenarioView) -> Sequence[Resource]:
     return (TargetNamespace(),)
 
 
+def _scaffold(scenario: ScenarioView) -> Sequence[Resource]:
+    """The htb tree and filters of the run's local tc faults, built once (faults/tc/scaffold)."""
+    local = [f for f in (*scenario.faults, *_implied(scenario))
+             if isinstance(f, TcPlacement) and f.at is None]
+    if not local:
+        return ()
+    from streamquake.faults.tc.resources import TcScaffold
+
+    return (TcScaffold(local),)
+
+
 def _implied(scenario: ScenarioView) -> Sequence[FaultSpec]:
     """A network profile (``network.profile``) shapes the path for the whole run."""
     profile = network_profile_fault(scenario.network)
@@ -85,6 +100,12 @@ def _namespace_recoverer() -> Recoverer:
     from streamquake.faults.tc.netns import NamespaceTopology
 
     return NamespaceTopology.recover
+
+
+def _scaffold_recoverer() -> Recoverer:
+    from streamquake.faults.tc.scaffold import Scaffold
+
+    return Scaffold.recover
 
 
 def _refusal(spec: FaultSpec, allows: Allows, request: HoldRequest) -> str | None:
@@ -125,7 +146,7 @@ FAMILY = Family(
     ),
     resources=_resources,
     implied=_implied,
-    recoverers={"netns": _namespace_recoverer},
+    recoverers={"netns": _namespace_recoverer, "tc_scaffold": _scaffold_recoverer},
     agent=AgentAbility(
         options=(AllowOption("interfaces", "Network interfaces tc faults may shape (default: "
                              "any).", "interfaces"),),

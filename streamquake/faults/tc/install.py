@@ -112,7 +112,7 @@ def _add_unshaped_class(ipr: IPRoute, index: int, classid: int) -> None:
            rate=UNSHAPED_BYTES_PER_S, ceil=UNSHAPED_BYTES_PER_S, quantum=_HTB_QUANTUM)
 
 
-def _add_chain(ipr: IPRoute, index: int, parent: int, leaves: Sequence[LeafQdisc],
+def add_chain(ipr: IPRoute, index: int, parent: int, leaves: Sequence[LeafQdisc],
                majors: list[int]) -> None:
     for leaf, major in zip(leaves, majors, strict=True):
         leaf.add(ipr, index, parent, major << 16)
@@ -144,7 +144,7 @@ def install_htb(ipr: IPRoute, hop: Hop, leaves: Sequence[LeafQdisc],
         _add_unshaped_class(ipr, index, DEFAULT_CLASS)
     classid = ROOT_HANDLE | minor
     _add_unshaped_class(ipr, index, classid)
-    _add_chain(ipr, index, classid, leaves, majors)
+    add_chain(ipr, index, classid, leaves, majors)
     add_filters(ipr, index, ROOT_HANDLE, prefs, selectors, target=classid)
 
 
@@ -169,7 +169,7 @@ def install_ifb(ipr: IPRoute, hop: Hop, leaves: Sequence[LeafQdisc],
     ipr.link("add", ifname=ifb_name, kind="ifb")
     ifb = ipr.link_lookup(ifname=ifb_name)[0]
     ipr.link("set", index=ifb, state="up")
-    _add_chain(ipr, ifb, TC_H_ROOT, leaves, majors)
+    add_chain(ipr, ifb, TC_H_ROOT, leaves, majors)
     if not has_ingress:
         ipr.tc("add", "ingress", index=index, handle=INGRESS_HANDLE)
     add_filters(ipr, index, INGRESS_HANDLE, prefs, selectors, target=0,

@@ -24,20 +24,23 @@ remove it after a kill like any fault's tree; each fault's entry holds only its 
 from __future__ import annotations
 
 import contextlib
+import functools
+import queue
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
+from typing import Any, TypeVar
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl import TC_H_ROOT
 
-from streamquake.deadline import run_with_deadline
 from streamquake.errors import InjectorError, RevertError
 from streamquake.faults.contract import RunContext
 from streamquake.faults.tc.install import LeafQdisc, add_chain, install_htb, install_ifb
-from streamquake.faults.tc.netlink import LEAF_MAJORS, ROOT_HANDLE, link_index
+from streamquake.faults.tc.netlink import LEAF_MAJORS, ROOT_HANDLE, ROOT_MAJOR, link_index, qdiscs
 from streamquake.faults.tc.netns import iproute
 from streamquake.faults.tc.placement import (
     Hop,
@@ -46,7 +49,7 @@ from streamquake.faults.tc.placement import (
     resolve_addresses,
     u32_selectors,
 )
-from streamquake.faults.tc.readback import Decoder, HopReadback, read_hop
+from streamquake.faults.tc.readback import Decoder, HopReadback, describe_qdisc, read_hop
 from streamquake.faults.tc.remove import leaf_leftovers, remove_hops, remove_leaf
 from streamquake.faults.tc.state import HopState, hops_from_json
 from streamquake.journal import Journal, JournalEntry
@@ -54,7 +57,9 @@ from streamquake.jsontypes import JsonDict
 from streamquake.killpoints import killpoint
 
 SCAFFOLD_JOURNAL_TYPE = "tc_scaffold"
+_EEXIST = 17
 SlotKey = tuple[str | None, str, bool]  # netns, ifname, via_ifb: one claim key
+T = TypeVar("T")
 
 
 def slot_key(hop: Hop | HopState) -> SlotKey:
@@ -66,6 +71,7 @@ class _Layer:
     owner: object
     leaves: Sequence[LeafQdisc]
     state: HopState  # leaf_only, as the owner's journal entry holds it
+    put: bool = False  # put() began: the kernel may hold (part of) it, not the one below
 
 
 @dataclass
@@ -74,13 +80,16 @@ class Slot:
     last (its leaves are the ones in the kernel)."""
 
     hop: Hop
-    state: HopState = field(init=False)
+    state: HopState = field(init=False)  # bare, then as planned (journalled) before install
     index: int = 0  # the device the leaves hang on: the interface, or the ifb
+    built: HopReadback | None = None  # the kernel's view of the scaffold part, once built
     stack: list[_Layer] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state = HopState.bare(self.hop)
 
     @property
     def parent(self) -> int:
-        assert self.state.class_minor is not None or self.hop.via_ifb
         return TC_H_ROOT if self.hop.via_ifb else ROOT_HANDLE | (self.state.class_minor or 0)
 
 
@@ -97,7 +106,7 @@ class Scaffold:
         self._by_placement: dict[Placement, list[Slot]] = {}
         self._sockets = contextlib.ExitStack()
         self._ipr: dict[str | None, IPRoute] = {}
-        self._lock = threading.Lock()  # one request at a time on the shared sockets
+        self._thread = _NetlinkThread()
         self._majors_used: set[int] = set()
         self.build_ms: float | None = None
 
@@ -106,7 +115,7 @@ class Scaffold:
     def build(self, ctx: RunContext, placements: Sequence[Placement]) -> Scaffold:
         started = time.perf_counter()
         try:
-            run_with_deadline(lambda: self._build(ctx, placements), self.build_timeout_s,
+            self._thread.call(lambda: self._build(ctx, placements), self.build_timeout_s,
                               "building the tc scaffold")
         except BaseException as exc:
             with contextlib.suppress(RevertError):  # the journal keeps it for recover
@@ -130,8 +139,9 @@ class Scaffold:
             ipr = self._socket(hop.netns)
             install = install_ifb if hop.via_ifb else install_htb
             install(ipr, hop, (), u32_selectors(addrs, ctx.target_port, hop.match),
-                    lambda st, slot=slot: self._record(slot, st))
+                    functools.partial(self._record, slot))
             slot.index = link_index(ipr, hop.netns, slot.state.ifb or hop.ifname)
+            slot.built = read_hop(ipr, slot.state, {})
         killpoint("tc.scaffold.built")
         self._by_placement = {p: [self._slots[slot_key(h)] for h in hs]
                               for p, hs in planned.items()
@@ -140,8 +150,7 @@ class Scaffold:
     def _record(self, slot: Slot, st: HopState) -> None:
         slot.state = st
         assert self._entry is not None
-        self._entry.save({"hops": [s.state.to_json() for s in self._slots.values()
-                                   if hasattr(s, "state")]})
+        self._entry.save(self.describe())
         killpoint("tc.scaffold.journalled")
 
     def _socket(self, netns: str | None) -> IPRoute:
@@ -152,16 +161,18 @@ class Scaffold:
     def destroy(self) -> JsonDict:
         """Remove the scaffold, with any leaf still on it; raises RevertError if it cannot."""
         started = time.perf_counter()
-        self._sockets.close()
+        with contextlib.suppress(OSError, TimeoutError):  # closing: nothing to undo
+            self._thread.call(self._sockets.close, self.timeout_s, "closing netlink sockets")
+        self._thread.stop()
         self._ipr.clear()
-        states = [s.state for s in self._slots.values() if hasattr(s, "state")]
+        states = [s.state for s in self._slots.values()]
         removed = remove_hops(states, self.timeout_s) if states else []
         self._slots.clear()
         self._by_placement.clear()
         if self._entry is not None:
             self._entry.done()
             self._entry = None
-        return {"removed": removed, "destroy_ms": (time.perf_counter() - started) * 1000}
+        return {"removed": list(removed), "destroy_ms": (time.perf_counter() - started) * 1000}
 
     @classmethod
     def recover(cls, state: Mapping[str, object]) -> str:
@@ -169,8 +180,8 @@ class Scaffold:
         return ("removed " + "; ".join(removed)) if removed else "nothing of it was left"
 
     def describe(self) -> JsonDict:
-        return {"hops": [s.state.to_json() for s in self._slots.values()
-                         if hasattr(s, "state")], "build_ms": self.build_ms}
+        return {"hops": [s.state.to_json() for s in self._slots.values()],
+                "build_ms": self.build_ms}
 
     # ------------------------------------------------------------------ faults on the slots
 
@@ -193,17 +204,25 @@ class Scaffold:
         """Install ``owner``'s planned leaves, in place of those of the fault it covers."""
         layer = self._layer(owner, slot)
         assert layer is not None and slot.stack[-1] is layer, "plan() first, then put()"
-        with self._using(slot) as ipr:
+        layer.put = True
+
+        def work(ipr: IPRoute) -> None:
             if len(slot.stack) > 1:
                 remove_leaf(ipr, slot.stack[-2].state, [])
             add_chain(ipr, slot.index, slot.parent, layer.leaves, list(layer.state.leaf_majors))
 
+        self._on(slot, work, "adding the fault's leaves")
+
     def read(self, owner: object, slot: Slot, decoders: dict[str, Decoder]) -> HopReadback:
+        """The kernel's qdiscs on the slot's device now: ``owner``'s leaves (and our htb root);
+        the class and filters as read back when the scaffold was built (only the leaves change
+        while it stands). One dump, where reading the whole hop again takes four."""
         layer = self._layer(owner, slot)
-        assert layer is not None
-        with self._using(slot) as ipr:
-            return read_hop(ipr, replace(slot.state, leaf_majors=layer.state.leaf_majors),
-                            decoders)
+        assert layer is not None and slot.built is not None
+        mine = set(layer.state.leaf_majors) | ({ROOT_MAJOR} if not slot.hop.via_ifb else set())
+        present = self._on(slot, lambda ipr: qdiscs(ipr, slot.index), "reading back")
+        return replace(slot.built, qdiscs=tuple(describe_qdisc(q, decoders) for q in present
+                                                if q["handle"] >> 16 in mine))
 
     def take(self, owner: object, slot: Slot) -> list[str]:
         """Remove ``owner``'s leaves (idempotent), put back those of the fault it covered, and
@@ -212,49 +231,83 @@ class Scaffold:
         if layer is None:
             return []
         removed: list[str] = []
-        with self._using(slot) as ipr:
-            if slot.stack[-1] is layer:
+
+        def work(ipr: IPRoute) -> list[str]:
+            if slot.stack[-1] is layer and layer.put:
                 remove_leaf(ipr, layer.state, removed)
                 if len(slot.stack) > 1:
-                    below = slot.stack[-2]
-                    add_chain(ipr, slot.index, slot.parent, below.leaves,
-                              list(below.state.leaf_majors))
-            left = leaf_leftovers(ipr, layer.state)
-            if left:
-                raise RevertError(f"the tc fault is still partly in place after revert: "
-                                  f"{', '.join(left)}; run `streamquake recover`")
+                    self._restore(ipr, slot, slot.stack[-2])
+            return leaf_leftovers(ipr, layer.state)
+
+        left = self._on(slot, work, "removing the fault's leaves")
+        if left:
+            raise RevertError(f"the tc fault is still partly in place after revert: "
+                              f"{', '.join(left)}; run `streamquake recover`")
         slot.stack.remove(layer)
         self._majors_used.difference_update(layer.state.leaf_majors)
         return removed
 
+    @staticmethod
+    def _restore(ipr: IPRoute, slot: Slot, below: _Layer) -> None:
+        try:
+            add_chain(ipr, slot.index, slot.parent, below.leaves, list(below.state.leaf_majors))
+        except NetlinkError as exc:
+            if exc.code != _EEXIST:  # a put() that failed before it removed the one below
+                raise
+
     def _layer(self, owner: object, slot: Slot) -> _Layer | None:
         return next((x for x in slot.stack if x.owner is owner), None)
 
-    @contextlib.contextmanager
-    def _using(self, slot: Slot) -> Iterator[IPRoute]:
-        if not self._lock.acquire(timeout=self.timeout_s):
-            raise TimeoutError("the tc scaffold's netlink socket stayed busy")
+    def _on(self, slot: Slot, work: Callable[[IPRoute], T], what: str) -> T:
+        """``work`` with the socket of ``slot``'s namespace, on the scaffold's own thread."""
+        return self._thread.call(lambda: work(self._socket(slot.hop.netns)), self.timeout_s,
+                                 f"{what} on the tc scaffold")
+
+
+class _NetlinkThread:
+    """The one thread that makes and uses the scaffold's sockets. pyroute2 0.9 keeps an
+    IPRoute's socket per thread, made at a thread's first request in whatever namespace that
+    thread is in: the same IPRoute used from another thread talks to *that* thread's namespace
+    (ours, not the target's). A job that never returns leaves every later call to time out."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
+            queue.SimpleQueue())
+        threading.Thread(target=self._loop, name="streamquake tc scaffold", daemon=True).start()
+
+    def _loop(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            fn, done = job
+            try:
+                done.set_result(fn())
+            except BaseException as exc:  # handed to the caller's thread
+                done.set_exception(exc)
+
+    def call(self, fn: Callable[[], T], timeout_s: float, what: str) -> T:
+        done: Future[T] = Future()
+        self._jobs.put((fn, done))
         try:
-            yield self._socket(slot.hop.netns)
-        finally:
-            self._lock.release()
+            return done.result(timeout_s)
+        except TimeoutError:
+            raise TimeoutError(f"{what} did not finish within {timeout_s:g} s") from None
+
+    def stop(self) -> None:
+        self._jobs.put(None)
 
 
 def _agreeing_hops(planned: Mapping[Placement, list[Hop]]) -> list[Hop]:
-    """One hop per slot key, where every placement that reaches that key wants the same match;
-    a placement with a hop on a key in dispute gets no slot on any of its keys either."""
-    placements = dict(planned)
+    """One hop per slot key, where every placement that reaches that key wants the same match.
+    A placement with a hop on a key in dispute installs its own tree, whose filters would take
+    the packets of a slot on its other keys too: those get no slot either."""
+    wanted: dict[SlotKey, set[Hop]] = {}
+    for hops in planned.values():
+        for hop in hops:
+            wanted.setdefault(slot_key(hop), set()).add(hop)
+    disputed = {k for k, hs in wanted.items() if len(hs) > 1}
     while True:
-        wanted: dict[SlotKey, set[Hop]] = {}
-        for hops in placements.values():
-            for hop in hops:
-                wanted.setdefault(slot_key(hop), set()).add(hop)
-        disputed = {k for k, hs in wanted.items() if len(hs) > 1}
-        if not disputed:
-            return [next(iter(hs)) for hs in wanted.values()]
-        placements = {p: hs for p, hs in placements.items()
-                      if not any(slot_key(h) in disputed for h in hs)}
+        spread = {slot_key(h) for hs in planned.values()
+                  if any(slot_key(h) in disputed for h in hs) for h in hs}
+        if spread <= disputed:
+            return [next(iter(hs)) for k, hs in wanted.items() if k not in disputed]
+        disputed |= spread
 
-
-Installer = Callable[[IPRoute, Hop, Sequence[LeafQdisc], list[tuple[int, list[str]]],
-                      Callable[[HopState], None]], None]

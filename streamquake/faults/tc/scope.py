@@ -61,6 +61,8 @@ from streamquake.faults.tc.placement import (
 from streamquake.faults.tc.probe import capability_problems
 from streamquake.faults.tc.readback import Decoder, HopReadback, read_hop
 from streamquake.faults.tc.remove import remove_hops
+from streamquake.faults.tc.resources import TcScaffold
+from streamquake.faults.tc.scaffold import Scaffold, Slot
 from streamquake.faults.tc.spec import TcPlacement
 from streamquake.faults.tc.state import HopState, hops_from_json
 from streamquake.journal import JournalEntry
@@ -105,6 +107,7 @@ class ScopedTc:
         self.leaves = list(leaves)
         self.decoders = decoders or {}
         self._hops: list[HopState] = []
+        self._on: tuple[Scaffold, list[Slot]] | None = None  # applied on the run's scaffold
 
     def preflight(self) -> list[str]:
         problems = capability_problems({leaf.kind for leaf in self.leaves} | {"htb", "u32"})
@@ -141,6 +144,12 @@ class ScopedTc:
         return TcApplied(tuple(self._hops), self.read_back(), apply_ms)
 
     def _apply(self, entry: JournalEntry) -> None:
+        resource = self.ctx.find(TcScaffold)
+        scaffold = resource.scaffold if resource is not None else None
+        slots = scaffold.slots(self.placement) if scaffold is not None else None
+        if scaffold is not None and slots:
+            self._apply_on(scaffold, slots, entry)
+            return
         hops = plan_hops(self.ctx, self.placement)
         addrs = resolve_addresses(self.ctx.target_host)
         # One owner per interface and direction: another's newest filter would take this
@@ -156,6 +165,17 @@ class ScopedTc:
                         lambda st: self._record(entry, st))
         killpoint("tc.installed")
 
+    def _apply_on(self, scaffold: Scaffold, slots: list[Slot], entry: JournalEntry) -> None:
+        """The run's scaffold holds the classes and filters: add only the leaves."""
+        entry.claim({_claim_key(s.hop): _claim_words(s.hop) for s in slots}, per_owner=True)
+        self._on = (scaffold, slots)
+        self._hops = [scaffold.plan(self, slot, self.leaves) for slot in slots]
+        entry.save({"hops": [h.to_json() for h in self._hops]})
+        killpoint("tc.journalled")
+        for slot in slots:
+            scaffold.put(self, slot)
+        killpoint("tc.installed")
+
     def _record(self, entry: JournalEntry, st: HopState) -> None:
         """The hop being installed is now ``st``: journal every hop before it changes anything."""
         self._hops[-1] = st
@@ -166,6 +186,9 @@ class ScopedTc:
         return list(self._hops)
 
     def read_back(self) -> tuple[HopReadback, ...]:
+        if self._on is not None:
+            scaffold, slots = self._on
+            return tuple(scaffold.read(self, slot, self.decoders) for slot in slots)
         views = []
         for st in self._hops:
             with iproute(st.netns) as ipr:
@@ -175,9 +198,22 @@ class ScopedTc:
     def revert(self) -> JsonDict:
         """Remove what apply installed; idempotent, and fine after a partial apply."""
         started = time.perf_counter()
-        removed = remove_hops(self._hops, self.revert_timeout_s) if self._hops else []
-        self._hops = []
+        if self._on is not None:
+            removed = self._revert_on(*self._on)
+        else:
+            removed = remove_hops(self._hops, self.revert_timeout_s) if self._hops else []
+        self._hops, self._on = [], None
         return {"removed": list(removed), "revert_ms": (time.perf_counter() - started) * 1000}
+
+    def _revert_on(self, scaffold: Scaffold, slots: list[Slot]) -> list[str]:
+        try:
+            return run_with_deadline(
+                lambda: [x for slot in reversed(slots) for x in scaffold.take(self, slot)],
+                self.revert_timeout_s, "reverting the tc fault")
+        except (NetlinkError, OSError, TimeoutError) as exc:
+            raise RevertError(
+                f"could not revert the tc fault's leaves on the run's scaffold: {exc}. It may "
+                "still be in place until the run ends; else run `streamquake recover`") from exc
 
     @classmethod
     def recover(cls, state: Mapping[str, object]) -> str:

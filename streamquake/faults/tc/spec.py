@@ -5,7 +5,7 @@ library only): ``streamquake validate`` imports it."""
 from __future__ import annotations
 
 import math
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, Field, field_validator, model_validator
 
@@ -75,7 +75,7 @@ class NetemFault(FaultSpec, TcPlacement):
 
     @model_validator(mode="before")
     @classmethod
-    def _profile_defaults(cls, data: Any) -> Any:
+    def _profile_defaults(cls, data: object) -> object:
         if isinstance(data, dict) and data.get("profile"):
             return {**get_profile(str(data["profile"])).netem_fields(), **data}
         return data

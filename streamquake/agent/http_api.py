@@ -45,7 +45,7 @@ from streamquake.agentwire.api import (
     WatchRun,
 )
 from streamquake.errors import ScenarioError, StreamquakeError, validation_sentences
-from streamquake.faults.catalog import fault_types
+from streamquake.faults.catalog import allow_options, families, fault_types
 from streamquake.journal import Journal, pid_start_time
 from streamquake.loopback import is_loopback
 from streamquake.version import __version__
@@ -347,11 +347,10 @@ def build_app(holder: Holder, info: AgentInfo, cfg: AgentConfig) -> web.Applicat
 
 
 def _capabilities() -> dict[str, bool]:
-    from streamquake.faults.gpu.nvml import nvml_available
-    from streamquake.faults.tc.netns import has_cap_net_admin
-
-    return {"root": os.geteuid() == 0, "cap_net_admin": has_cap_net_admin(),
-            "nvml": nvml_available()}
+    found = {"root": os.geteuid() == 0}
+    for family in families():
+        found.update(family.agent.capabilities())
+    return found
 
 
 def _unavailable(types: list[str]) -> dict[str, str]:
@@ -433,10 +432,9 @@ async def _serve(cfg: AgentConfig, holder: Holder, tls: ssl.SSLContext | None,
                    "network path can read it and apply faults; use --tls-cert and --tls-key")
         log(warning)
         print(f"\n{'!' * 72}\n{warning}\n{'!' * 72}\n", file=sys.stderr, flush=True)
-    log(f"allowed: types {', '.join(types)}; interfaces "
-        f"{', '.join(sorted(cfg.allow.interfaces)) if cfg.allow.interfaces else 'any'}; GPUs "
-        f"{', '.join(sorted(cfg.allow.gpus)) if cfg.allow.gpus else 'any'}; SSE proxies "
-        f"{', '.join(sorted(cfg.allow.proxies)) if cfg.allow.proxies else 'any'}")
+    log("; ".join([f"allowed: types {', '.join(types)}", *(
+        f"{o.title} {', '.join(sorted(v)) if (v := cfg.allow.options.get(o.name)) else 'any'}"
+        for o in allow_options())]))
     if cfg.discovery_file is not None:
         _write_discovery(cfg.discovery_file, url)
     print(f"LISTENING {url}", flush=True)

@@ -24,7 +24,7 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
     arrival: ClosedLoop | OpenLoop | TraceReplay
     users = load.users
     if load.trace is not None:
-        arrival = _trace(load.trace, end_at - scenario.phases.total_s,
+        arrival = _trace(load.trace, end_at - scenario.total_s,
                          max(1, load.workers + load.remote_workers),
                          {c.name for c in load.classes})
         users = arrival.processes       # one dispatching user per load process

@@ -13,7 +13,7 @@ from streamquake.result import RunResult
 from streamquake.run.outcome import redacted_echo
 from streamquake.run.series import environment
 from streamquake.run.verdicts import evaluate
-from streamquake.scenario import SCORED_PHASES, Scenario
+from streamquake.scenario import Scenario
 from streamquake.version import __version__
 
 
@@ -23,8 +23,8 @@ def failed_result(scenario_file: Path, scenario: Scenario | None, exc: Streamqua
     echo = redacted_echo(scenario) if scenario is not None else {}
     checks = []
     if scenario is not None:
-        phases: dict[str, Stats] = {p: Stats() for p in SCORED_PHASES
-                                    if scenario.phases.duration_s(p) > 0}
+        phases: dict[str, Stats] = {s.name: Stats() for s in scenario.timeline
+                                    if s.kind != "warmup"}
         classes: dict[str, dict[str, Stats]] = {
             p: {rc.name: Stats() for rc in scenario.load.classes} for p in phases}
         checks = evaluate(scenario, phases, classes)

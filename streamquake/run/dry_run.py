@@ -8,7 +8,8 @@ from streamquake.faults.envelope import FaultSpec
 from streamquake.journal import journal_path
 from streamquake.reference import written_pairs
 from streamquake.run.parts import wanted_resources
-from streamquake.scenario import PHASE_ORDER, Scenario
+from streamquake.scenario import Scenario
+from streamquake.scenario.steps import Ramp, StepSpec
 
 
 def _params(spec: FaultSpec) -> str:
@@ -37,18 +38,37 @@ def dry_run_plan(scenario: Scenario) -> list[str]:
     load = scenario.load
     shape = (f"open loop at {load.arrival.rate_per_s:g}/s" if load.arrival
              else f"{load.users} users, closed loop")
-    lines.append(f"load: {shape}, {scenario.phases.total_s:g} s in all, then it stops")
+    lines.append(f"load: {shape}, {scenario.total_s:g} s in all, then it stops")
     for fam in families():
         for spec in fam.implied(scenario):
             lines.append(_line(spec, scenario, "whole run"))
     offset = 0.0
-    for phase in PHASE_ORDER:
-        length = scenario.phases.duration_s(phase)
-        for spec in (f for f in scenario.faults if f.phase == phase):
-            when = f"+{offset:g}s to +{offset + length:g}s ({phase})"
-            lines.append(_line(spec, scenario, when))
+    by_label = {f.label: f for f in scenario.faults}
+    for step in scenario.timeline:
+        length = step.duration_s
+        if scenario.steps is not None:
+            lines.append(f"step {step.name} ({step.kind}): +{offset:g}s to "
+                         f"+{offset + length:g}s{_step_load(step)}")
+        for name in step.faults:
+            when = f"+{offset:g}s to +{offset + length:g}s ({step.name})"
+            lines.append(_line(by_label[name], scenario, when))
         offset += length
     lines.append(f"every change is journalled first in {journal_path()} and reverted at its "
                  "phase's end, on failure, Ctrl-C and SIGTERM; after a kill, `streamquake "
                  "recover` undoes it")
     return lines
+
+
+def _step_load(step: StepSpec) -> str:
+    load = step.load
+    if load is None:
+        return ""
+    if load.users is not None:
+        return f", {load.users} users"
+    rate = load.rate
+    said = (f", {rate.start:g}/s ramping to {rate.end:g}/s" if isinstance(rate, Ramp)
+            else f", {rate:g}/s")
+    if load.spike is not None:
+        said += (f", a spike to {load.spike.rate:g}/s from +{load.spike.at_s:g}s for "
+                 f"{load.spike.for_s:g}s")
+    return said
