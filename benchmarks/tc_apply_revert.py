@@ -16,7 +16,8 @@ left) + ``entry.done()``. Each fault twice: on the run's scaffold (built once, a
 when it starts: only the leaf changes) and building its own tree (as ``inject`` and an agent
 do). Baseline, in the same rounds: a bare pyroute2 ``tc add``/``tc del`` of one tbf root qdisc
 on the client namespace's ``lo`` (the veth holds the scaffold), through an already open netlink
-socket (the floor any tool pays). Cases and baseline take turns in every round so that CPU contention hits them alike.
+socket (the floor any tool pays). Cases and baseline take turns in every round so that CPU
+contention hits them alike.
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@
 The public surface is what ``__all__`` lists (tests/test_public_api.py guards it): the errors
 and exit codes, the scenario (``Scenario``, ``load_scenario``, ``parse_scenario``), the runner
 and its result (``Runner``, ``RunResult``), and the fault-family contract (``Family``,
-``FaultType``, ``FaultSpec``, ``Injector``, ``Resource``, ``RunContext``, ``Wiring``). Everything
+``FaultType``, ``FaultSpec``, ``Injector``, ``InjectorFactory``, ``Resource``, ``RunContext``,
+``Wiring``; the whole contract is ``streamquake.faults.contract.__all__``). Everything
 else, private modules included, may change. The heavier names are imported on first use, so
 ``import streamquake`` stays cheap.
 """
@@ -14,6 +15,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 from streamquake.errors import (
+    EXIT_ABORTED,
     EXIT_ENVIRONMENT,
     EXIT_OK,
     EXIT_REVERT_FAILED,
@@ -21,6 +23,7 @@ from streamquake.errors import (
     EXIT_SLO_BROKEN,
     InjectorError,
     PreflightError,
+    RevertError,
     ScenarioError,
     StreamquakeError,
     TargetError,
@@ -33,6 +36,7 @@ if TYPE_CHECKING:
         FaultSpec,
         FaultType,
         Injector,
+        InjectorFactory,
         Resource,
         RunContext,
         Wiring,
@@ -47,6 +51,7 @@ _LAZY = {
     "FaultSpec": "streamquake.faults.contract",
     "FaultType": "streamquake.faults.contract",
     "Injector": "streamquake.faults.contract",
+    "InjectorFactory": "streamquake.faults.contract",
     "Resource": "streamquake.faults.contract",
     "RunContext": "streamquake.faults.contract",
     "Wiring": "streamquake.faults.contract",
@@ -65,6 +70,7 @@ def __getattr__(name: str) -> object:
 
 
 __all__ = [
+    "EXIT_ABORTED",
     "EXIT_ENVIRONMENT",
     "EXIT_OK",
     "EXIT_REVERT_FAILED",
@@ -75,8 +81,10 @@ __all__ = [
     "FaultType",
     "Injector",
     "InjectorError",
+    "InjectorFactory",
     "PreflightError",
     "Resource",
+    "RevertError",
     "RunContext",
     "RunResult",
     "Runner",

@@ -95,22 +95,17 @@ def _main(
     _state["debug"] = debug
 
 
-def _fail(exc: StreamquakeError) -> None:
-    if _state["debug"]:
-        err_console.print_exception()
-    problems = getattr(exc, "problems", None) or [str(exc)]
-    for line in problems:
-        err_console.print(f"Error: {line}", markup=False, highlight=False, emoji=False,
-                          soft_wrap=True)
-    raise typer.Exit(exc.exit_code)
-
-
 def _print_problems(exc: StreamquakeError) -> None:
     if _state["debug"]:
         err_console.print_exception()
     for line in getattr(exc, "problems", None) or [str(exc)]:
         err_console.print(f"Error: {line}", markup=False, highlight=False, emoji=False,
                           soft_wrap=True)
+
+
+def _fail(exc: StreamquakeError) -> None:
+    _print_problems(exc)
+    raise typer.Exit(exc.exit_code)
 
 
 @app.command(epilog=EXIT_CODES_HELP)
@@ -173,17 +168,13 @@ def run(
 ) -> None:
     """Run a scenario: baseline, fault, recovery; print verdicts; write reports."""
     # Bad flags and an unreadable file are usage errors: one sentence, exit 2, nothing written.
-    try:
-        lease_s = None if no_watchdog else _duration_option("--lease", lease)
-        flags = _load_flags(workers, remote_workers, master_bind)
-        if metrics_port is not None:
-            _port_option("--metrics-port", metrics_port)
-        if metrics_file is not None:
-            _metrics_file_option(metrics_file)
-        text = _read_scenario(scenario_file)
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    lease_s = None if no_watchdog else _duration_option("--lease", lease)
+    flags = _load_flags(workers, remote_workers, master_bind)
+    if metrics_port is not None:
+        _port_option("--metrics-port", metrics_port)
+    if metrics_file is not None:
+        _metrics_file_option(metrics_file)
+    text = _read_scenario(scenario_file)
     overrides = [*(overrides or []), *flags]
     if dry_run:
         _dry_run(scenario_file, text, overrides)
@@ -254,11 +245,7 @@ def _dry_run(scenario_file: Path, text: bytes, overrides: list[str]) -> None:
     from streamquake.run.dry_run import dry_run_plan
     from streamquake.scenario import parse_scenario
 
-    try:
-        lines = dry_run_plan(parse_scenario(text, str(scenario_file), overrides))
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    lines = dry_run_plan(parse_scenario(text, str(scenario_file), overrides))
     for line in lines:
         console.print(line, markup=False, highlight=False, soft_wrap=True)
 
@@ -323,19 +310,15 @@ def compare(
     from streamquake.reports.compare_terminal import print_comparison
     from streamquake.reports.saved_run import load_run
 
-    try:
-        tol = _share(tolerance, "--tolerance")
-        if not 0 < confidence < 1:
-            raise ScenarioError("--confidence must be between 0 and 1, e.g. 0.95")
-        run_a, run_b = load_run(a), load_run(b)
-        if not different_scenarios and (why := differ(run_a, run_b)) is not None:
-            raise ScenarioError(f"{why}, so a difference may be the scenario's, not the "
-                                "target's; --different-scenarios compares them anyway")
-        comparison = compare_runs(run_a, run_b, tolerance=tol, confidence=confidence,
-                                  resamples=max(0, resamples))
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    tol = _share(tolerance, "--tolerance")
+    if not 0 < confidence < 1:
+        raise ScenarioError("--confidence must be between 0 and 1, e.g. 0.95")
+    run_a, run_b = load_run(a), load_run(b)
+    if not different_scenarios and (why := differ(run_a, run_b)) is not None:
+        raise ScenarioError(f"{why}, so a difference may be the scenario's, not the "
+                            "target's; --different-scenarios compares them anyway")
+    comparison = compare_runs(run_a, run_b, tolerance=tol, confidence=confidence,
+                              resamples=max(0, resamples))
     print_comparison(comparison, console)
     if markdown is not None:
         markdown.write_text(compare_markdown(comparison))
@@ -370,22 +353,18 @@ def history_cmd(
     from streamquake.reports.history import read_runs
     from streamquake.reports.history_terminal import print_history
 
-    try:
-        tol = _share(tolerance, "--tolerance")
-        for option, value in (("--window", window), ("--min-runs", min_runs), ("--last", last)):
-            if value < 1:
-                raise ScenarioError(f"{option} {value}: give 1 or more")
-        if min_runs > window:
-            raise ScenarioError(f"--min-runs {min_runs} is more than --window {window}: the "
-                                "latest run could never be judged")
-        runs = read_runs(store, scenario)
-        if scenario is not None and not runs:
-            known = sorted({r.scenario for r in read_runs(store)})
-            raise ScenarioError(f"--scenario {scenario}: no run of it in {store} (it holds "
-                                f"{', '.join(known) if known else 'no runs yet'})")
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    tol = _share(tolerance, "--tolerance")
+    for option, value in (("--window", window), ("--min-runs", min_runs), ("--last", last)):
+        if value < 1:
+            raise ScenarioError(f"{option} {value}: give 1 or more")
+    if min_runs > window:
+        raise ScenarioError(f"--min-runs {min_runs} is more than --window {window}: the "
+                            "latest run could never be judged")
+    runs = read_runs(store, scenario)
+    if scenario is not None and not runs:
+        known = sorted({r.scenario for r in read_runs(store)})
+        raise ScenarioError(f"--scenario {scenario}: no run of it in {store} (it holds "
+                            f"{', '.join(known) if known else 'no runs yet'})")
     regressed = print_history(runs, console, window=window, tolerance=tol, last=last,
                               min_runs=min_runs)
     raise typer.Exit(1 if regressed else 0)
@@ -431,34 +410,30 @@ def probe(
     from streamquake.run.probe import probe as probe_target
     from streamquake.scenario import load_scenario, parse_scenario
 
-    try:
-        if scenario_file is not None:
-            scenario = load_scenario(scenario_file, [f"target.url={url}"] if url else [])
-        elif url is None:
-            raise ScenarioError("give a scenario file, or --url (with --protocol, --model, "
-                                "--path and --header as needed)")
-        else:
-            named = dict(h.split(":", 1) for h in headers or () if ":" in h)
-            bad = [h for h in headers or () if ":" not in h]
-            if bad:
-                raise ScenarioError(f"--header {bad[0]!r}: write it as 'Name: value'")
-            target = {"protocol": protocol, "url": url,
-                      "headers": {k.strip(): v.strip() for k, v in named.items()},
-                      **({"model": model} if model else {}), **({"path": path} if path else {})}
-            scenario = parse_scenario(json_module.dumps({
-                "name": "probe", "target": target,
-                "phases": {"warmup": 0, "baseline": 1, "fault": 0, "recovery": 0},
-                "load": {"classes": [{"name": "probe", "prompt": "Say hello.",
-                                      "max_tokens": 16}]}}), "the command line")
-        base = scenario.target.url
-        if base is None:
-            raise ScenarioError(f"{scenario_file}: the target is embedded, and `run` probes it "
-                                "itself; give --url to probe a server")
-        with tempfile.TemporaryDirectory(prefix="sq-probe-") as work:
-            probed = probe_target(scenario, base, Path(work))
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    if scenario_file is not None:
+        scenario = load_scenario(scenario_file, [f"target.url={url}"] if url else [])
+    elif url is None:
+        raise ScenarioError("give a scenario file, or --url (with --protocol, --model, "
+                            "--path and --header as needed)")
+    else:
+        named = dict(h.split(":", 1) for h in headers or () if ":" in h)
+        bad = [h for h in headers or () if ":" not in h]
+        if bad:
+            raise ScenarioError(f"--header {bad[0]!r}: write it as 'Name: value'")
+        target = {"protocol": protocol, "url": url,
+                  "headers": {k.strip(): v.strip() for k, v in named.items()},
+                  **({"model": model} if model else {}), **({"path": path} if path else {})}
+        scenario = parse_scenario(json_module.dumps({
+            "name": "probe", "target": target,
+            "phases": {"warmup": 0, "baseline": 1, "fault": 0, "recovery": 0},
+            "load": {"classes": [{"name": "probe", "prompt": "Say hello.",
+                                  "max_tokens": 16}]}}), "the command line")
+    base = scenario.target.url
+    if base is None:
+        raise ScenarioError(f"{scenario_file}: the target is embedded, and `run` probes it "
+                            "itself; give --url to probe a server")
+    with tempfile.TemporaryDirectory(prefix="sq-probe-") as work:
+        probed = probe_target(scenario, base, Path(work))
     for p in probed:
         console.print(("ok   " if p.problem is None else "FAIL ") + p.line(), markup=False,
                       highlight=False, soft_wrap=True)
@@ -537,11 +512,7 @@ def recover() -> None:
     """Undo every fault the journal lists as applied and not reverted (after a killed run)."""
     from streamquake.faults.recovery import recover_all
 
-    try:
-        lines, failed = recover_all()
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    lines, failed = recover_all()
     for line in lines:
         console.print(line, highlight=False, soft_wrap=True)
     if failed:
@@ -570,20 +541,14 @@ def target_serve(
     from streamquake.protocols import names
 
     unknown = [p for p in protocol or [] if p not in names()]
-    try:
-        _port_option("--port", port)
-        if unknown:
-            raise ScenarioError(f"--protocol {unknown[0]}: the embedded target serves "
-                                f"{', '.join(names())}")
-    except StreamquakeError as exc:
-        _fail(exc)
+    _port_option("--port", port)
+    if unknown:
+        raise ScenarioError(f"--protocol {unknown[0]}: the embedded target serves "
+                            f"{', '.join(names())}")
     if config is not None:
         from streamquake.target.__main__ import load_config_file
 
-        try:
-            load_config_file(config)      # checked here, so errors come as the CLI's own
-        except StreamquakeError as exc:
-            _fail(exc)
+        load_config_file(config)      # checked here, so errors come as the CLI's own
     args = ["--host", host, "--port", str(port)]
     for p in protocol or []:
         args += ["--protocol", p]
@@ -656,15 +621,12 @@ def inject(
     from streamquake.agent.commands import inject as do_inject
 
     where = Where(at, token_env, ca_cert, client_cert, client_key)
-    try:
-        if not hold_for:
-            from streamquake.errors import ScenarioError
+    if not hold_for:
+        from streamquake.errors import ScenarioError
 
-            raise ScenarioError("give --for: how long to hold the fault, e.g. --for 2m")
-        do_inject(console, fault_type, list(params or []), hold_for, name, where, target,
-                  as_json, proxy)
-    except StreamquakeError as exc:
-        _fail(exc)
+        raise ScenarioError("give --for: how long to hold the fault, e.g. --for 2m")
+    do_inject(console, fault_type, list(params or []), hold_for, name, where, target,
+              as_json, proxy)
 
 
 @app.command(epilog=AGENT_EXIT_CODES)
@@ -681,10 +643,7 @@ def status(
     from streamquake.agent.commands import status as do_status
 
     where = Where(at, token_env, ca_cert, client_cert, client_key)
-    try:
-        do_status(console, where, as_json)
-    except StreamquakeError as exc:
-        _fail(exc)
+    do_status(console, where, as_json)
 
 
 @app.command("revert", epilog=AGENT_EXIT_CODES)
@@ -707,10 +666,7 @@ def revert_cmd(
     from streamquake.agent.commands import revert as do_revert
 
     where = Where(at, token_env, ca_cert, client_cert, client_key)
-    try:
-        do_revert(console, name, every, where, force)
-    except StreamquakeError as exc:
-        _fail(exc)
+    do_revert(console, name, every, where, force)
 
 
 class _AgentCommand(_Command):
@@ -752,9 +708,10 @@ def _family_allow_params() -> list[Parameter]:
     return typer.main.get_command(holder).params
 
 
-@app.command("agent", cls=_AgentCommand, epilog="Exit codes: 0 stopped cleanly (every fault reverted); 1 a fault "
-             "could not be reverted at stop (it stays in the journal for the next start); 2 a "
-             "wrong option; 3 cannot start (port in use, state directory taken).")
+@app.command("agent", cls=_AgentCommand,
+             epilog="Exit codes: 0 stopped cleanly (every fault reverted); 1 a fault could not "
+             "be reverted at stop (it stays in the journal for the next start); 2 a wrong "
+             "option; 3 cannot start (port in use, state directory taken).")
 def agent_cmd(
     ctx: typer.Context,
     listen: Annotated[str, typer.Option("--listen", help="HOST:PORT to listen on (port 0: any "
@@ -793,13 +750,9 @@ def agent_cmd(
     own `--allow-<what>` options."""
     from streamquake.agent.commands import serve_agent
 
-    try:
-        code = serve_agent(listen, token_env, allow_types, ctx.meta.get("allow", {}),
-                           tls_cert, tls_key, tls_client_ca, state_dir, discovery_file,
-                           exit_when_idle, watch_runs, insecure_http)
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    code = serve_agent(listen, token_env, allow_types, ctx.meta.get("allow", {}),
+                       tls_cert, tls_key, tls_client_ca, state_dir, discovery_file,
+                       exit_when_idle, watch_runs, insecure_http)
     raise typer.Exit(code)
 
 
@@ -822,12 +775,8 @@ def proxy_cmd(
     under leases (`inject sse_proxy ... --proxy HOST:PORT`) until Ctrl-C or SIGTERM."""
     from streamquake.faults.proxy.standing import serve_standing
 
-    try:
-        code = serve_standing(upstream, listen, seed=seed, insecure=upstream_insecure,
-                              read_timeout=read_timeout)
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    code = serve_standing(upstream, listen, seed=seed, insecure=upstream_insecure,
+                          read_timeout=read_timeout)
     raise typer.Exit(code)
 
 
@@ -846,12 +795,8 @@ def worker_cmd(
     master and send every record back to it; they exit when the run ends."""
     from streamquake.loadgen.worker import processes_option, run_workers
 
-    try:
-        code = run_workers(master, processes_option(processes),
-                           _duration_option("--connect-timeout", connect_timeout))
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    code = run_workers(master, processes_option(processes),
+                       _duration_option("--connect-timeout", connect_timeout))
     raise typer.Exit(code)
 
 
@@ -866,11 +811,7 @@ def faults_cmd(as_json: JsonOption = False) -> None:
     from streamquake.reference import ENVELOPE, QUANTITIES, fault_docs
     from streamquake.reports.terminal import print_table
 
-    try:
-        docs = fault_docs()
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    docs = fault_docs()
     if as_json:
         print(json.dumps([d.to_json() for d in docs], indent=2))
         return
@@ -900,11 +841,7 @@ def schema_cmd() -> None:
 
     from streamquake.reference import scenario_schema
 
-    try:
-        schema = scenario_schema()
-    except StreamquakeError as exc:
-        _fail(exc)
-        return
+    schema = scenario_schema()
     print(json.dumps(schema, indent=2))
 
 
@@ -914,4 +851,12 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
-    app()
+    try:
+        app()
+    except StreamquakeError as exc:
+        # Every command's errors end here: "Error: <sentence>" and the error's own exit code
+        # (the traceback only under --debug).
+        try:
+            _fail(exc)
+        except typer.Exit as done:
+            sys.exit(done.exit_code)

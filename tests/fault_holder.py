@@ -23,11 +23,11 @@ from streamquake.errors import StreamquakeError
 from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import Resource, RunContext
 from streamquake.faults.proxy.resources import FaultProxy
-from streamquake.scenario.network import NetworkConfig
 from streamquake.journal import Journal
 from streamquake.run.events import Events
 from streamquake.run.ledger import Ledger, PlannedFault
 from streamquake.run.signals import Signals
+from streamquake.scenario.network import NetworkConfig
 
 
 def main(argv: list[str]) -> int:

@@ -68,8 +68,9 @@ def test_schema_is_the_scenarios_json_schema(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     schema = json.loads(proc.stdout)
     assert schema["$schema"] == "https://json-schema.org/draft/2020-12/schema"
-    assert {"name", "target", "phases", "faults", "agents"} <= set(schema["properties"])
-    assert schema["required"] == ["name", "target", "phases"]
+    assert {"name", "target", "phases", "steps", "faults", "agents"} <= set(schema["properties"])
+    assert schema["required"] == ["name", "target"]
+    assert schema["oneOf"] == [{"required": ["phases"]}, {"required": ["steps"]}]
     defs = schema["$defs"]
     union = schema["properties"]["faults"]["items"]
     assert set(union["discriminator"]["mapping"]) == {"gpu_clocks", "marker_file", "netem",

@@ -4,8 +4,8 @@ has run, its children stop at once (killed, not drained), and `recover` is quick
 Faults: an SSE proxy fault, a tbf fault with the target in its own namespace (host kernel), a GPU
 clock lock (emulated driver). Kills: SIGKILL of the run, SIGKILL of its process group, SIGTERM
 twice (no recover needed: the run reverts), and SIGKILLs that the run delivers to itself at named
-points (streamquake/killpoints.py) between journaling a namespace, a qdisc or a clock lock and
-making it, and right after making it. A netem kill inside UML is in tests/uml. The longer
+points (streamquake/killpoints.py) between journaling a namespace, the run's tc scaffold, a
+qdisc or a clock lock and making it, and right after making it. A netem kill inside UML is in tests/uml. The longer
 profile is scripts/kill-trials. Then, with the watchdog: a kill as the namespace is made is
 undone by the lease alone; and a child that kills the run before it sets its death signal.
 """
@@ -133,7 +133,7 @@ def _check_clean(kind: str, gpus: FakeGpus, original_gpus: str, before: set[str]
         assert gpus.text() == original_gpus
 
 
-# 14 trials of a live fault and 6 kill points: 20 in the suite (times REPEAT in the script).
+# 14 trials of a live fault and 8 kill points: 22 in the suite (times REPEAT in the script).
 LIVE = [("proxy", "kill"), ("proxy", "killpg"), ("proxy", "term2"),
         ("proxy", "kill"), ("proxy", "killpg"), ("proxy", "term2"),
         ("tbf", "kill"), ("tbf", "killpg"), ("tbf", "term2"),
@@ -178,6 +178,7 @@ def test_a_killed_run_leaves_nothing(kind: str, how: str, tmp_path: Path, state_
 
 
 KILL_POINTS = [("tbf", "netns.journalled"), ("tbf", "netns.created"),
+               ("tbf", "tc.scaffold.journalled"), ("tbf", "tc.scaffold.built"),
                ("tbf", "tc.journalled"), ("tbf", "tc.installed"),
                ("gpu", "gpu.journalled"), ("gpu", "gpu.set")] * REPEAT
 

@@ -22,7 +22,8 @@ EXPECTED = {
         "classes, limits, master_bind, remote_workers, retries, samples, saturation, seed, "
         "spawn_rate, stall_threshold, think_time, trace, users, workers)"
     ],
-    "missing_phases.yaml": ["1:1: phases: required field is missing (hint: add 'phases:' here)"],
+    "missing_phases.yaml": ["1:1: (top level): give 'phases' (e.g. {baseline: 30s, fault: 30s, "
+                           "recovery: 30s}) or 'steps' (a list of named steps)"],
     "bad_duration.yaml": [
         "6:3: phases.baseline: expected a duration like '100ms' or '30s', got '10 sec'"
     ],

@@ -4,8 +4,10 @@ A **family** lives in one folder under ``streamquake/faults/`` and declares itse
 ``__init__.py``, as ``FAMILY = Family(...)``: the fault types it offers (each a scenario
 ``type:``, a pydantic spec model and a lazily imported injector), the run-long resources it
 needs (a proxy process, a network namespace, a telemetry sampler) and the faults a scenario
-implies without listing them (a network profile). ``catalog.py`` finds families and builds the
-scenario's fault union from them. See CREATING_FAULTS.md for a walk-through.
+implies without listing them (a network profile), and what an agent may be told to allow of it
+(``AgentAbility``). Families read a scenario only through ``ScenarioView``, never importing it.
+``catalog.py`` finds families and builds the scenario's fault union from them. See
+CREATING_FAULTS.md for a walk-through.
 
 Injector contract (toxiproxy's CREATING_TOXICS.md, in spirit: never drop data on the floor):
 
@@ -19,9 +21,10 @@ Injector contract (toxiproxy's CREATING_TOXICS.md, in spirit: never drop data on
 * ``revert()`` undoes it: idempotent, safe after a partial ``apply``, never raises for "already
   gone"; raises ``RevertError`` only when the fault may still be in place. Returns what it removed.
   It touches only what this fault changed: after a refused claim, nothing.
-* Optional: ``preflight()`` (every problem as a sentence, changing nothing), ``describe()`` (the
-  configured fault for reports; by default the spec's own fields) and a classmethod
-  ``recover(state)`` that undoes a fault from its journal state after a killed run.
+* Optional, each a protocol here: ``preflight()`` (``Preflights``: every problem as a sentence,
+  changing nothing), ``describe()`` (``Describes``: the configured fault for reports; by default
+  the spec's own fields) and a classmethod ``recover(state)`` (``Recovers``) that undoes a fault
+  from its journal state after a killed run.
 
 The spec modules a family's ``__init__`` imports must stay light (pydantic and the standard
 library): ``streamquake validate`` imports every family. Heavy libraries (pyroute2, pynvml,

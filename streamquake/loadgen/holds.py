@@ -154,6 +154,17 @@ def watch_gc() -> None:
         gc.callbacks.append(_on_gc)
 
 
+def freeze_long_lived(**_: object) -> None:
+    """Take every object alive now out of the collector's walks (``gc.freeze``): the imports,
+    Locust, and once the users are spawned each user's client, pool and greenlet live the whole
+    run, and a full collection walked them all while the hub waited (at 10,000 streams 0.5 s of
+    CPU at once, benchmarks/concurrency.py). Reference counting still frees them; only a cycle
+    among them outlives the process, at most the requests in flight at this moment."""
+    import gc
+
+    gc.freeze()
+
+
 def unwatch_gc() -> None:
     global _gc_started
     import gc

@@ -29,6 +29,10 @@ class SSEEvent(NamedTuple):
     retry: int | None = None    # a valid ``retry:`` given since the previous dispatch
 
 
+# SSEEvent's own constructor without its keyword handling: one is made per event.
+_new_event = tuple.__new__
+
+
 class SSELimits(NamedTuple):
     """How much one stream may make the parser hold.
 
@@ -187,12 +191,12 @@ class SSEParser:
                         raw = b"\n".join(data)
                     if len(raw) > max_event:
                         raise self._event_too_big(len(raw), len(data))
-                    out.append(SSEEvent(
+                    out.append(_new_event(SSEEvent, (
                         self._event.decode("utf-8", "replace") if self._event else "message",
                         raw.decode("utf-8", "replace"),
                         last_id,
                         self._retry,
-                    ))
+                    )))
                     data = self._data = []
                 self._event = b""
                 self._retry = None

@@ -9,6 +9,8 @@ from __future__ import annotations
 import time
 import uuid
 
+import orjson
+
 from streamquake.jsontypes import JsonDict
 from streamquake.protocols import _requests as req
 from streamquake.protocols._json import (
@@ -118,7 +120,12 @@ class OpenAI(WireProtocol):
         data = event.data
         if data == "[DONE]" or data.strip() == "[DONE]":
             return Decoded(done=True)
-        obj = json_object(event)
+        try:
+            obj = orjson.loads(data)
+        except ValueError:
+            obj = None
+        if type(obj) is not dict:
+            obj = json_object(event)    # raises, saying why
         if "error" in obj:
             return Decoded(error=error_text(obj["error"]))
         text = ""

@@ -16,18 +16,28 @@ import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from streamquake.reports.words import interruption, pairs, sentence, state, target_text
+from streamquake.reports.table import record_step, step_rows
+from streamquake.reports.words import (
+    interruption,
+    pairs,
+    sentence,
+    skipped_steps,
+    state,
+    target_text,
+)
 from streamquake.result import Check, RunResult
 
 
-def _case(suite: ET.Element, check: Check, scenario: str, seconds: float) -> str:
+def _case(suite: ET.Element, check: Check, scenario: str, seconds: float,
+          skipped: frozenset[str]) -> str:
     """Adds the case; returns its outcome: passed, failure or skipped."""
     gating = "" if check.gating else " (not gating)"
     cls = f" [{check.cls}]" if check.cls else ""
+    judges = f" after {check.judges}" if check.judges else ""
     case = ET.SubElement(suite, "testcase", classname=f"streamquake.{scenario}.{check.phase}",
-                         name=f"{check.name}{cls}{gating}",
+                         name=f"{check.name}{cls}{judges}{gating}",
                          time=f"{seconds if check.ran else 0.0:.3f}")
-    text = sentence(check)
+    text = sentence(check, skipped)
     if not check.ran:
         ET.SubElement(case, "skipped").text = text
         return "skipped"
@@ -68,6 +78,16 @@ def _client_load(result: RunResult) -> list[tuple[str, str]]:
             for p in result.phases if isinstance(p.stats.get("client"), dict)]
 
 
+def _steps(result: RunResult) -> list[tuple[str, str]]:
+    """The steps form: each step in order as a property, so every step shows, judged or not:
+    ``step.3.f-slow`` = ``fault, 4 s, faults slow, complete, 16 requests sent``."""
+    if not result.steps_form:
+        return []
+    return [(f"step.{i}.{name}", f"{kind}, {length}, faults {faults}, {status}, {sent} "
+             f"requests sent") for i, (name, kind, faults, length, status, sent, _)
+            in enumerate(step_rows(result))]
+
+
 def write_junit(result: RunResult, path: Path) -> Path:
     scenario = result.scenario_name
     durations = {p.name: max(0.0, min(p.end, result.finished_at) - p.start)
@@ -78,10 +98,13 @@ def write_junit(result: RunResult, path: Path) -> Path:
                         ("target", target_text(result)),
                         ("exit_code", str(result.exit_code)),
                         *sorted(result.environment.items()),
+                        *_steps(result),
                         *_arrival_counts(result),
                         *_client_load(result)):
         ET.SubElement(props, "property", name=name, value=value)
-    outcomes = [_case(suite, c, scenario, durations.get(c.phase, 0.0)) for c in result.checks]
+    skipped = skipped_steps(result)
+    outcomes = [_case(suite, c, scenario, durations.get(c.phase, 0.0), skipped)
+                for c in result.checks]
     errors = 0
     stopped = interruption(result)
     if stopped is not None:
@@ -91,7 +114,8 @@ def write_junit(result: RunResult, path: Path) -> Path:
         errors += 1
     for fault in result.faults:
         if fault.error:
-            _error_case(suite, f"streamquake.{scenario}.{fault.phase}",
+            step = record_step(result, fault) if result.steps_form else fault.phase
+            _error_case(suite, f"streamquake.{scenario}.{step}",
                         f"fault {fault.name} ({fault.type}) applied and reverted",
                         fault.error, "FaultError")
             errors += 1

@@ -32,11 +32,13 @@ from streamquake.scenario import PHASE_ORDER
 if TYPE_CHECKING:
     from streamquake.run.watch import RollingStats
     from streamquake.scenario import Scenario, SLOSpec
+    from streamquake.scenario.steps import StepSpec
 from streamquake.reports.words import pairs, value_text
 
 
 def attach_live_log(events: Events, console: Console) -> None:
     t_start = time.monotonic()
+    steps: dict[str, StepSpec] = {}     # the steps form's timeline, from RunStarted
 
     def say(text: str) -> None:
         console.print(f"[dim]{time.monotonic() - t_start:6.1f}s[/] {text}", highlight=False,
@@ -45,8 +47,18 @@ def attach_live_log(events: Events, console: Console) -> None:
     def on_message(event: Message) -> None:
         say(escape(event.text))
 
+    def on_started(event: RunStarted) -> None:
+        if event.scenario.steps is not None:
+            steps.update((s.name, s) for s in event.scenario.timeline)
+
     def on_phase(event: PhaseStarted) -> None:
-        say(f"[bold]phase {event.phase}[/] ({event.duration_s:g} s)")
+        step = steps.get(event.phase)
+        if step is None:
+            say(f"[bold]phase {event.phase}[/] ({event.duration_s:g} s)")
+            return
+        faults = f"; faults {', '.join(step.faults)}" if step.faults else ""
+        say(f"[bold]step {escape(step.name)}[/] ({step.kind}, {event.duration_s:g} s"
+            f"{escape(faults)})")
 
     def on_applied(event: FaultApplied) -> None:
         record = event.record      # its read-back stays in the reports (report.json)
@@ -60,6 +72,7 @@ def attach_live_log(events: Events, console: Console) -> None:
         say(f"[green]fault reverted[/] {escape(record.name)}: {what}")
 
     events.on(Message, on_message)
+    events.on(RunStarted, on_started)
     events.on(PhaseStarted, on_phase)
     events.on(FaultApplied, on_applied)
     events.on(FaultReverted, on_reverted)
@@ -78,6 +91,8 @@ class LiveView:
         self.phase: str | None = None
         self.phase_end = 0.0            # before the first phase: when it begins
         self.first = scenario.timeline[0].name
+        # The steps form names each step with its kind and the one after it.
+        self.steps = list(scenario.timeline) if scenario.steps is not None else []
         self.faults: dict[str, str] = {}
         self.stats: RollingStats | None = None
         self._live: Live | None = None
@@ -125,7 +140,13 @@ class LiveView:
         left = max(0.0, self.phase_end - time.time())
         if self.phase is None:
             return f"starting, {self.first} in {left:.0f} s"
-        return f"phase {self.phase}{sep}{left:.0f} s left"
+        names = [s.name for s in self.steps]
+        if self.phase not in names:
+            return f"phase {self.phase}{sep}{left:.0f} s left"
+        i = names.index(self.phase)
+        then = (f"next {self.steps[i + 1].name} ({self.steps[i + 1].kind})"
+                if i + 1 < len(names) else "the last step")
+        return f"step {self.phase} ({self.steps[i].kind}){sep}{left:.0f} s left, {then}"
 
     def _light(self, slo: SLOSpec) -> tuple[str, str]:
         s = self.stats

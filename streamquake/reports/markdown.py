@@ -7,12 +7,18 @@ from pathlib import Path
 
 from streamquake.reports.table import (
     PHASE_COLUMNS,
+    ROLES,
     Cell,
     error_rows,
+    fault_blocks,
+    step_fault_records,
+    step_rows,
     fmt_value,
+    record_step,
     status_row,
     summary_rows,
     top_reasons,
+    unblocked_checks,
     verdict_rows,
     verdict_word,
 )
@@ -23,11 +29,12 @@ from streamquake.reports.words import (
     inconclusive_legend,
     interruption,
     pairs,
+    recovery_basis,
     run_t0,
     target_text,
     when,
 )
-from streamquake.result import FaultRecord, RunResult
+from streamquake.result import Check, FaultRecord, RunResult
 
 
 def _md(cell: Cell | None) -> str:
@@ -54,7 +61,8 @@ def _fault_rows(result: RunResult, fault: FaultRecord) -> str:
     state = f"**{_esc(fault.error)}**" if fault.error else "applied and reverted"
     if (flapped := flap_text(fault)) is not None:
         state += f"; {_esc(flapped)}"
-    return (f"| {_esc(fault.name)} | {fault.type} | {fault.phase} | "
+    step = record_step(result, fault) if result.steps_form else fault.phase
+    return (f"| {_esc(fault.name)} | {fault.type} | {step} | "
             f"`{_esc(pairs(fault.configured, skip=('type', 'name', 'phase')))}` | "
             f"{_at(result, fault.applied_at)} | {_at(result, fault.reverted_at)} | "
             f"`{_esc(pairs(fault.reverted))}` | {state} |")
@@ -72,7 +80,9 @@ def render_markdown(result: RunResult) -> str:
     stopped = interruption(result)
     if stopped:
         lines += ["", f"> **{_esc(stopped)}**"]
-    if result.phases:
+    if result.steps_form:
+        lines += _steps_sections(result)
+    elif result.phases:
         status = status_row(result)
         lines += ["", "### Measured per phase", "", head,
                   "| phase | " + " | ".join(status[p] for p in PHASE_COLUMNS) + " |"]
@@ -87,8 +97,9 @@ def render_markdown(result: RunResult) -> str:
             lines += [f"- {_esc(reason)}" for reason in top_reasons(result)]
         else:
             lines.append("No request failed in any phase.")
-    lines += _slow_consumers(result, head)
-    if result.checks:
+    lines += _slow_consumers(result, head, PHASE_COLUMNS if not result.steps_form else tuple(
+        p.name for p in result.phases if p.kind != "warmup"))
+    if result.checks and not result.steps_form:
         lines += ["", "### SLO verdicts", "", head]
         lines += [f"| {_esc(label)} | " + " | ".join(_md(c.get(p)) for p in PHASE_COLUMNS) + " |"
                   for label, c in verdict_rows(result)]
@@ -97,7 +108,8 @@ def render_markdown(result: RunResult) -> str:
             lines += ["", _esc(legend)]
     if result.faults:
         lines += ["", "### Faults", "",
-                  "| fault | type | phase | settings | applied | reverted | read back at revert "
+                  f"| fault | type | {'step' if result.steps_form else 'phase'} | settings | "
+                  "applied | reverted | read back at revert "
                   "| state |", "|---|---|---|---|---:|---:|---|---|"]
         lines += [_fault_rows(result, f) for f in result.faults]
     if result.errors:
@@ -107,17 +119,72 @@ def render_markdown(result: RunResult) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _slow_consumers(result: RunResult, head: str) -> list[str]:
+def _steps_sections(result: RunResult) -> list[str]:
+    """The steps form: the timeline, then per fault step its before / during / after."""
+    lines = ["", "### Timeline", "", "| step | kind | faults | length | status | requests sent "
+             "| SLOs |", "|---|---|---|---:|---|---:|---|"]
+    lines += ["| " + " | ".join(_esc(x) for x in row) + " |" for row in step_rows(result)]
+    if reasons := top_reasons(result):
+        lines += ["", "Why requests failed, most frequent first:", ""]
+        lines += [f"- {_esc(reason)}" for reason in reasons]
+    blocks = fault_blocks(result)
+    for b in blocks:
+        lines += ["", f"### {_esc(b.title)}", ""]
+        if status_row(result, b.columns)[b.step] == "skipped":
+            lines += ["Skipped: the run aborted before this step, so its faults were not "
+                      "applied and its checks were not run.", ""]
+        head = "| | " + " | ".join(f"{r} `{c or '-'}`" for r, c in zip(ROLES, b.columns,
+                                                                       strict=True))
+        lines += [head + " |", "|---|" + "---:|" * len(ROLES)]
+        status = status_row(result, b.columns)
+        rows = [("step", status), *summary_rows(result, b.columns),
+                *((f"{kind} errors", c) for kind, c in error_rows(result, b.columns))]
+        lines += [f"| {_esc(label)} | " + " | ".join(c[k] for k in b.columns) + " |"
+                  for label, c in rows]
+        if b.checks:
+            lines += ["", "| verdicts | " + " | ".join(ROLES) + " |",
+                      "|---|" + "---:|" * len(ROLES)]
+            lines += [f"| {_esc(label)} | " + " | ".join(_md(c.get(k)) if k else "-"
+                                                         for k in b.columns) + " |"
+                      for label, c in verdict_rows(result, b.checks)]
+            lines += _notes(b.checks)
+        applied = step_fault_records(result, b.step)
+        if applied:
+            lines += [""] + [f"- fault {_esc(f.name)} ({f.type}): "
+                             f"`{_esc(pairs(f.configured, skip=('type', 'name', 'phase')))}`, "
+                             + (f"**{_esc(f.error)}**" if f.error else "applied and reverted")
+                             for f in applied]
+    rest = unblocked_checks(result, blocks)
+    if rest:
+        lines += ["", "### SLO verdicts in the other steps", "", "| check | step | verdict |",
+                  "|---|---|---:|"]
+        lines += [f"| {_esc(label)} | {_esc(step)} | {_md(cell)} |"
+                  for label, cells in verdict_rows(result, rest) for step, cell in cells.items()]
+        lines += _notes(rest)
+    return lines
+
+
+def _notes(checks: list[Check]) -> list[str]:
+    """Under a verdict table: what ``?`` means, and the recovery checks' baselines with their
+    counts and intervals."""
+    said = [legend] if (legend := inconclusive_legend(checks)) else []
+    said += [basis for c in checks if (basis := recovery_basis(c))]
+    return [line for text in said for line in ("", _esc(text))]
+
+
+def _slow_consumers(result: RunResult, head: str, columns: tuple[str, ...]) -> list[str]:
     """With a slow-consumer class: each class's TTFT and ITL p95 per phase, the slow one's at
     its own pace and the others' as its backpressure left them."""
     reading = class_reading(result)
     if not reading:
         return []
     names = sorted({c for p in result.phases for c in p.classes})
+    if columns != PHASE_COLUMNS:
+        head = "| | " + " | ".join(columns) + " |\n|---|" + "---:|" * len(columns)
     lines = ["", "### Per request class (TTFT p95 / ITL p95 ms)", "", head]
     for name in names:
         cells = []
-        for phase in PHASE_COLUMNS:
+        for phase in columns:
             st = next((p.classes.get(name) for p in result.phases if p.name == phase), None)
             got = [v.get("p95") if isinstance(v := (st or {}).get(m), dict) else None
                    for m in ("ttft_ms", "itl_ms")]

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from streamquake.jsontypes import JsonDict
 from streamquake.reports.words import value_text
-from streamquake.result import Check, RunResult
+from streamquake.result import Check, FaultRecord, RunResult
 
 PHASE_COLUMNS = ("baseline", "fault", "recovery")
 SUMMARY_METRICS = (
@@ -88,9 +88,10 @@ def _open_loop(result: RunResult) -> bool:
     return False
 
 
-def verdict_rows(result: RunResult) -> list[tuple[str, dict[str, Cell]]]:
+def verdict_rows(result: RunResult, checks: list[Check] | None = None
+                 ) -> list[tuple[str, dict[str, Cell]]]:
     rows: dict[str, dict[str, Cell]] = {}
-    for check in result.checks:
+    for check in result.checks if checks is None else checks:
         label = check.name + (f" [{check.cls}]" if check.cls else "")
         rows.setdefault(label, {})[check.phase] = _cell(check)
     return list(rows.items())
@@ -108,7 +109,8 @@ def _cell(check: Check) -> Cell:
     return Cell(text=seen + mark, passed=check.passed, gating=check.gating)
 
 
-def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
+def summary_rows(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS
+                 ) -> list[tuple[str, dict[str, str]]]:
     by_phase = {p.name: p.stats for p in result.phases}
     open_loop = _open_loop(result)
     rows = []
@@ -121,7 +123,7 @@ def summary_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
         if metric == "requests_retried" and not _retrying(result):
             continue
         cells = {}
-        for phase in PHASE_COLUMNS:
+        for phase in columns:
             stats: JsonDict = by_phase.get(phase, {})
             if metric == "unattributed":
                 cells[phase] = _unattributed(stats) if stats else "-"
@@ -145,13 +147,15 @@ def _dict_of(value: object) -> dict[str, object]:
     return value if isinstance(value, dict) else {}
 
 
-def status_row(result: RunResult) -> dict[str, str]:
-    """Each phase: complete, partial (the run stopped in it), not run, or "-" (not planned)."""
+def status_row(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS) -> dict[str, str]:
+    """Each phase: complete, partial (the run stopped in it), not run, skipped (a fault step
+    after an abort), or "-" (not planned)."""
     by_phase = {p.name: p for p in result.phases}
-    return {p: by_phase[p].status if p in by_phase else "-" for p in PHASE_COLUMNS}
+    return {p: by_phase[p].status if p in by_phase else "-" for p in columns}
 
 
-def error_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
+def error_rows(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS
+               ) -> list[tuple[str, dict[str, str]]]:
     """Failed requests by kind and phase (kinds with no failure anywhere are left out), then
     those that failed after their phase ended (counted in no phase's errors, never unsaid)."""
     counts: dict[str, dict[str, int]] = {}
@@ -162,9 +166,9 @@ def error_rows(result: RunResult) -> list[tuple[str, dict[str, str]]]:
                 for kind, n in errors.items():
                     if isinstance(n, int) and n > 0:
                         counts.setdefault(kind + suffix, {})[phase.name] = n
-    status = status_row(result)
+    status = status_row(result, columns)
     return [(kind, {p: "-" if status[p] in ("-", "not run") else str(c.get(p, 0))
-                    for p in PHASE_COLUMNS}) for kind, c in counts.items()]
+                    for p in columns}) for kind, c in counts.items()]
 
 
 def top_reasons(result: RunResult, limit: int = 5) -> list[str]:
@@ -196,3 +200,85 @@ def verdict_word(result: RunResult) -> str:
     if result.failure or result.exit_code not in (0, 1):
         return f"RUN FAILED (exit {result.exit_code})"
     return "SLO BROKEN" if result.broken else "ALL SLOs MET"
+
+
+# Steps form (``result.steps_form``): an overview of the timeline, then one block per judged
+# fault step with the steps it is judged against, so each table stays narrow (80 columns).
+ROLES = ("before", "during", "after")
+
+
+@dataclass
+class FaultBlock:
+    """A fault step as the reports show it: its baseline before, itself, its recovery after
+    (``""`` where the timeline has none), and the checks that speak of it: the SLOs in those
+    three steps and the recovery checks that judge it."""
+
+    step: str
+    faults: list[str]
+    columns: tuple[str, ...]
+    checks: list[Check]
+
+    @property
+    def title(self) -> str:
+        before, during, after = (c or "none" for c in self.columns)
+        which = f"fault{'s' if len(self.faults) != 1 else ''} {', '.join(self.faults)}"
+        return (f"fault step {self.step} ({which}): before {before} / during {during} / "
+                f"after {after}")
+
+
+def fault_blocks(result: RunResult) -> list[FaultBlock]:
+    blocks = []
+    for j in result.judged:
+        columns = (j.before or "", j.step, j.after or "")
+        checks = [c for c in result.checks if c.judges == j.step
+                  or (c.kind != "recovery" and c.phase and c.phase in columns)]
+        blocks.append(FaultBlock(j.step, list(j.faults), columns, checks))
+    return blocks
+
+
+def unblocked_checks(result: RunResult, blocks: list[FaultBlock]) -> list[Check]:
+    """The checks no fault block shows (a step that judges no fault step), in run order."""
+    shown = {id(c) for b in blocks for c in b.checks}
+    return [c for c in result.checks if id(c) not in shown]
+
+
+def verdict_counts(checks: list[Check]) -> str:
+    """``2 met, 1 broken``: a step's checks by state (not gating ones apart); ``-``: none."""
+    counts: dict[str, int] = {}
+    for c in checks:
+        word = ("not run" if not c.ran else "not gating" if not c.gating else
+                "not measurable" if not c.measurable else "met" if c.passed else "broken")
+        counts[word] = counts.get(word, 0) + 1
+    order = ("met", "broken", "not measurable", "not gating", "not run")
+    return ", ".join(f"{counts[w]} {w}" for w in order if w in counts) or "-"
+
+
+def step_rows(result: RunResult) -> list[tuple[str, str, str, str, str, str, str]]:
+    """The timeline overview: step, kind, faults, duration, status, requests sent, SLOs."""
+    rows = []
+    for p in result.phases:
+        sent = p.stats.get("sent")
+        rows.append((p.name, p.kind, ", ".join(p.faults) or "-",
+                     f"{max(0.0, p.end - p.start):g} s", p.status,
+                     fmt_value("sent", sent if isinstance(sent, int | float) else None),
+                     verdict_counts([c for c in result.checks if c.phase == p.name])))
+    return rows
+
+
+def step_fault_records(result: RunResult, step: str) -> list[FaultRecord]:
+    """The fault records in force in ``step``: applied before it ended and not reverted before
+    it began (a fault held across consecutive steps is in each), or, never applied, planned
+    for it."""
+    p = next((p for p in result.phases if p.name == step), None)
+    if p is None:
+        return []
+    return [f for f in result.faults if f.name in p.faults and (
+        f.phase == step if f.applied_at is None else
+        f.applied_at < p.end and (f.reverted_at is None or f.reverted_at > p.start))]
+
+
+def record_step(result: RunResult, fault: FaultRecord) -> str:
+    """The step a fault record was applied in (a fault that several steps apply apart has a
+    record each), else the step it was planned for."""
+    return next((p.name for p in result.phases if fault.applied_at is not None
+                 and p.start <= fault.applied_at < p.end), fault.phase)

@@ -7,14 +7,15 @@ from dataclasses import asdict
 from pathlib import Path
 
 from streamquake.jsontypes import JsonDict, JsonValue
-from streamquake.reports.words import sentence, state
+from streamquake.reports.words import sentence, skipped_steps, state
 from streamquake.result import RunResult
 
 
 def verdicts_document(result: RunResult, out: Path) -> JsonDict:
     checks: list[JsonValue] = []
+    skipped = skipped_steps(result)
     for c in result.checks:
-        checks.append({**asdict(c), "state": state(c), "sentence": sentence(c)})
+        checks.append({**asdict(c), "state": state(c), "sentence": sentence(c, skipped)})
     return {
         "schema": "streamquake.verdicts/1",
         "scenario": result.scenario_name,
@@ -23,7 +24,8 @@ def verdicts_document(result: RunResult, out: Path) -> JsonDict:
         "interrupted": result.interrupted,
         "aborted": result.aborted,
         "broken": [c.name + (f" [{c.cls}]" if c.cls else "") + f" in {c.phase}"
-                   for c in result.broken],
+                   + (f" after {c.judges}" if c.judges else "") for c in result.broken],
+        "skipped_steps": sorted(skipped),
         "checks": checks,
         "warnings": list(result.errors),
         "report": str(out / "report.json"),

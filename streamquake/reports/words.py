@@ -103,15 +103,30 @@ def inconclusive_legend(checks: list[Check]) -> str | None:
         n = f"n={c.samples}" + (f", worth {worth} independent"
                                 if worth is not None and c.samples and worth < c.samples else "")
         label = metric_label(c) + (f" [{c.cls}]" if c.cls else "")
-        reasons.setdefault((label, why), []).append(f"{c.phase} ({n})")
+        where = reasons.setdefault((label, why), [])
+        if f"{c.phase} ({n})" not in where:     # an SLO and a recovery check on one value
+            where.append(f"{c.phase} ({n})")
     if not reasons:
         return None
     return "? inconclusive, more values could turn the verdict: " + "; ".join(
         f"{label} in {', '.join(where)}: {why}" for (label, why), where in reasons.items())
 
 
-def sentence(check: Check) -> str:
+NOT_GATING_LEGEND = "(value ✓/✗): measured and met/broken, but not gating in that step"
+
+
+def recovery_basis(check: Check) -> str | None:
+    """A recovery check's comparison with the counts and intervals behind both sides: ``itl_ms
+    p95 recovers to baseline +50% (met): after f-slow: base1 24.5 (n=1016, ...); rec1 ...``."""
+    if check.kind != "recovery" or not check.detail or not check.ran:
+        return None
+    return f"{check.name} ({state(check)}): {check.detail}"
+
+
+def sentence(check: Check, skipped: frozenset[str] = frozenset()) -> str:
     """What happened, for a reader: the observation first, then the limit, then the gap.
+    ``skipped``: the fault steps an abort skipped (their checks, and the recovery checks that
+    judge them, were not run for that reason).
 
     ``ttft_ms p95 was 552.8 ms in fault; the SLO allows at most 350.0 ms (over by 202.8 ms, 58%)``
     """
@@ -121,6 +136,9 @@ def sentence(check: Check) -> str:
     if check.op == ">=":
         rule = rule.replace("allows", "needs")
     basis = f"; {check.detail}" if check.detail and check.kind == "recovery" else ""
+    if not check.ran and (step := check.judges if check.judges in skipped else
+                          check.phase if check.phase in skipped else None):
+        return f"not run: the run aborted before fault step {step}, so it ran without its faults"
     if not check.ran:
         return f"not run: the run stopped before the {check.phase} phase began"
     if not check.measurable:
@@ -193,6 +211,11 @@ def run_t0(result: RunResult) -> float:
 
 def phase_status(result: RunResult) -> dict[str, PhaseResult]:
     return {p.name: p for p in result.phases}
+
+
+def skipped_steps(result: RunResult) -> frozenset[str]:
+    """The fault steps an abort skipped (run without their faults)."""
+    return frozenset(p.name for p in result.phases if p.status == "skipped")
 
 
 def target_text(result: RunResult) -> str:

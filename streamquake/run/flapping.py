@@ -94,10 +94,10 @@ def attribute_states(records: Sequence[FaultRecord], windows: Sequence[PhaseWind
                      samples_dir: Path, sampled: bool) -> list[str]:
     """Fill each flapping fault's ``states``; warnings for what could not be split."""
     flapping = [r for r in records if r.edges]
-    spans = {w.name: w for w in windows}
     samples = SampleTail(samples_dir).poll() if flapping and sampled else []
     for record in flapping:
-        window = spans.get(record.phase)
+        # A record per window it flapped in (a step or a phase): the one its first edge is in.
+        window = next((w for w in windows if w.start <= record.edges[0].at < w.end), None)
         if window is None:
             continue
         subs = state_windows(record, window)

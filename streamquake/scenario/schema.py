@@ -408,6 +408,10 @@ else:
 
 
 class Scenario(_Model):
+    # Exactly one of the two timelines; editors reading the JSON schema see it too.
+    model_config = ConfigDict(json_schema_extra={
+        "oneOf": [{"required": ["phases"]}, {"required": ["steps"]}]})
+
     name: PlainName
     description: str = ""
     target: TargetSpec

@@ -57,6 +57,13 @@ class ActiveFault:
     seed: int
     stats: Stats = field(default_factory=Stats)
     streams: int = 0
+    delays: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        spec = self.spec
+        # Whether it can add time to an event: the others skip that part of each event.
+        self.delays = (spec.first_event_delay_ms is not None or spec.delay_ms is not None
+                       or spec.stall is not None)
 
     def open_stream(self) -> FaultStream:
         # One generator per (seed, fault, stream number): a replay makes the same choices.
@@ -142,7 +149,8 @@ class StreamFaults:
                 return None
         added_s = 0.0
         for fs in faults:
-            added_s += self._delays(fs)
+            if fs.fault.delays:
+                added_s += self._delays(fs)
         if added_s > 0:
             self.lag_s += added_s
             totals.delay_ms_total += added_s * 1000.0
@@ -176,9 +184,12 @@ class StreamFaults:
         return added_ms / 1000.0
 
     def byte_budget(self, faults: list[FaultStream]) -> int | None:
-        limits = [fs.fault.spec.truncate_after_bytes for fs in faults]
-        left = [lim - self.bytes for lim in limits if lim is not None]
-        return min(left) if left else None
+        budget = None
+        for fs in faults:
+            limit = fs.fault.spec.truncate_after_bytes
+            if limit is not None and (budget is None or limit - self.bytes < budget):
+                budget = limit - self.bytes
+        return budget
 
     def limits_reached(self, faults: list[FaultStream]) -> str:
         """After each event (and at the start): has a truncation or a reset come due?"""
@@ -187,13 +198,14 @@ class StreamFaults:
                 fs.fault.stats.resets += 1
                 self.totals.resets += 1
                 return RESET
-        due = [fs for fs in faults if self._truncate_due(fs)]
-        for fs in due:
-            fs.fault.stats.truncations += 1
-        if due:
+        outcome = CONTINUE
+        for fs in faults:
+            if self._truncate_due(fs):
+                fs.fault.stats.truncations += 1
+                outcome = END
+        if outcome == END:
             self.totals.truncations += 1
-            return END
-        return CONTINUE
+        return outcome
 
     def _truncate_due(self, fs: FaultStream) -> bool:
         spec = fs.fault.spec
@@ -215,6 +227,8 @@ class StreamFaults:
     def count_forwarded(self, faults: list[FaultStream], nbytes: int, event: bool) -> None:
         self.bytes += nbytes
         self.events += event
-        for st in [fs.fault.stats for fs in faults] + [self.totals]:
-            st.bytes += nbytes
-            st.events_forwarded += event
+        for fs in faults:
+            fs.fault.stats.bytes += nbytes
+            fs.fault.stats.events_forwarded += event
+        self.totals.bytes += nbytes
+        self.totals.events_forwarded += event

@@ -97,7 +97,7 @@ def parse_event(raw: bytes) -> SSEEvent | None:
     name: bytes | None = None
     data: list[bytes] = []
     fields = False
-    for line in _LINE_END.split(raw):
+    for line in raw.split(b"\n") if b"\r" not in raw else _LINE_END.split(raw):
         if not line or line[0] == 0x3A:  # blank or ':' comment
             continue
         key, _, value = line.partition(b":")
@@ -125,25 +125,34 @@ def count_events(data: bytes, ends: list[int]) -> int:
     return events
 
 
-def _scan_json(obj: Any, depth: int = 0) -> tuple[bool, bool]:
-    """(carries non-empty text, carries a finish marker) anywhere in ``obj``."""
+_FINISHED = -1
+
+
+def _scan_json(obj: Any, depth: int = 0) -> int:
+    """``_FINISHED`` at the first finish marker anywhere in ``obj`` (that settles it), else 1
+    when it carries non-empty text, else 0. Types by identity: ``obj`` is parsed JSON."""
     if depth > 8:
-        return False, False
-    text = finished = False
-    if isinstance(obj, dict):
+        return 0
+    text = 0
+    if type(obj) is dict:
         for key, value in obj.items():
             if key in _FINISH_KEYS and value is not None:
-                finished = True
-            elif key in _TEXT_KEYS and isinstance(value, str) and value:
-                text = True
-            elif isinstance(value, dict | list):
-                t, f = _scan_json(value, depth + 1)
-                text, finished = text or t, finished or f
-    elif isinstance(obj, list):
+                return _FINISHED
+            if key in _TEXT_KEYS and type(value) is str and value:
+                text = 1
+            elif type(value) is dict or type(value) is list:
+                found = _scan_json(value, depth + 1)
+                if found == _FINISHED:
+                    return found
+                text |= found
+    elif type(obj) is list:
         for value in obj:
-            t, f = _scan_json(value, depth + 1)
-            text, finished = text or t, finished or f
-    return text, finished
+            if type(value) is dict or type(value) is list:  # other values carry neither
+                found = _scan_json(value, depth + 1)
+                if found == _FINISHED:
+                    return found
+                text |= found
+    return text
 
 
 class _TextEvent(NamedTuple):
@@ -180,8 +189,7 @@ def is_content_event(ev: SSEEvent, protocol: str | None = None) -> bool:
             return True
     if isinstance(obj, dict) and "error" in obj:
         return False
-    text, finished = _scan_json(obj)
-    return text and not finished
+    return _scan_json(obj) == 1
 
 
 def corrupt_event(raw: bytes) -> bytes:
