@@ -58,7 +58,9 @@ def scenario(n: int, itl_ms: float, tokens: int, seconds: float, send_log: Path)
     ramp = stream_s(itl_ms, tokens)
     return {
         "name": f"concurrency-{n}",
-        "target": {"protocol": "openai", "timeout": f"{ramp * 2 + 30:.0f}s", "embedded": {
+        # No probe: it streams one whole answer (a stream's length) before the load starts.
+        "target": {"protocol": "openai", "timeout": f"{ramp * 2 + 30:.0f}s", "probe": False,
+                   "embedded": {
             "ttft": f"{TTFT_MS:g}ms", "itl": f"{itl_ms:g}ms",
             "output_tokens": {"min": tokens, "max": tokens}, "capacity": 2 * n,
             "send_log": str(send_log)}},
@@ -172,14 +174,14 @@ def run_one(work: Path, n: int, itl_ms: float, tokens: int, seconds: float) -> d
     stats = base.get("stats") or {}
     client = stats.get("client") or {}
     errors = stats.get("errors") or {}
-    row.update({"requests": stats.get("requests"), "errors": sum(errors.values()),
-                "error_kinds": {k: v for k, v in errors.items() if v},
+    row.update({"error_kinds": {k: v for k, v in errors.items() if v},
                 "saturated": stats.get("client_saturated"),
                 "client_cpu_max": client.get("cpu_pct_max"),
                 "hub_lag_p99_ms": client.get("hub_lag_p99_ms")})
     samples = read_jsonl(sorted((out / "run" / "samples").glob("samples-*.jsonl")))
     joined = join(samples, list(read_jsonl([send_log])) if send_log.exists() else [], a, b)
-    row.update({k: joined[k] for k in ("events_per_s", "arrival_ms", "joined", "samples")})
+    row.update({k: joined[k] for k in ("events_per_s", "arrival_ms", "joined")})
+    row["requests"], row["errors"] = joined["samples"], joined["errors"]    # the whole run's
     row.update(memory(sampler.series.get("load", []), n, a, b))
     row["target"] = memory(sampler.series.get("target", []), n, a, b)
     for role in ("load", "target"):
@@ -188,16 +190,28 @@ def run_one(work: Path, n: int, itl_ms: float, tokens: int, seconds: float) -> d
     return row
 
 
+def marginal(a: dict[str, Any] | None, b: dict[str, Any]) -> float | None:
+    """KB per stream between two rows: the growth of the load process's RSS in the window over
+    the growth of its open streams (what the fixed costs of a run do not blur)."""
+    if a is None or not a.get("open_streams") or not b.get("open_streams") \
+            or b["open_streams"] <= a["open_streams"]:
+        return None
+    return (b["rss_mb"] - a["rss_mb"]) * 1024 / (b["open_streams"] - a["open_streams"])
+
+
 def _f(v: Any, fmt: str = ",.0f") -> str:
     return "-" if v is None else format(v, fmt)
 
 
 def table(rows: list[dict[str, Any]]) -> str:
     lines = ["| streams | open streams | load RSS at ~0 / in window MB | KB/stream | target "
-             "KB/stream | events/s | arrival err p50/p99/max ms | load CPU % | target CPU % | "
+             "KB/stream | marginal KB/stream | events/s | arrival err p50/p99/max ms | "
+             "load CPU % | target CPU % | "
              "run-queue wait % load/target | "
-             "saturated (client CPU max %, hub lag p99 ms) | requests / errors | load avg |",
-             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+             "saturated (client CPU max %, hub lag p99 ms) | requests / failed (whole run) | "
+             "load avg |",
+             "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|---:|"]
+    prev: dict[str, Any] | None = None
     for r in rows:
         if "failed" in r:
             lines.append(f"| {r['streams']:,} | failed: {r['failed'][:200]} |")
@@ -206,14 +220,15 @@ def table(rows: list[dict[str, Any]]) -> str:
         lines.append(
             f"| {r['streams']:,} | {_f(r.get('open_streams'))} | "
             f"{_f(r.get('rss0_mb'), '.0f')} / {_f(r.get('rss_mb'), '.0f')} | "
-            f"{_f(r.get('kb_per_stream'), '.1f')} | "
-            f"{_f(r['target'].get('kb_per_stream'), '.1f')} | {_f(r.get('events_per_s'))} | "
+            f"{_f(r.get('kb_per_stream'), '.1f')} | {_f(r['target'].get('kb_per_stream'), '.1f')}"
+            f" | {_f(marginal(prev, r), '.1f')} | {_f(r.get('events_per_s'))} | "
             f"{_f(arr.get('p50'), '.2f')}/{_f(arr.get('p99'), '.1f')}/{_f(arr.get('max'), '.0f')}"
             f" | {_f(r.get('load_cpu'))} | {_f(r.get('target_cpu'))} | "
             f"{_f(r.get('load_wait'))}/{_f(r.get('target_wait'))} | "
             f"{'yes' if r.get('saturated') else 'no'} ({_f(r.get('client_cpu_max'))}, "
             f"{_f(r.get('hub_lag_p99_ms'), '.1f')}) | {_f(r.get('requests'))} / "
             f"{_f(r.get('errors'))} | {r['loadavg_start']:.1f}-{r['loadavg_end']:.1f} |")
+        prev = r
     return "\n".join(lines)
 
 

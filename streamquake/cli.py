@@ -808,8 +808,9 @@ def faults_cmd(as_json: JsonOption = False) -> None:
     from rich.markup import escape
     from rich.table import Table
 
-    from streamquake.reference import ENVELOPE, QUANTITIES, fault_docs
+    from streamquake.faults.envelope import ENVELOPE
     from streamquake.reports.terminal import print_table
+    from streamquake.scenario.docs import QUANTITIES, fault_docs
 
     docs = fault_docs()
     if as_json:
@@ -839,7 +840,7 @@ def schema_cmd() -> None:
     $schema=streamquake.schema.json`)."""
     import json
 
-    from streamquake.reference import scenario_schema
+    from streamquake.scenario.docs import scenario_schema
 
     schema = scenario_schema()
     print(json.dumps(schema, indent=2))

@@ -283,3 +283,12 @@ def parse_request_rate(value: object) -> object:
 
 RequestRate = Annotated[float, BeforeValidator(parse_request_rate)]
 """Requests per second from ``10/s`` or ``600/m``; a bare number is per second."""
+
+
+def quantity(model: type[BaseModel], field: str) -> str | None:
+    """The text form(s) a field's type accepts ("duration", "percentage or duration"...), if
+    any: read from the ``Unit`` its type carries."""
+    info = model.model_fields[field]
+    unit = unit_of(info.annotation, info.metadata)
+    return None if unit is None else " or ".join(
+        k for k in typing.get_args(QuantityKind) if k in unit.kinds)

@@ -161,7 +161,7 @@ def _marker(path: Path, name: str = "flag", lease: object = "30s",
 @pytest.mark.timeout(30)
 def test_a_spec_travels_to_an_agent_and_validates_back_the_same() -> None:
     from streamquake.faults import catalog
-    from streamquake.reference import as_written
+    from streamquake.faults.written import as_written
     from streamquake.scenario import load_scenario
 
     specs = [f for name in ("quickstart", "cross-region-jitter", "gpu-downclock",

@@ -35,9 +35,9 @@ load: {{users: 4, think_time: {{min: 20ms, max: 50ms}}, seed: 3}}
 phases: {{warmup: 1s, baseline: 2s, fault: {fault_s}, recovery: 2s}}
 """
 SLOW = "  - {{type: sse_proxy, name: slow, phase: fault, first_event_delay: 300ms, flap: {flap}}}\n"
-# Long answers through a thin pipe in the target's own namespace: slow while on, quick while off.
+# Answers through a thin pipe in the target's own namespace: slow while on, quick while off.
 THIN = ("network: {{mode: namespace, scope: target, direction: both}}\n"
-        "faults:\n  - {{type: tbf, name: thin, phase: fault, rate: 100kbit, burst: 4kb, "
+        "faults:\n  - {{type: tbf, name: thin, phase: fault, rate: 50kbit, burst: 4kb, "
         "flap: {flap}}}\n")
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root for network namespaces")
 
@@ -54,8 +54,9 @@ def _tbf_scenario(tmp_path: Path, flap: str, fault_s: str = "8s", name: str = "f
     path = tmp_path / f"{name}.yaml"
     # Open loop, so every second sends alike whether the pipe is thin or not.
     head = HEAD.format(name=name, fault_s=fault_s).replace(
-        "output_tokens: {min: 10, max: 10}", "output_tokens: {min: 200, max: 200}").replace(
-        "users: 4, think_time: {min: 20ms, max: 50ms}", "arrival: {rate: 4, process: constant}")
+        "output_tokens: {min: 10, max: 10}", "output_tokens: {min: 50, max: 50}").replace(
+        "users: 4, think_time: {min: 20ms, max: 50ms}",
+        "users: 8, arrival: {rate: 4, process: constant}")
     path.write_text(head + THIN.format(flap=flap))
     return path
 
@@ -231,7 +232,7 @@ def test_a_run_killed_while_flapping_on_is_recovered(kind: str, tmp_path: Path, 
 def test_a_flapping_tbf_shows_its_pattern_and_leaves_nothing(tmp_path: Path,
                                                             state_dir: Path) -> None:
     out = tmp_path / "out"
-    proc = run_cli("run", str(_tbf_scenario(tmp_path, "{on: 2s, off: 3s}", "10s")), "--out",
+    proc = run_cli("run", str(_tbf_scenario(tmp_path, "{on: 3s, off: 3s}", "12s")), "--out",
                    str(out), "--no-watchdog", timeout=160)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads((out / "report.json").read_text())
@@ -242,15 +243,17 @@ def test_a_flapping_tbf_shows_its_pattern_and_leaves_nothing(tmp_path: Path,
     assert [e["state"] for e in edges] == ["on", "off", "on", "off"], edges
     assert all(e["error"] is None for e in edges) and record["error"] is None
     cuts = [e["at"] - t0 for e in edges]
-    on_s = _seconds_inside([(cuts[0], cuts[1]), (cuts[2], cuts[3])])
-    off_s = _seconds_inside([(cuts[1], cuts[2]), (cuts[3], fault["end"] - t0)])
     e2e = {int(s["t"]): s["p50"]["e2e_ms"] for s in report["timeline"]}
-    on_e2e = [e2e[i] for i in sorted(on_s) if e2e.get(i) is not None]
+    off_s = _seconds_inside([(cuts[1], cuts[2]), (cuts[3], fault["end"] - t0)])
     off_e2e = [e2e[i] for i in sorted(off_s) if e2e.get(i) is not None]
-    # Medians over the seconds: a connection whose packets the thin pipe dropped may still be
-    # in TCP's retransmission back-off for a second after the revert (a real after-effect).
-    assert len(on_e2e) >= 2 and len(off_e2e) >= 3, (on_s, off_s, e2e)
-    assert statistics.median(on_e2e) > 2 * statistics.median(off_e2e), (on_e2e, off_e2e)
+    assert len(off_e2e) >= 3, (off_s, e2e)
+    # Each on-state shows in the seconds inside it; against the off-seconds' median, since a
+    # connection whose packets the thin pipe dropped may still be in TCP's retransmission
+    # back-off a second after the revert (a real after-effect), and a stream sent late in an
+    # on-second may finish after it.
+    for a, b in ((cuts[0], cuts[1]), (cuts[2], cuts[3])):
+        on_e2e = [e2e[i] for i in sorted(_seconds_inside([(a, b)])) if e2e.get(i) is not None]
+        assert on_e2e and max(on_e2e) > 3 * statistics.median(off_e2e), (a, b, on_e2e, off_e2e)
     on, off = record["states"]["on"], record["states"]["off"]
     assert on["e2e_ms"]["p50"] > 2 * off["e2e_ms"]["p50"], (on["e2e_ms"], off["e2e_ms"])
     assert _journal(state_dir) == [] and _claims(state_dir) == []

@@ -179,7 +179,8 @@ faults:
      "fault 'lossy' is in no step"),
     ("""
   - {name: base, kind: baseline, duration: 3s}
-  - {name: f, kind: fault, duration: 3s, faults: [lossy], load: {rate: 5, spike: {rate: 9, at: 2s, for: 2s}}}""",
+  - {name: f, kind: fault, duration: 3s, faults: [lossy],
+     load: {rate: 5, spike: {rate: 9, at: 2s, for: 2s}}}""",
      "the spike ends 4 s into a step of 3 s"),
     ("""
   - {name: base, kind: baseline, duration: 3s}

@@ -105,7 +105,7 @@ class _Declared(BaseModel):
 
 @pytest.mark.timeout(10)
 def test_the_reference_reads_a_fields_unit_from_its_type() -> None:
-    from streamquake.reference import quantity
+    from streamquake.units import quantity
 
     m = _Declared.model_validate({"wait_ms": "1.5s", "cap": "8mbit", "share": "15%",
                                   "chunk": "32kb"})
@@ -118,7 +118,7 @@ def test_the_reference_reads_a_fields_unit_from_its_type() -> None:
 def test_the_schema_writes_a_bound_on_an_optional_quantity_as_json_schema() -> None:
     """Pydantic writes ``gt`` checked behind a before-validator under its Python name; an editor
     would not know it. The schema says ``exclusiveMinimum``, and takes the text form too."""
-    from streamquake.reference import scenario_schema
+    from streamquake.scenario.docs import scenario_schema
 
     defs = scenario_schema()["$defs"]
     assert isinstance(defs, dict)

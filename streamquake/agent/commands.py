@@ -43,7 +43,7 @@ from streamquake.faults.proxy.standing import (
     proxy_address,
     running_proxies,
 )
-from streamquake.reference import settings_text
+from streamquake.faults.written import settings_text
 from streamquake.units import format_clock, format_duration, parse_duration_s
 
 

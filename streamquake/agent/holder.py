@@ -42,9 +42,9 @@ from streamquake.faults.contract import FaultSpec, HoldRequest, Injector, Prefli
 from streamquake.faults.proxy.resources import FaultProxy
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.faults.proxy.standing import control_url_for
+from streamquake.faults.written import as_written
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
-from streamquake.reference import as_written
 from streamquake.scenario.network import NetworkConfig
 from streamquake.units import format_clock
 

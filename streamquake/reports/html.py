@@ -14,27 +14,38 @@ from streamquake.jsontypes import JsonDict, JsonValue
 from streamquake.reports import svg
 from streamquake.reports.table import (
     PHASE_COLUMNS,
+    ROLES,
+    Cell,
+    FaultBlock,
     error_rows,
+    fault_blocks,
+    record_step,
     status_row,
+    step_fault_records,
+    step_rows,
     summary_rows,
     top_reasons,
+    unblocked_checks,
     verdict_rows,
     verdict_word,
 )
 from streamquake.reports.words import (
     class_reading,
     duration,
+    evidence,
     flap_text,
     inconclusive_legend,
     interruption,
     pairs,
+    recovery_basis,
     run_t0,
     sentence,
+    skipped_steps,
     target_text,
     value_text,
     when,
 )
-from streamquake.result import FaultRecord, RunResult
+from streamquake.result import Check, FaultRecord, PhaseResult, RunResult
 
 CSS = """
 body{font:14px/1.45 system-ui,sans-serif;margin:24px auto;max-width:920px;color:#222}
@@ -54,6 +65,19 @@ svg .g{stroke:#eee}svg .a{stroke:#999}svg .e{stroke:#999;stroke-dasharray:2 3}
 svg .band{fill:#d62728;fill-opacity:.12}svg .bl{fill:#a01c1c;font-weight:600}
 svg .el{fill:#777}.cap{color:#666;font-size:12px;margin:0 0 10px}
 """
+
+# The steps form's timeline strip, step windows and fault panels.
+STEPS_CSS = """
+svg .sw{fill-opacity:.07}svg .warmup{fill:#7f7f7f}svg .baseline{fill:#2ca02c}
+svg .fault{fill:#d62728}svg .recovery{fill:#1f77b4}svg .skipped{fill:#bbb}
+svg .st{fill-opacity:.35}svg .ld{fill:#9467bd;fill-opacity:.18}svg .fw{fill:#d62728;fill-opacity:.55}
+svg .sl{font:11px sans-serif;fill:#222}.panel{border:1px solid #ddd;border-radius:6px;
+padding:4px 12px 10px;margin:14px 0}.panel h2{border:0;margin:10px 0 6px}.ev{color:#666;
+font-size:11px}
+"""
+# Step colours for lines, in the order of the steps (CDFs, trend).
+STEP_COLORS = ("#2ca02c", "#d62728", "#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
+               "#17becf", "#bcbd22", "#7f7f7f")
 
 TIMELINE = (("ttfb_ms", "TTFB", "ms"), ("ttft_ms", "TTFT", "ms"), ("itl_ms", "ITL", "ms"),
             ("e2e_ms", "E2E", "ms"), ("output_tokens_per_s", "Output tokens/s per stream",
@@ -96,6 +120,14 @@ class _Page:
             out.append(svg.Band(f.applied_at - self.t0, end - self.t0, f"{f.name} ({f.type})"))
         return out
 
+    def step_bands(self) -> list[svg.Band]:
+        """The steps form: each step's window, shaded by its kind (under the fault windows)."""
+        if not self.r.steps_form:
+            return []
+        return [svg.Band(p.start - self.t0, p.end - self.t0,
+                         f"step {p.name} ({p.kind}, {p.status})", f"sw {p.kind}")
+                for p in self.r.phases]
+
     def edges(self) -> list[tuple[float, str]]:
         return [(p.start - self.t0, p.name) for p in self.r.phases]
 
@@ -106,14 +138,18 @@ class _Page:
         """A chart on the run's time axis, with phase edges and fault windows."""
         return svg.render(svg.Chart(key=key, title=title, lines=lines, y_label=y_label,
                                     x_label="seconds since the first phase began",
-                                    bands=self.bands(), edges=self.edges(), x_max=self.x_max()))
+                                    bands=self.step_bands() + self.bands(), edges=self.edges(),
+                                    x_max=self.x_max()))
 
 
 def render_html(result: RunResult) -> str:
     page = _Page(result)
     _header(page)
-    _verdicts(page)
-    _measured(page)
+    if result.steps_form:
+        _steps(page)
+    else:
+        _verdicts(page)
+        _measured(page)
     _timeline(page)
     _cdfs(page)
     _classes(page)
@@ -125,7 +161,8 @@ def render_html(result: RunResult) -> str:
     title = f"streamquake: {result.scenario_name}: {verdict_word(result)}"
     return (f"<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<meta name=\"viewport\" content=\"width=device-width\"><title>{_t(title)}</title>"
-            f"<style>{CSS}</style></head><body>{body}</body></html>\n")
+            f"<style>{CSS}{STEPS_CSS if result.steps_form else ''}</style></head>"
+            f"<body>{body}</body></html>\n")
 
 
 def write_html(result: RunResult, path: Path) -> Path:

@@ -27,7 +27,6 @@ from streamquake.run.events import (
     Tick,
 )
 from streamquake.run.watch import LATENCIES, LIVE_WINDOW_S
-from streamquake.scenario import PHASE_ORDER
 
 if TYPE_CHECKING:
     from streamquake.run.watch import RollingStats

@@ -29,11 +29,13 @@ class Line:
 
 @dataclass
 class Band:
-    """A shaded x range with a label: a fault window."""
+    """A shaded x range with a label: a fault window (class ``band``, labelled on the chart),
+    or a step's window (class ``sw <kind>``: shaded, named on hover; its edge names it)."""
 
     x0: float
     x1: float
     label: str
+    cls: str = "band"
 
 
 @dataclass
@@ -111,9 +113,11 @@ def render(chart: Chart) -> str:
            f'<text class="t" x="{_L}" y="15">{escape(chart.title)}</text>']
     for band in chart.bands:
         x0, x1 = sx(band.x0), sx(band.x1)
-        out.append(f'<rect class="band" x="{x0:.1f}" y="{_T}" width="{max(1.0, x1 - x0):.1f}" '
-                   f'height="{h}"><title>{escape(band.label)}</title></rect>'
-                   f'<text class="bl" x="{x0 + 3:.1f}" y="{_T + 11}">{escape(band.label)}</text>')
+        out.append(f'<rect class="{band.cls}" x="{x0:.1f}" y="{_T}" '
+                   f'width="{max(1.0, x1 - x0):.1f}" height="{h}">'
+                   f'<title>{escape(band.label)}</title></rect>'
+                   + (f'<text class="bl" x="{x0 + 3:.1f}" y="{_T + 11}">{escape(band.label)}'
+                      '</text>' if band.cls == "band" else ""))
     for y in _ticks(y_top):
         out.append(f'<line class="g" x1="{_L}" x2="{_L + w}" y1="{sy(y):.1f}" y2="{sy(y):.1f}"/>'
                    f'<text class="yl" x="{_L - 4}" y="{sy(y) + 3:.1f}">{_num(y)}</text>')
@@ -172,3 +176,63 @@ def _legend(chart: Chart) -> str:
                      f'stroke-width="2"{dash}/><text class="lg" x="{x + 20:.0f}" y="15">'
                      f"{label}</text>")
     return "".join(parts)
+
+
+@dataclass
+class Segment:
+    """One stretch of a strip row: a step, a step's load, a fault's window."""
+
+    x0: float
+    x1: float
+    text: str                             # drawn where it fits; always on hover
+    cls: str
+    title: str = ""
+
+
+@dataclass
+class Strip:
+    """The whole timeline at a glance: one row per thing (steps, load, each fault), its
+    stretches drawn on the run's time axis."""
+
+    key: str
+    title: str
+    rows: list[tuple[str, list[Segment]]]
+    x_max: float
+    x_label: str
+    width: int = 880
+    row_h: int = 22
+
+
+def render_strip(strip: Strip) -> str:
+    left = max(_L, 8 + max((round(6.2 * len(name)) for name, _ in strip.rows), default=0))
+    w = strip.width - left - _R
+    height = _T + len(strip.rows) * strip.row_h + _B
+    top = max(strip.x_max, 1e-9)
+
+    def sx(x: float) -> float:
+        return left + min(max(x, 0.0), top) / top * w
+
+    out = [f'<svg class="chart strip" data-chart="{escape(strip.key)}" role="img" '
+           f'aria-label="{escape(strip.title)}" viewBox="0 0 {strip.width} {height}" '
+           f'width="{strip.width}" height="{height}" xmlns="http://www.w3.org/2000/svg">',
+           f'<text class="t" x="{left}" y="15">{escape(strip.title)}</text>']
+    for x in _ticks(top, 8):
+        out.append(f'<line class="g" x1="{sx(x):.1f}" x2="{sx(x):.1f}" y1="{_T}" '
+                   f'y2="{height - _B}"/><text class="xl" x="{sx(x):.1f}" '
+                   f'y="{height - _B + 13}">{_num(x)}</text>')
+    for i, (name, segments) in enumerate(strip.rows):
+        y = _T + i * strip.row_h
+        out.append(f'<text class="yl" x="{left - 4}" y="{y + strip.row_h / 2 + 4:.1f}">'
+                   f'{escape(name)}</text>')
+        for seg in segments:
+            x0, x1 = sx(seg.x0), sx(seg.x1)
+            width = max(1.0, x1 - x0)
+            out.append(f'<rect class="{escape(seg.cls)}" x="{x0:.1f}" y="{y + 2}" '
+                       f'width="{width:.1f}" height="{strip.row_h - 4}">'
+                       f'<title>{escape(seg.title or seg.text)}</title></rect>')
+            if 6.2 * len(seg.text) + 6 <= width:
+                out.append(f'<text class="sl" x="{x0 + 3:.1f}" y="{y + strip.row_h / 2 + 4:.1f}">'
+                           f'{escape(seg.text)}</text>')
+    out.append(f'<text class="xl" x="{left + w / 2:.0f}" y="{height - 3}">'
+               f'{escape(strip.x_label)}</text></svg>')
+    return "".join(out)

@@ -7,8 +7,8 @@ import itertools
 
 from streamquake.faults.catalog import families, fault_type
 from streamquake.faults.envelope import FaultSpec
+from streamquake.faults.written import written_pairs
 from streamquake.journal import journal_path
-from streamquake.reference import written_pairs
 from streamquake.run.parts import wanted_resources
 from streamquake.scenario import Scenario
 from streamquake.scenario.steps import Ramp, StepSpec

@@ -13,9 +13,9 @@ from streamquake.deadline import run_with_deadline
 from streamquake.errors import InjectorError, LeaseLapsed, PreflightError
 from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import Describes, FaultSpec, Injector, RunContext
+from streamquake.faults.written import settings_text
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
-from streamquake.reference import settings_text
 from streamquake.result import FaultRecord, FlapEdge
 from streamquake.run.events import Events, FaultApplied, FaultReverted
 from streamquake.run.lease import RunLease

@@ -143,7 +143,7 @@ class RemoteInjector:
         self._thread: threading.Thread | None = None
 
     def request(self) -> ApplyRequest:
-        from streamquake.reference import as_written
+        from streamquake.faults.written import as_written
 
         fault = as_written(self.spec)
         fault.pop("at", None)

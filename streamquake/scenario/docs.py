@@ -11,7 +11,6 @@ would otherwise flag.
 
 from __future__ import annotations
 
-import json
 import types
 import typing
 from collections.abc import Iterator
@@ -23,15 +22,10 @@ from pydantic.fields import FieldInfo
 
 from streamquake.faults.catalog import families
 from streamquake.faults.envelope import ENVELOPE, FaultSpec
+from streamquake.faults.written import value_as_written
 from streamquake.jsontypes import JsonDict, JsonValue
-from streamquake.units import (
-    QuantityKind,
-    format_ms,
-    format_percent,
-    format_rate,
-    format_size,
-    unit_of,
-)
+from streamquake.scenario.schema import Scenario
+from streamquake.units import QuantityKind, quantity
 
 # How each quantity is written; `streamquake faults` says it once, above the tables.
 QUANTITIES: dict[QuantityKind, str] = {
@@ -40,14 +34,6 @@ QUANTITIES: dict[QuantityKind, str] = {
     "rate": "a rate: 8mbit (bits/s), 1mbps or 1MB/s (bytes/s)",
     "size": "a size: 32kb, 1mb or a number of bytes",
 }
-
-
-def quantity(model: type[BaseModel], field: str) -> str | None:
-    """The text form(s) a field's type accepts ("duration", "percentage or duration"...), if
-    any."""
-    info = model.model_fields[field]
-    unit = unit_of(info.annotation, info.metadata)
-    return None if unit is None else " or ".join(k for k in QUANTITIES if k in unit.kinds)
 
 
 def _explain(kind: str) -> str:
@@ -104,46 +90,6 @@ def _default(info: FieldInfo) -> JsonValue:
     return str(value)
 
 
-def _as_written(field: str, kind: str | None, value: JsonValue) -> JsonValue:
-    """A value as a scenario would write it: 50.0 in ``latency_ms`` is ``50ms``, 25000.0 in
-    ``rate_bytes_per_s`` is ``200kbit``."""
-    if not isinstance(value, int | float) or isinstance(value, bool):
-        return value
-    if kind == "duration":
-        return format_ms(value if field.endswith("_ms") else value * 1000)
-    if kind == "percentage":
-        return format_percent(value)
-    if kind == "rate":
-        return format_rate(value)
-    if kind == "size":
-        return format_size(value)
-    return value
-
-
-def written_pairs(model: BaseModel, skip: tuple[str, ...] = ENVELOPE,
-                  only_given: bool = False) -> list[tuple[str, str]]:
-    """For people: a model's fields that are set (``only_given``: those the scenario gave), in
-    their units as a scenario writes them, nested ones dotted: ``[("delay", "400ms"),
-    ("rate", "200kbit"), ("stall.probability", "1%")]``."""
-    out: list[tuple[str, str]] = []
-    for name, info in type(model).model_fields.items():
-        value = getattr(model, name)
-        if name in skip or value is None or (only_given and name not in model.model_fields_set):
-            continue
-        key = info.alias or name
-        if isinstance(value, BaseModel):
-            out += [(f"{key}.{k}", v) for k, v in written_pairs(value, (), only_given)]
-            continue
-        shown = _as_written(name, quantity(type(model), name), value)
-        out.append((key, shown if isinstance(shown, str) else json.dumps(shown)))
-    return out
-
-
-def settings_text(spec: FaultSpec) -> str:
-    """``rate=200kbit, latency=20ms``: what the scenario (or ``inject``) set, in its units."""
-    return ", ".join(f"{k}={v}" for k, v in written_pairs(spec, only_given=True)) or "defaults"
-
-
 def params(model: type[FaultSpec]) -> list[Param]:
     out = []
     for name, info in model.model_fields.items():
@@ -154,7 +100,7 @@ def params(model: type[FaultSpec]) -> list[Param]:
             name=info.alias or name,
             type=kind or type_text(info.annotation),
             required=info.is_required(),
-            default=_as_written(name, kind, _default(info)),
+            default=value_as_written(name, kind, _default(info)),
             description=info.description or "",
         ))
     return out
@@ -221,8 +167,6 @@ def _accept_text(prop: JsonDict, kind: str) -> JsonDict:
 def scenario_schema() -> JsonDict:
     """The scenario's JSON Schema (draft 2020-12), durations and percentages accepted as the
     text a scenario writes."""
-    from streamquake.scenario import Scenario
-
     schema: JsonDict = Scenario.model_json_schema(by_alias=True, mode="validation")
     defs = schema.get("$defs")
     defs = defs if isinstance(defs, dict) else {}
@@ -241,30 +185,3 @@ def scenario_schema() -> JsonDict:
                                                 if k != "title"}}
 
 
-# -- a spec back as a scenario writes it -------------------------------------------------------
-
-
-def _written(model: BaseModel) -> JsonDict:
-    out: JsonDict = {}
-    for name, info in type(model).model_fields.items():
-        value = getattr(model, name)
-        if value is None:
-            continue
-        key = info.alias or name
-        if isinstance(value, BaseModel):
-            out[key] = _written(value)
-        elif quantity(type(model), name) == "rate" and isinstance(value, int | float):
-            # The model holds bytes/s; its validator wants a unit ("bps" is bytes/s in tc's
-            # convention), and refuses a bare number as ambiguous.
-            out[key] = f"{float(value)!r}bps"
-        else:
-            dumped: JsonDict = model.model_dump(mode="json", by_alias=True, include={name})
-            out[key] = dumped[key]
-    return out
-
-
-def as_written(spec: FaultSpec) -> JsonDict:
-    """``spec`` as a scenario could write it, so that validating it again (on an agent, say)
-    gives the same spec: pydantic's plain dump holds converted values (a rate in bytes/s) that
-    some before-validators do not take back."""
-    return _written(spec)
