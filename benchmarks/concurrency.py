@@ -9,7 +9,8 @@ temp state dir) of a generated scenario, pinned with `taskset` to core 1, its em
 moved to core 0 as it appears (as `truth.py` does): OpenAI format, TTFT 100 ms, ITL `--itl-ms`
 (a few tokens a second), `--tokens` tokens, capacity 2N, `send_log` on; N users, closed loop, no
 think time, their first starts spread over one stream's length (so that N streams stay open and
-their events are not all due at once); warm-up = that ramp + 3 s, then one measured baseline
+their events are not all due at once); warm-up = 2.5 ramps + 5 s (a busy machine stretches the
+ramp: Locust's spawning falls behind), then one measured baseline
 phase of `--seconds`. The run stops by itself (each run has a deadline; the whole sweep too).
 
 Every 0.5 s the Locust process's RSS (`/proc/PID/status` VmRSS) and its open descriptors
@@ -67,7 +68,8 @@ def scenario(n: int, itl_ms: float, tokens: int, seconds: float, send_log: Path)
         "load": {"users": n, "spawn_rate": round(n / ramp, 3), "samples": "all",
                  "classes": [{"name": "chat", "prompt": "Say something.",
                               "max_tokens": tokens}]},
-        "phases": {"warmup": f"{ramp + 3:.1f}s", "baseline": f"{seconds:g}s", "fault": "0s",
+        # Room for a ramp that a busy machine stretches (Locust's spawning falls behind).
+        "phases": {"warmup": f"{2.5 * ramp + 5:.1f}s", "baseline": f"{seconds:g}s", "fault": "0s",
                    "recovery": "0s"},
         "slos": [{"metric": "error_rate", "max": "50%"}],   # the exit code says nothing here
     }
@@ -148,7 +150,7 @@ def run_one(work: Path, n: int, itl_ms: float, tokens: int, seconds: float) -> d
     env = {**os.environ, "STREAMQUAKE_STATE_DIR": str(d / "state")}
     cmd = ["taskset", "-c", str(LOAD_CORE), *streamquake_cmd(), "run", str(spec), "--out",
            str(out), "--no-watchdog"]
-    limit = 2 * stream_s(itl_ms, tokens) + seconds + 300
+    limit = 4.5 * stream_s(itl_ms, tokens) + seconds + 300
     with open(d / "run.log", "w", encoding="utf-8") as log:
         proc = subprocess.Popen(cmd, cwd=d, stdout=log, stderr=subprocess.STDOUT,
                                 stdin=subprocess.DEVNULL, env=env)

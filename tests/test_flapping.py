@@ -194,7 +194,8 @@ def _wait_for(proc: subprocess.Popen[str], line: str, times: int) -> list[str]:
         if not seen[-1] and proc.poll() is not None:
             break
     proc.kill()
-    pytest.fail(f"never saw {line!r} {times} times:\n" + "".join(seen))
+    rest, _ = proc.communicate(timeout=60)
+    pytest.fail(f"never saw {line!r} {times} times:\n" + "".join(seen) + rest)
 
 
 @pytest.mark.timeout(180)

@@ -5,9 +5,10 @@ Faults: an SSE proxy fault, a tbf fault with the target in its own namespace (ho
 clock lock (emulated driver). Kills: SIGKILL of the run, SIGKILL of its process group, SIGTERM
 twice (no recover needed: the run reverts), and SIGKILLs that the run delivers to itself at named
 points (streamquake/killpoints.py) between journaling a namespace, the run's tc scaffold, a
-qdisc or a clock lock and making it, and right after making it. A netem kill inside UML is in tests/uml. The longer
-profile is scripts/kill-trials. Then, with the watchdog: a kill as the namespace is made is
-undone by the lease alone; and a child that kills the run before it sets its death signal.
+qdisc or a clock lock and making it, and right after making it. A netem kill inside UML is in
+tests/uml. The longer profile is scripts/kill-trials. Then, with the watchdog: a kill as the
+namespace is made is undone by the lease alone; and a child that kills the run before it sets
+its death signal.
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import urllib.request
 from collections.abc import Iterator
 
@@ -96,6 +97,40 @@ def test_openai_role_usage_done_and_error_events() -> None:
     assert decode("openai", ev("[DONE]")) == Decoded(done=True)
     err = {"error": {"message": "Rate limit reached", "type": "requests", "code": "rate_limit"}}
     assert decode("openai", ev(err)).error == "requests: Rate limit reached"
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("data", "says"), [
+    ({"id": "c", "choices": None}, "`choices` is null or missing, not a list"),
+    ({"id": "c"}, "`choices` is null or missing, not a list"),
+    ({"choices": {"0": {"delta": {"content": "x"}}}}, "`choices` is an object, not a list"),
+    ({"choices": "x", "usage": {"completion_tokens": 1}}, "`choices` is a string, not a list"),
+    ({"choices": ["x"]}, "a choice that is not an object"),
+    ({"choices": [None]}, "a choice that is not an object"),
+    ({"choices": [{"delta": {"content": "x"}}, 7]}, "a choice that is not an object"),
+    ({"choices": [{"delta": "x"}]}, "with an object `delta`"),
+    ({"choices": [{"delta": ["x"]}]}, "with an object `delta`"),
+    ({"choices": [{"delta": 0, "finish_reason": "stop"}]}, "with an object `delta`"),
+])
+def test_openai_wrong_shaped_chunks_are_protocol_errors(data: object, says: str) -> None:
+    # The per-event decode takes shortcuts (exact types, no list for the text): each wrong
+    # shape must still be caught, and named.
+    with pytest.raises(ProtocolError, match=re.escape(says)):
+        decode("openai", ev(data))
+
+
+@pytest.mark.timeout(10)
+def test_openai_texts_of_every_choice_are_joined_and_odd_values_ignored() -> None:
+    chunk = {"id": 5, "model": ["m"], "choices": [
+        {"delta": {"reasoning_content": "think ", "content": "say"}, "finish_reason": None},
+        {"delta": None},
+        {"delta": {"content": 3, "reasoning_content": ""}},
+        {"delta": {"content": "!"}, "finish_reason": "length"}],
+        "usage": {"completion_tokens": True}}
+    assert decode("openai", ev(chunk)) == Decoded(text="think say!", finish="length")
+    assert decode("openai", ev({"usage": {"completion_tokens": 4}})) == \
+        Decoded(usage_output_tokens=4)
+    assert decode("openai", ev(" [DONE]\n")) == Decoded(done=True)
 
 
 @pytest.mark.timeout(10)

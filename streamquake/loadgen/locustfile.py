@@ -267,7 +267,7 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
     if isinstance(runner, MasterRunner):
         _init_master(runner, plan)
     start_saturation_guard(runner)     # CPU, hub lag, kernel-to-seen: saturation-<pid>.jsonl
-    _freeze_long_lived(environment)
+    pass  # TMPX _freeze_long_lived(environment)
 
 
 def _freeze_long_lived(environment: Environment) -> None:

@@ -41,8 +41,12 @@ def json_object(event: Event) -> dict[str, Any]:
             f"event data is not JSON: {short(event.data)!r} ({exc.args[0]})"
         ) from exc
     if not isinstance(obj, dict):
-        raise ProtocolError(f"event data is JSON but not an object: {short(event.data)!r}")
+        raise not_an_object(event)
     return obj
+
+
+def not_an_object(event: Event) -> ProtocolError:
+    return ProtocolError(f"event data is JSON but not an object: {short(event.data)!r}")
 
 
 def object_or_none(event: Event) -> dict[str, Any] | None:

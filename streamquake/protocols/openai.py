@@ -20,6 +20,7 @@ from streamquake.protocols._json import (
     int_or_none,
     json_object,
     nonempty_str,
+    not_an_object,
     object_or_none,
     shape,
     short,
@@ -121,11 +122,11 @@ class OpenAI(WireProtocol):
         if data == "[DONE]" or data.strip() == "[DONE]":
             return Decoded(done=True)
         try:
-            obj = orjson.loads(data)
+            obj = orjson.loads(data)        # json_object's reader, without its call
         except ValueError:
-            obj = None
+            obj = json_object(event)        # raises, saying why
         if type(obj) is not dict:
-            obj = json_object(event)    # raises, saying why
+            raise not_an_object(event)
         if "error" in obj:
             return Decoded(error=error_text(obj["error"]))
         text = ""

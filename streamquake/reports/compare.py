@@ -15,6 +15,9 @@ unsure when the interval reaches past the margin (not enough data to rule a chan
 Without samples (a report.json copied on its own) the point difference is judged against the
 margin with no interval, and the output says so. ``streamquake history`` judges a latest run
 against the runs before it by this same test (history.py).
+
+Runs of ``steps:`` scenarios are compared step by step, matched by name (every step but the
+warmup ones, in A's order, then B's own); a step that only one side ran is said so, not compared.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import itertools
 import math
 import random
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from streamquake.jsontypes import JsonDict
 from streamquake.reports.saved_run import LoadedPhase, LoadedRun, Share
@@ -95,6 +98,12 @@ class Comparison:
     method: str
     slack_ms: float = 0.0
     differs: str | None = None          # A and B ran different scenarios (different_scenarios)
+    phases: tuple[str, ...] = PHASES    # what was compared, in order (steps: by name)
+    one_side: list[tuple[str, str]] = field(default_factory=list)   # (A | B, step): only there
+
+    def one_side_text(self) -> list[str]:
+        return [f"step {step} is in {side} only ({'B' if side == 'A' else 'A'} has no step of "
+                "that name): not compared" for side, step in self.one_side]
 
     @property
     def worse(self) -> list[Row]:
@@ -210,6 +219,20 @@ def different_scenarios(a: LoadedRun, b: LoadedRun) -> str | None:
     return None
 
 
+def _matched(a: LoadedRun, b: LoadedRun) -> tuple[tuple[str, ...], list[tuple[str, str]]]:
+    """The phases to compare and the steps only one side has: baseline, fault, recovery for
+    two phases runs; else every step but the warmup ones, by name."""
+    if not (a.steps_form or b.steps_form):
+        return PHASES, []
+
+    def measured(run: LoadedRun) -> list[str]:
+        return [n for n, p in run.phases.items() if p.kind != "warmup"]
+    in_a, in_b = measured(a), measured(b)
+    both = tuple(n for n in dict.fromkeys([*in_a, *in_b]) if n in in_a and n in in_b)
+    return both, [("A", n) for n in in_a if n not in in_b] + [("B", n) for n in in_b
+                                                              if n not in in_a]
+
+
 def compare(a: LoadedRun, b: LoadedRun, *, tolerance: float = 0.10, confidence: float = 0.95,
             resamples: int = 1000, seed: int = 1,
             progress: Callable[[str], None] | None = None) -> Comparison:
@@ -221,7 +244,8 @@ def compare(a: LoadedRun, b: LoadedRun, *, tolerance: float = 0.10, confidence: 
               "point estimates from report.json only (per-request samples not found): "
               "no confidence interval")
     rows: list[Row] = []
-    for phase in PHASES:
+    phases, one_side = _matched(a, b)
+    for phase in phases:
         pa, pb = a.phases.get(phase), b.phases.get(phase)
         if pa is None or pb is None or "not run" in (pa.status, pb.status):
             continue
@@ -230,7 +254,7 @@ def compare(a: LoadedRun, b: LoadedRun, *, tolerance: float = 0.10, confidence: 
         rows += _compare_phase(phase, pa, pb, with_ci, rng, tolerance, confidence, resamples,
                                b.slack_ms)
     return Comparison(a, b, rows, tolerance, confidence, resamples if with_ci else 0, method,
-                      b.slack_ms, different_scenarios(a, b))
+                      b.slack_ms, different_scenarios(a, b), phases, one_side)
 
 
 def _compare_phase(phase: str, pa: LoadedPhase, pb: LoadedPhase, with_ci: bool,
@@ -300,7 +324,8 @@ def markdown(c: Comparison) -> str:
     ]
     if c.differs is not None:
         lines.append(f"- **Note**: {c.differs}; compared as asked (--different-scenarios).")
-    for phase in PHASES:
+    lines += [f"- **Note**: {text}." for text in c.one_side_text()]
+    for phase in c.phases:
         rows = [r for r in c.rows if r.phase == phase]
         if not rows:
             continue
@@ -319,4 +344,7 @@ def to_json(c: Comparison) -> JsonDict:
     return {"a": str(c.a.path), "b": str(c.b.path), "method": c.method,
             "tolerance": c.tolerance, "confidence": c.confidence, "slack_ms": c.slack_ms,
             "different_scenarios": c.differs,
-            "regression": bool(c.worse), "rows": [r.to_json() for r in c.rows]}
+            "regression": bool(c.worse), "rows": [r.to_json() for r in c.rows],
+            **({"steps": list(c.phases), "one_side": [{"run": side, "step": step}
+                                                      for side, step in c.one_side]}
+               if c.a.steps_form or c.b.steps_form else {})}

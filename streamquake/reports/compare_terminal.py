@@ -6,7 +6,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from streamquake.reports.compare import PHASES, Comparison, _signed, _v, floor_for, verdict_text
+from streamquake.reports.compare import Comparison, _signed, _v, floor_for, verdict_text
 from streamquake.reports.terminal import print_table
 
 _STYLE = {"worse": "bold red", "better": "green", "same": "", "no data": "dim"}
@@ -22,7 +22,9 @@ def print_comparison(c: Comparison, console: Console) -> None:
     if c.differs is not None:
         console.print(f"[bold yellow]Note[/]: {escape(c.differs)}; compared as asked "
                       "(--different-scenarios)", highlight=False, soft_wrap=True)
-    for phase in PHASES:
+    for text in c.one_side_text():
+        console.print(f"[bold yellow]Note[/]: {escape(text)}", highlight=False, soft_wrap=True)
+    for phase in c.phases:
         rows = [r for r in c.rows if r.phase == phase]
         if not rows:
             continue

@@ -13,6 +13,10 @@ Each append is one transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) in WAL mode 
 ``synchronous=FULL``: a process killed mid-append leaves the store as it was before that run,
 never half a run. ``runs.n_metrics`` records how many metric rows the run has, so a reader can
 check that what it reads is whole.
+
+A ``steps:`` run stores each step but the warmup ones (and those an abort skipped) under the
+step's name, in the ``phase`` column, in the order of its timeline; runs are matched step by
+step, by name, as ``compare`` matches them.
 """
 
 from __future__ import annotations
@@ -110,7 +114,8 @@ def _num(value: JsonValue) -> float | None:
 def _rows(result: RunResult) -> list[tuple[str, str, str, float | None, int | None]]:
     rows = []
     for phase in result.phases:
-        if phase.name not in PHASES or phase.status == "not run":
+        if phase.status in ("not run", "skipped") or (
+                phase.kind == "warmup" if result.steps_form else phase.name not in PHASES):
             continue
         requests = _num(phase.stats.get("requests"))
         for metric, stat in STORED:
@@ -171,9 +176,19 @@ class StoredRun:
     counts: dict[str, int | None] = field(default_factory=dict)
 
     @property
+    def steps(self) -> bool:
+        """Its scenario gave ``steps:``: it stored phases with names of their own."""
+        return any(p not in PHASES for p in stored_phases(self))
+
+    @property
     def measured(self) -> bool:
         """A run whose numbers may serve as a baseline: it ran to the end (SLOs met or not)."""
         return self.exit_code in (0, 1) and self.interrupted is None
+
+
+def stored_phases(run: StoredRun) -> list[str]:
+    """The phases (steps) a run stored, in the order of its timeline."""
+    return list(dict.fromkeys(key.rsplit(".", 2)[0] for key in run.values))
 
 
 def read_runs(path: Path, scenario: str | None = None) -> list[StoredRun]:
@@ -193,7 +208,8 @@ def read_runs(path: Path, scenario: str | None = None) -> list[StoredRun]:
             run = StoredRun(int(row[0]), str(row[1]), str(row[2]), float(row[3]), int(row[4]),
                             row[5], str(row[6]), float(row[8] or 0.0))
             metric_rows = conn.execute(
-                "SELECT phase, metric, stat, value, count FROM metrics WHERE run_id = ?",
+                "SELECT phase, metric, stat, value, count FROM metrics WHERE run_id = ? "
+                "ORDER BY rowid",
                 (run.id,)).fetchall()
             if len(metric_rows) != int(row[7]):
                 raise HistoryError(f"run {run.id} in {path} has {len(metric_rows)} metric rows, "
@@ -235,7 +251,7 @@ class Flag:
     high: float | None = None
 
     def sentence(self) -> str:
-        metric = self.key.split(".")[1]
+        metric = self.key.rsplit(".", 2)[1]
         change = "-" if self.value is None or self.baseline is None else \
             _signed(metric, self.value - self.baseline)
         ci = "" if self.low is None else \
@@ -334,7 +350,7 @@ def _by_interval(judged: Judgement, loaded: list[LoadedRun], resamples: int) -> 
 def _by_point(judged: Judgement, why: str) -> None:
     judged.method = (f"point estimates, the median of their stored percentiles ({why}: no "
                      "interval)")
-    for phase in PHASES:
+    for phase in stored_phases(judged.latest):
         for metric, stat in WATCHED:
             key = f"{phase}.{metric}.{stat}"
             value = judged.latest.values.get(key)

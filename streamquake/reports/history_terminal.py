@@ -7,7 +7,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from streamquake.reports.history import StoredRun, check_latest
+from streamquake.reports.history import StoredRun, check_latest, stored_phases
 from streamquake.reports.terminal import print_table
 from streamquake.reports.words import value_text, when
 
@@ -26,9 +26,10 @@ def print_history(runs: list[StoredRun], console: Console, *, window: int, toler
     for name in sorted({r.scenario for r in runs}):
         mine = [r for r in runs if r.scenario == name]
         judged = check_latest(mine, window, tolerance, min_runs)
+        usual = _step_columns(mine[-1]) if mine[-1].steps else COLUMNS
         # A flagged metric is shown, whether or not it is one of the usual columns.
-        columns = [*COLUMNS, *(tuple(f.key.split(".")) for f in judged.worse
-                               if tuple(f.key.split(".")) not in COLUMNS)]
+        columns = [*usual, *(tuple(f.key.rsplit(".", 2)) for f in judged.worse
+                             if tuple(f.key.rsplit(".", 2)) not in usual)]
         table = Table(title=f"{name}: last {min(last, len(mine))} of {len(mine)} runs",
                       title_justify="left")
         for col in ("run", "started", "exit", "scenario sha256",
@@ -47,3 +48,11 @@ def print_history(runs: list[StoredRun], console: Console, *, window: int, toler
                           f"{escape(f.sentence())}", soft_wrap=True, highlight=False)
         regressed = regressed or bool(judged.worse)
     return regressed
+
+
+def _step_columns(run: StoredRun) -> tuple[tuple[str, str, str], ...]:
+    """A ``steps:`` scenario's usual columns: each step's TTFT p95, in the order of its
+    timeline, then the last step's error rate."""
+    steps = stored_phases(run)
+    return (*((step, "ttft_ms", "p95") for step in steps),
+            *((steps[-1], "error_rate", "value") for _ in steps[-1:]))

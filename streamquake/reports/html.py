@@ -70,7 +70,8 @@ svg .el{fill:#777}.cap{color:#666;font-size:12px;margin:0 0 10px}
 STEPS_CSS = """
 svg .sw{fill-opacity:.07}svg .warmup{fill:#7f7f7f}svg .baseline{fill:#2ca02c}
 svg .fault{fill:#d62728}svg .recovery{fill:#1f77b4}svg .skipped{fill:#bbb}
-svg .st{fill-opacity:.35}svg .ld{fill:#9467bd;fill-opacity:.18}svg .fw{fill:#d62728;fill-opacity:.55}
+svg.strip rect{stroke:#fff}svg .st{fill-opacity:.35}svg .ld{fill:#9467bd;fill-opacity:.18}
+svg .fw{fill:#d62728;fill-opacity:.55}
 svg .sl{font:11px sans-serif;fill:#222}.panel{border:1px solid #ddd;border-radius:6px;
 padding:4px 12px 10px;margin:14px 0}.panel h2{border:0;margin:10px 0 6px}.ev{color:#666;
 font-size:11px}
@@ -107,18 +108,25 @@ class _Page:
         self.parts.extend(html)
 
     def bands(self) -> list[svg.Band]:
-        out = []
-        for f in self.r.faults:
-            if f.applied_at is None:
-                continue
-            if f.edges:     # a flapping fault: a band per on-state, from its apply to its revert
-                ends = [*(e.at for e in f.edges), self.r.finished_at]
-                out += [svg.Band(e.at - self.t0, end - self.t0, f"{f.name} on")
-                        for e, end in zip(f.edges, ends[1:], strict=True) if e.state == "on"]
-                continue
-            end = f.reverted_at if f.reverted_at is not None else self.r.finished_at
-            out.append(svg.Band(f.applied_at - self.t0, end - self.t0, f"{f.name} ({f.type})"))
-        return out
+        return [band for band, _ in _fault_windows(self)]
+
+    def checks_at(self, checks: list[Check]) -> dict[tuple[str, str], Check]:
+        """Checks by (verdict row label, step), as verdict_rows labels them."""
+        return {(c.name + (f" [{c.cls}]" if c.cls else ""), c.phase): c for c in checks}
+
+    def measured(self) -> tuple[str, ...]:
+        """The phases (steps) the tables show: baseline, fault, recovery, or every step but
+        the warmup ones."""
+        if not self.r.steps_form:
+            return PHASE_COLUMNS
+        return tuple(p.name for p in self.r.phases if p.kind != "warmup")
+
+    def color(self, phase: str) -> str:
+        if not self.r.steps_form:
+            return svg.PALETTE.get(phase, svg.EXTRA[0])
+        names = [p.name for p in self.r.phases]
+        i = names.index(phase) if phase in names else len(names)
+        return STEP_COLORS[i % len(STEP_COLORS)]
 
     def step_bands(self) -> list[svg.Band]:
         """The steps form: each step's window, shaded by its kind (under the fault windows)."""
@@ -145,12 +153,14 @@ class _Page:
 def render_html(result: RunResult) -> str:
     page = _Page(result)
     _header(page)
-    if result.steps_form:
+    if result.steps_form:     # the whole timeline first, then a panel per fault step
         _steps(page)
+        _timeline(page)
+        _panels(page)
     else:
         _verdicts(page)
         _measured(page)
-    _timeline(page)
+        _timeline(page)
     _cdfs(page)
     _classes(page)
     _faults(page)
@@ -248,6 +258,192 @@ def _measured(page: _Page) -> None:
                  + "".join(f"<li>{_t(reason)}</li>" for reason in reasons) + "</ul>")
 
 
+# --- the steps form: the whole timeline, then a before / during / after panel per fault step ---
+
+def _steps(page: _Page) -> None:
+    r = page.r
+    if not r.phases:
+        return
+    page.add("<h2>Timeline</h2><p class=\"cap\">Every step on the run's time axis, coloured by "
+             "kind (warmup grey, baseline green, fault red, recovery blue), its load, and each "
+             "fault's windows from apply to revert (a flapping fault: each on-state).</p>",
+             svg.render_strip(svg.Strip(key="steps", title="Steps, load and faults",
+                                        rows=_strip_rows(page), x_max=page.x_max(),
+                                        x_label="seconds since the first step began")),
+             "<table><tr><th>step</th><th>kind</th><th>faults</th><th>load</th><th>length</th>"
+             "<th>status</th><th>requests sent</th><th>SLOs</th></tr>")
+    for p, (name, kind, faults, length, status, sent, slos) in zip(r.phases, step_rows(r),
+                                                                     strict=True):
+        page.add(f'<tr data-step="{_t(name)}"><td>{_t(name)}</td><td class="l">{_t(kind)}</td>'
+                 f'<td class="l">{_t(faults)}</td><td class="l">{_t(_load_text(r, p))}</td>'
+                 f"<td>{_t(length)}</td><td class=\"l\">{_t(status)}</td><td>{_t(sent)}</td>"
+                 f'<td class="l">{_t(slos)}</td></tr>')
+    page.add("</table>")
+    reasons = top_reasons(r)
+    if reasons:
+        page.add("<p>Why requests failed, most frequent first:</p><ul>"
+                 + "".join(f"<li>{_t(reason)}</li>" for reason in reasons) + "</ul>")
+
+
+def _panels(page: _Page) -> None:
+    r = page.r
+    blocks = fault_blocks(r)
+    for block in blocks:
+        _panel(page, block)
+    rest = unblocked_checks(r, blocks)
+    if rest:
+        page.add("<h2>SLO verdicts in the other steps</h2><table><tr><th>check</th><th>step</th>"
+                 "<th>verdict</th></tr>")
+        for label, cells in verdict_rows(r, rest):
+            for step, cell in cells.items():
+                check = page.checks_at(rest)[(label, step)]
+                page.add(f"<tr><td>{_t(label)}</td><td class=\"l\">{_t(step)}</td>"
+                         f"{_verdict_cell(cell, check, skipped_steps(r))}</tr>")
+        page.add("</table>")
+        _notes(page, rest)
+
+
+def _load_text(r: RunResult, p: PhaseResult, whose: bool = True) -> str:
+    """A step's load in words: its own, or the scenario's (``users``, ``rate``, a ramp, a
+    spike)."""
+    own = p.load is not None
+    load = p.load if p.load is not None else _dict(r.scenario_echo.get("load"))
+    users, rate, spike = load.get("users"), load.get("rate"), _dict(load.get("spike"))
+    if isinstance(rate, dict):
+        text = f"{_t_num(rate.get('from'))} → {_t_num(rate.get('to'))} req/s"
+    elif rate is not None:
+        text = f"{_t_num(rate)} req/s"
+    elif users is not None:
+        text = f"{_t_num(users)} users"
+    else:
+        text = "-"
+    if spike:
+        text += (f", spike {_t_num(spike.get('rate'))} req/s at {_t_num(spike.get('at'))} s "
+                 f"for {_t_num(spike.get('for'))} s")
+    return text if own or not whose else f"{text} (the scenario's)"
+
+
+def _t_num(value: JsonValue) -> str:
+    n = _num(value)
+    return "?" if n is None else f"{n:g}"
+
+
+def _strip_rows(page: _Page) -> list[tuple[str, list[svg.Segment]]]:
+    r, t0 = page.r, page.t0
+    steps = [svg.Segment(p.start - t0, p.end - t0, p.name,
+                         f"st {'skipped' if p.status == 'skipped' else p.kind}",
+                         f"{p.name}: {p.kind}, {max(0.0, p.end - p.start):g} s, {p.status}"
+                         + (f"; faults {', '.join(p.faults)}" if p.faults else ""))
+             for p in r.phases]
+    loads = [svg.Segment(p.start - t0, p.end - t0, _load_text(r, p, whose=False), "ld",
+                         f"{p.name}: {_load_text(r, p)}") for p in r.phases]
+    rows: list[tuple[str, list[svg.Segment]]] = [("steps", steps), ("load", loads)]
+    by_name: dict[str, list[svg.Segment]] = {}
+    for band, f in _fault_windows(page):
+        by_name.setdefault(f.name, []).append(svg.Segment(
+            band.x0, band.x1, f.type, "fw", f"{band.label}: {band.x0:.1f} s to {band.x1:.1f} s"
+            + (f"; {f.error}" if f.error else "")))
+    for name in dict.fromkeys(f.name for f in r.faults):
+        rows.append((name, by_name.get(name, [])))
+    return rows
+
+
+def _fault_windows(page: _Page) -> list[tuple[svg.Band, FaultRecord]]:
+    """Each fault record's windows on the time axis (a flapping one: its on-states)."""
+    out = []
+    for f in page.r.faults:
+        if f.applied_at is None:
+            continue
+        if f.edges:
+            ends = [*(e.at for e in f.edges), page.r.finished_at]
+            out += [(svg.Band(e.at - page.t0, end - page.t0, f"{f.name} on"), f)
+                    for e, end in zip(f.edges, ends[1:], strict=True) if e.state == "on"]
+            continue
+        end = f.reverted_at if f.reverted_at is not None else page.r.finished_at
+        out.append((svg.Band(f.applied_at - page.t0, end - page.t0, f"{f.name} ({f.type})"), f))
+    return out
+
+
+def _panel(page: _Page, b: FaultBlock) -> None:
+    """One fault step: its baseline before, itself, its recovery after; values with their
+    counts, the verdicts with their intervals, and the faults as applied."""
+    r = page.r
+    status = status_row(r, b.columns)
+    page.add(f'<section class="panel" data-fault-step="{_t(b.step)}"><h2>{_t(b.title)}</h2>')
+    if status[b.step] == "skipped":
+        page.add('<p class="note">Skipped: the run aborted before this step, so its faults were '
+                 "not applied and its checks were not run.</p>")
+    head = "".join(f"<th>{role}<br><code>{_t(c or '-')}</code></th>"
+                   for role, c in zip(ROLES, b.columns, strict=True))
+    by_step = {p.name: p.stats for p in r.phases}
+    page.add(f"<table><tr><th>measured</th>{head}</tr><tr><td>step</td>",
+             *(f"<td>{_t(status[c]) if c else '-'}</td>" for c in b.columns), "</tr>")
+    for label, cells in summary_rows(r, b.columns):
+        page.add(f"<tr><td>{_t(label)}</td>",
+                 *(f"<td>{_t(cells[c]) if c else '-'}</td>" for c in b.columns), "</tr>")
+    for metric, label in (("ttft_ms", "TTFT values"), ("itl_ms", "ITL gaps"),
+                          ("e2e_ms", "E2E values (successes)")):
+        counts = [_num(_dict(by_step.get(c, {}).get(metric)).get("count")) for c in b.columns]
+        page.add(f"<tr><td>{label} (n)</td>",
+                 *(f"<td>{'-' if n is None else int(n)}</td>" for n in counts), "</tr>")
+    for kind, cells in error_rows(r, b.columns):
+        page.add(f"<tr><td>{_t(kind)} errors</td>",
+                 *(f"<td>{_t(cells[c]) if c else '-'}</td>" for c in b.columns), "</tr>")
+    page.add("</table>")
+    if b.checks:
+        skipped, at = skipped_steps(r), page.checks_at(b.checks)
+        page.add(f"<table><tr><th>verdicts</th>{head}</tr>")
+        for label, verdicts in verdict_rows(r, b.checks):
+            page.add(f"<tr><td>{_t(label)}</td>")
+            for c in b.columns:
+                check = at.get((label, c))
+                cell = verdicts.get(c) if c else None
+                page.add("<td>-</td>" if cell is None or check is None else
+                         _verdict_cell(cell, check, skipped))
+            page.add("</tr>")
+        page.add("</table>")
+        _notes(page, b.checks)
+    applied = step_fault_records(r, b.step)
+    if applied:
+        page.add("<ul>" + "".join(
+            f"<li>fault <b>{_t(f.name)}</b> ({_t(f.type)}): "
+            f"<code>{_t(pairs(f.configured, skip=('type', 'name', 'phase')))}</code>, "
+            + (f'<span class="broken">{_t(f.error)}</span>' if f.error else
+               "applied and reverted")
+            + ("" if (flapped := flap_text(f)) is None else f"; {_t(flapped)}") + "</li>"
+            for f in applied) + "</ul>")
+    page.add("</section>")
+
+
+def _verdict_cell(cell: Cell, check: Check, skipped: frozenset[str]) -> str:
+    """A verdict with its evidence (how many values, the interval) under it."""
+    tip = _t(sentence(check, skipped))
+    ev = evidence(check) if check.ran and check.measurable else ""
+    under = f'<br><span class="ev">{_t(ev)}</span>' if ev else ""
+    if not cell.ran:
+        return f'<td class="nr" title="{tip}">not run</td>'
+    if not cell.gating:
+        return (f'<td class="ng" title="{tip}">{_t(cell.text)} '
+                f'({"met" if cell.passed else "broken"}, not gating){under}</td>')
+    if not cell.measurable and cell.passed:
+        return f'<td class="nm" title="{tip}">{_t(cell.text)} ⚠</td>'
+    state, mark = ("met", "✓") if cell.passed else ("broken", "✗")
+    return f'<td class="{state}" title="{tip}">{_t(cell.text)} {mark}{under}</td>'
+
+
+def _notes(page: _Page, checks: list[Check]) -> None:
+    """Under a verdict table: what ``?`` means, the recovery checks' bases (counts and
+    intervals on both sides), and each broken check in a sentence."""
+    said = [legend] if (legend := inconclusive_legend(checks)) else []
+    said += [basis for c in checks if (basis := recovery_basis(c))]
+    broken = [sentence(c, skipped_steps(page.r)) for c in checks
+              if c.ran and c.gating and not c.passed]
+    if said:
+        page.add('<p class="cap">' + "<br>".join(_t(x) for x in said) + "</p>")
+    if broken:
+        page.add("<ul>" + "".join(f'<li class="broken">{_t(x)}</li>' for x in broken) + "</ul>")
+
+
 def _timeline(page: _Page) -> None:
     r = page.r
     if not r.timeline:
@@ -279,7 +475,8 @@ def _cdfs(page: _Page) -> None:
     r = page.r
     if not r.cdfs:
         return
-    page.add("<h2>Latency distribution per phase (CDF)</h2><p class=\"cap\">From each phase's "
+    word = "step" if r.steps_form else "phase"
+    page.add(f"<h2>Latency distribution per {word} (CDF)</h2><p class=\"cap\">From each {word}'s "
              "HDR histogram, the same numbers the verdicts use; the x axis ends at the largest "
              "p99.5 (the maximum is in report.json).</p>")
     for metric, title in CDF_TITLES.items():
@@ -287,7 +484,7 @@ def _cdfs(page: _Page) -> None:
         if not curves:
             continue
         tails = [v for c in curves for p, v in c.points if p <= 99.5]
-        lines = [svg.Line(f"{c.phase} (n={c.count})", svg.PALETTE.get(c.phase, svg.EXTRA[0]),
+        lines = [svg.Line(f"{c.phase} (n={c.count})", page.color(c.phase),
                           [(v, p) for p, v in c.points]) for c in curves]
         page.add(svg.render(svg.Chart(key=f"cdf-{metric}", title=f"{title} CDF", lines=lines,
                                       x_label="ms", y_label="percentile", y_max=100.0,
@@ -307,7 +504,7 @@ def _classes(page: _Page) -> None:
              "<th>tokens/s p50</th></tr>")
     for name in names:
         for phase in r.phases:
-            if phase.name not in PHASE_COLUMNS or name not in phase.classes:
+            if phase.name not in page.measured() or name not in phase.classes:
                 continue
             st = phase.classes[name]
             errors = _dict(st.get("errors"))
@@ -324,9 +521,14 @@ def _classes(page: _Page) -> None:
 
 
 def _observed(page: _Page, fault: FaultRecord) -> str:
-    """What the client saw in the fault's phase, next to baseline."""
+    """What the client saw in the fault's phase (step), next to baseline (the baseline step
+    it is judged against)."""
     stats = {p.name: p.stats for p in page.r.phases}
-    if fault.phase not in stats:
+    phase, baseline = fault.phase, "baseline"
+    if page.r.steps_form:
+        phase = record_step(page.r, fault)
+        baseline = next((j.before for j in page.r.judged if j.step == phase), None) or ""
+    if phase not in stats:
         return "-"
     rows = []
     for metric, stat in (("ttft_ms", "p50"), ("ttft_ms", "p95"), ("itl_ms", "p95"),
@@ -336,9 +538,9 @@ def _observed(page: _Page, fault: FaultRecord) -> str:
             v = stats.get(phase, {}).get(m)
             return _num(_dict(v).get(s)) if s else _num(v)
         label = f"{metric} {stat}" if stat else metric
-        base = get("baseline") if fault.phase != "baseline" else None
-        there = value_text(metric, get(fault.phase))
-        rows.append(f"{label}={there}" + (f" (baseline {value_text(metric, base)})"
+        base = get(baseline) if phase != baseline else None
+        there = value_text(metric, get(phase))
+        rows.append(f"{label}={there}" + (f" ({baseline} {value_text(metric, base)})"
                                           if base is not None else ""))
     return "<br>".join(_t(x) for x in rows)
 
@@ -357,7 +559,8 @@ def _faults(page: _Page) -> None:
         err = f'<br><span class="broken">{_t(f.error)}</span>' if f.error else ""
         flapped = flap_text(f)
         err += "" if flapped is None else f"<br>{_t(flapped)}"
-        page.add(f"<tr><td><b>{_t(f.name)}</b><br>{_t(f.type)}, {_t(f.phase)}<br>"
+        step = record_step(r, f) if r.steps_form else f.phase
+        page.add(f"<tr><td><b>{_t(f.name)}</b><br>{_t(f.type)}, {_t(step)}<br>"
                  f"{at} → {until}{err}</td>",
                  f'<td class="kv">{_kv(f.configured)}</td><td class="kv">{_kv(f.applied)}</td>'
                  f'<td class="kv">{_kv(f.reverted)}</td>'
@@ -403,12 +606,12 @@ def _trend(page: _Page) -> None:
              f"<p>{_t(trend[-1].judgement)}</p>" if trend[-1].judgement else "")
     ticks = [(i + 0.5, str(tp.run_id)) for i, tp in enumerate(trend)]
     for metric, title in (("ttft_ms", "TTFT p95"), ("itl_ms", "ITL p95"), ("e2e_ms", "E2E p95")):
-        lines = [svg.Line(phase, svg.PALETTE[phase],
+        lines = [svg.Line(phase, page.color(phase),
                           [(i + 0.5, tp.values.get(f"{phase}.{metric}.p95"))
                            for i, tp in enumerate(trend)])
-                 for phase in PHASE_COLUMNS]
+                 for phase in page.measured()]
         marks = [svg.Mark(i + 0.5, y, f"REGRESSION: {phase} {metric} p95 in run {tp.run_id}")
-                 for i, tp in enumerate(trend) for phase in PHASE_COLUMNS
+                 for i, tp in enumerate(trend) for phase in page.measured()
                  if f"{phase}.{metric}.p95" in tp.regressed
                  and (y := tp.values.get(f"{phase}.{metric}.p95")) is not None]
         page.add(svg.render(svg.Chart(key=f"trend-{metric}", title=f"{title} (ms)", lines=lines,

@@ -19,6 +19,11 @@ Exposed (labels ``scenario``, ``phase``, ``class``): ``streamquake_ttfb_seconds`
 ``streamquake_unattributed_total`` (+``metric``) (counters); ``streamquake_fault_active``
 (``fault``, ``type``, ``fault_phase``; 1 while applied), ``streamquake_phase`` (1 for the
 current phase) and ``streamquake_run_info``.
+
+A ``steps:`` scenario: the ``phase`` label carries the step's name (so dashboards built on
+phases keep working, a step being a phase with a name of its own), and
+``streamquake_step_info`` (``phase``, ``kind``, ``index``; always 1) tells each step's kind
+(warmup, baseline, fault, recovery) and place in the timeline, to join on ``phase``.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from streamquake.loadgen.metrics import UNATTRIBUTED
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
 from streamquake.loadgen.scorecard import Window, attribute, ended_at
 from streamquake.loadgen.tail import SampleTail
-from streamquake.run.events import Events, FaultApplied, FaultReverted, PhaseStarted
+from streamquake.run.events import Events, FaultApplied, FaultReverted, PhaseStarted, RunStarted
 from streamquake.version import __version__
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0,
@@ -97,7 +102,8 @@ class MetricsServer:
                            ["scenario", "phase"], registry=r)
         Gauge("streamquake_run_info", "The run being measured", ["scenario", "version"],
               registry=r).labels(self.scenario, __version__).set(1)
-        for p in PHASES:
+        self._phases: list[str] = list(PHASES)            # the steps, once the run starts
+        for p in self._phases:
             self.phase.labels(self.scenario, p).set(0)
         self._windows: list[Window] = []                  # planned, as they begin
         self._pending: list[RequestSample] = []           # ended past the latest known edge
@@ -115,6 +121,7 @@ class MetricsServer:
         return f"http://{self.host}:{port}/metrics"
 
     def attach(self, events: Events) -> None:
+        events.on(RunStarted, self._on_run)
         events.on(PhaseStarted, self._on_phase)
         events.on(FaultApplied, self._on_applied)
         events.on(FaultReverted, self._on_reverted)
@@ -148,10 +155,25 @@ class MetricsServer:
         renamed over ``path``: a collector never reads half of it)."""
         write_to_textfile(str(path), self.registry)
 
+    def _on_run(self, event: RunStarted) -> None:
+        if event.scenario.steps is None:
+            return
+        steps = event.scenario.timeline
+        info = Gauge("streamquake_step_info", "A step of the timeline: its kind and place "
+                     "(join on phase, the step's name)", ["scenario", "phase", "kind", "index"],
+                     registry=self.registry)
+        for i, step in enumerate(steps):
+            info.labels(self.scenario, step.name, step.kind, str(i)).set(1)
+        for p in self._phases:
+            self.phase.remove(self.scenario, p)
+        self._phases = [step.name for step in steps]
+        for p in self._phases:
+            self.phase.labels(self.scenario, p).set(0)
+
     def _on_phase(self, event: PhaseStarted) -> None:
         with self._lock:
             self._windows.append(Window(event.phase, event.start, event.start + event.duration_s))
-        for p in PHASES:
+        for p in self._phases:
             self.phase.labels(self.scenario, p).set(1 if p == event.phase else 0)
 
     def _on_applied(self, event: FaultApplied) -> None:

@@ -78,6 +78,7 @@ class LoadedPhase:
     status: str
     stats: JsonDict
     samples: list[Share] = field(default_factory=list)   # what of each request counts here
+    kind: str = ""                  # the step's kind (a phase's is its name)
 
 
 @dataclass
@@ -90,6 +91,7 @@ class LoadedRun:
     phases: dict[str, LoadedPhase]
     has_samples: bool
     slack_ms: float = 0.0           # its scenario's recovery.slack: the smallest latency change
+    steps_form: bool = False        # its scenario gave ``steps:`` (``phases``: its steps, in order)
 
     @property
     def label(self) -> str:
@@ -130,7 +132,8 @@ def loaded_from(data: JsonDict, report: Path) -> LoadedRun:
             phases[str(p["name"])] = LoadedPhase(
                 name=str(p["name"]), start=_float(p.get("start")), end=_float(p.get("end")),
                 status=str(p.get("status") or "complete"),
-                stats=stats if isinstance(stats, dict) else {})
+                stats=stats if isinstance(stats, dict) else {},
+                kind=str(p.get("kind") or p["name"]))
     samples_dir = report.parent / "run" / "samples"
     try:
         samples = read_samples(samples_dir) if samples_dir.is_dir() else []
@@ -152,6 +155,7 @@ def loaded_from(data: JsonDict, report: Path) -> LoadedRun:
         phases=phases,
         has_samples=bool(samples),
         slack_ms=_float(recovery.get("slack")) if isinstance(recovery, dict) else 0.0,
+        steps_form=data.get("steps_form") is True,
     )
 
 
@@ -160,8 +164,9 @@ def pool(runs: list[LoadedRun]) -> LoadedRun:
     test); the newest run's identity, no point figures of its own."""
     last = runs[-1]
     phases = {name: LoadedPhase(name, 0.0, 0.0, "complete", {},
-                                [s for r in runs for s in r.phases[name].samples])
-              for name in last.phases
+                                [s for r in runs for s in r.phases[name].samples], p.kind)
+              for name, p in last.phases.items()
               if all(name in r.phases and r.phases[name].status != "not run" for r in runs)}
     return LoadedRun(last.path, last.scenario_name, last.scenario_sha256, last.started_at,
-                     last.exit_code, phases, all(r.has_samples for r in runs), last.slack_ms)
+                     last.exit_code, phases, all(r.has_samples for r in runs), last.slack_ms,
+                     last.steps_form)

@@ -25,7 +25,7 @@ def verdicts_document(result: RunResult, out: Path) -> JsonDict:
         "aborted": result.aborted,
         "broken": [c.name + (f" [{c.cls}]" if c.cls else "") + f" in {c.phase}"
                    + (f" after {c.judges}" if c.judges else "") for c in result.broken],
-        "skipped_steps": sorted(skipped),
+        "skipped_steps": [s for s in sorted(skipped)],
         "checks": checks,
         "warnings": list(result.errors),
         "report": str(out / "report.json"),

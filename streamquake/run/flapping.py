@@ -45,7 +45,11 @@ class Flapper:
     @classmethod
     def plan(cls, fault: PlannedFault, window: PhaseWindow, seed: int) -> Flapper:
         assert fault.spec.flap is not None
-        ons = fault.spec.flap.on_intervals(window.end - window.start, seed, fault.spec.label)
+        # A fault named by several steps draws a pattern of its own in each (its first step's,
+        # or its phase's, is drawn as ever).
+        label = fault.spec.label if window.name == fault.phase else \
+            f"{fault.spec.label}@{window.name}"
+        ons = fault.spec.flap.on_intervals(window.end - window.start, seed, label)
         return cls(fault, [(window.start + a, window.start + b) for a, b in ons])
 
     def next_edge(self) -> float | None:

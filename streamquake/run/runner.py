@@ -115,7 +115,8 @@ class Runner:
                         self.events.message("load.samples is none: no per-request lines, so no "
                                             "rolling live figures; the verdicts come from the "
                                             "load processes' scorecards")
-                    self.guard = SaturationGuard(self.work_dir, windows, self.events)
+                    self.guard = SaturationGuard(self.work_dir, windows, self.events, {
+                        s.name: s.kind for s in self.scenario.timeline})
                     self._walk(windows, planned, load, whole_run)
                     self.events.message("waiting for in-flight requests to finish")
                     load.wait()

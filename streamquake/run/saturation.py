@@ -55,7 +55,7 @@ FROZEN_SHARE = 0.05
 SEEN_P90_MS = 10.0
 SEEN_MIN_EVENTS = 100
 PHASE_SHARE = 0.10
-MEASURED = ("baseline", "fault", "recovery")
+MEASURED = ("baseline", "fault", "recovery")      # step kinds (warmup is not measured)
 CHECK_NAME = "load generator not saturated"
 CHECK_METRIC = "client_saturated_s"
 
@@ -204,10 +204,15 @@ class _Phase:
 class SaturationGuard:
     """Feeds on the load processes' seconds while the run lasts and marks phases after it."""
 
-    def __init__(self, run_dir: Path, windows: list[PhaseWindow], events: Events) -> None:
+    def __init__(self, run_dir: Path, windows: list[PhaseWindow], events: Events,
+                 kinds: Mapping[str, str] | None = None) -> None:
         self.tail = SaturationTail(run_dir)
         self.events = events
         self._phases = [_Phase(w) for w in windows]
+        self._kinds = dict(kinds or {})     # step name -> kind (a phase is named as its kind)
+
+    def _measured(self, name: str) -> bool:
+        return self._kinds.get(name, name) in MEASURED
 
     def poll(self) -> None:
         for second in self.tail.poll():
@@ -221,7 +226,7 @@ class SaturationGuard:
                 continue
             phase.saturated.add(int(second.mid - phase.window.start))
             need = needed_seconds(phase.window.end - phase.window.start)
-            if phase.window.name in MEASURED and not phase.warned and \
+            if self._measured(phase.window.name) and not phase.warned and \
                     len(phase.saturated) >= need:
                 phase.warned = True
                 self.events.message(
@@ -246,7 +251,7 @@ class SaturationGuard:
             result.stats["client_saturated"] = bool(figures["saturated"])
             result.stats["client_stalls"] = figures["client_stalls"]
             result.stats["client"] = figures
-            if result.name not in MEASURED or not phase.count:
+            if not self._measured(result.name) or not phase.count:
                 continue
             if figures["saturated"]:
                 warnings.append(_warning(result.name, figures))

@@ -87,7 +87,10 @@ def test_sigkill_under_netem_then_recover(tmp_path: Path, state_dir: Path) -> No
     proc.communicate(timeout=10)
 
     journal = json.loads((state_dir / "journal.json").read_text())
-    assert sorted(e["type"] for e in journal) == ["netem", "netns"]
+    # The run's scaffold (htb tree, filters) is an entry of its own; the fault holds its leaves.
+    assert sorted(e["type"] for e in journal) == ["netem", "netns", "tc_scaffold"]
+    fault = next(e for e in journal if e["type"] == "netem")["state"]
+    assert all(h.get("leaf_only") for h in fault["hops"]), fault
     topology = next(e for e in journal if e["type"] == "netns")["state"]
     assert topology["netns"] in _namespaces()
     qdiscs = subprocess.run(["tc", "qdisc", "show", "dev", topology["host_ifname"]],
@@ -96,6 +99,7 @@ def test_sigkill_under_netem_then_recover(tmp_path: Path, state_dir: Path) -> No
 
     recovered = run_cli("recover", timeout=120)
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
+    assert "recovered tc scaffold (tc_scaffold" in recovered.stdout, recovered.stdout
     assert _namespaces() == set()
     gone = subprocess.run(["ip", "link", "show", topology["host_ifname"]], capture_output=True)
     assert gone.returncode != 0
@@ -113,7 +117,7 @@ def test_netem_killed_between_journal_and_qdisc_is_recovered(
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=200)
     assert proc.returncode == -9, proc.stdout[-2000:] + proc.stderr[-2000:]
     journal = json.loads((state_dir / "journal.json").read_text())
-    assert sorted(e["type"] for e in journal) == ["netem", "netns"]
+    assert sorted(e["type"] for e in journal) == ["netem", "netns", "tc_scaffold"]
     recovered, took, start_s = timed_recover(lambda: run_cli("recover", timeout=120))
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
     # Quick, against the CLI's own start-up measured around it (inside UML, on this host, now;

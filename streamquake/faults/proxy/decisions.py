@@ -141,9 +141,11 @@ class StreamFaults:
             fs.fault.stats.content_events += content
         totals.content_events += content
         if content:
-            dropped = [fs for fs in faults if fs.roll(fs.fault.spec.drop)]
-            for fs in dropped:
-                fs.fault.stats.events_dropped += 1
+            dropped = False
+            for fs in faults:  # every fault rolls, in order: a replay makes the same choices
+                if fs.roll(fs.fault.spec.drop):
+                    fs.fault.stats.events_dropped += 1
+                    dropped = True
             if dropped:
                 totals.events_dropped += 1
                 return None
@@ -156,9 +158,11 @@ class StreamFaults:
             totals.delay_ms_total += added_s * 1000.0
         self.first = False
         if content:
-            corrupted = [fs for fs in faults if fs.roll(fs.fault.spec.corrupt)]
-            for fs in corrupted:
-                fs.fault.stats.corruptions += 1
+            corrupted = False
+            for fs in faults:
+                if fs.roll(fs.fault.spec.corrupt):
+                    fs.fault.stats.corruptions += 1
+                    corrupted = True
             if corrupted:
                 totals.corruptions += 1
                 raw = corrupt_event(raw)

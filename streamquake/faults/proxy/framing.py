@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import re
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import orjson
@@ -86,8 +85,9 @@ class SSEFramer:
         return rest
 
 
-@dataclass(frozen=True)
-class SSEEvent:
+class SSEEvent(NamedTuple):
+    """One event's fields that faults look at (a tuple: one is made per event)."""
+
     name: bytes | None
     data: bytes | None
 

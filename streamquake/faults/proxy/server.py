@@ -104,7 +104,7 @@ async def _pump(content: aiohttp.StreamReader, framer: SSEFramer, queue: asyncio
                 await queue.put((loop.time(), data, ends, False))
         rest = framer.flush()
         if rest:
-            await queue.put((loop.time(), rest, [], True))
+            await queue.put((loop.time(), rest, [len(rest)], True))
         await queue.put(_EOF)
     except (TimeoutError, aiohttp.ClientError) as exc:
         await queue.put(exc)
@@ -176,7 +176,8 @@ class _SSERelay:
                 return self._broken(exc)
             if not chunk:
                 rest = self.framer.flush()
-                outcome = await self._step(self.loop.time(), rest, True) if rest else CONTINUE
+                outcome = (await self._blocks(self.loop.time(), rest, [len(rest)], True) if rest
+                           else CONTINUE)
                 return END if outcome == CONTINUE else outcome
             data, ends = self.framer.feed_joined(chunk)
             outcome = await self._blocks(self.loop.time(), data, ends)
@@ -196,9 +197,7 @@ class _SSERelay:
                 return END
             if isinstance(item, BaseException):
                 return self._broken(item)
-            arrived, data, ends, tail = item
-            outcome = await (self._step(arrived, data, True) if tail
-                             else self._blocks(arrived, data, ends))
+            outcome = await self._blocks(*item)
             if outcome != CONTINUE:
                 return outcome
 
@@ -217,42 +216,44 @@ class _SSERelay:
                     transport, asyncio.WriteTransport) and transport.get_write_buffer_size():
                 self._hand_over()  # the client falls behind: arrivals are still stamped
 
-    async def _blocks(self, arrived: float, data: bytes, ends: list[int]) -> str:
+    async def _blocks(self, arrived: float, data: bytes, ends: list[int], tail: bool = False
+                      ) -> str:
+        """Relay one read's blocks (``tail``: the body's unended rest, no event)."""
         stream = self.stream
-        if not self.proxy.faults and not stream.lag_s:  # nothing to decide, nothing held back
+        if not self.proxy.faults and not stream.lag_s and not tail:  # nothing to decide or hold
             stream.pass_through(len(data), count_events(data, ends))
             if data:
                 self.pending.append(data)
             return CONTINUE
+        # The fault table changes only while this task waits: read afresh after each wait.
+        faults = stream.faults()
         start = 0
         for end in ends:
-            outcome = await self._step(arrived, data[start:end], False)
+            raw = data[start:end]
+            start = end
+            ev = None if tail else parse_event(raw)
+            if ev is not None:
+                out = stream.decide(ev, raw, faults)
+                if out is None:
+                    continue
+                raw = out
+            wait = arrived + stream.lag_s - self.loop.time()
+            if wait > 0:
+                self._hand_over()
+                await self._flush()
+                await asyncio.sleep(wait)
+            budget = stream.byte_budget(faults)
+            if budget is not None and budget < len(raw):
+                raw = raw[:budget]
+            if raw:
+                self.pending.append(raw)
+            stream.count_forwarded(faults, len(raw), ev is not None)
+            outcome = stream.limits_reached(faults)
             if outcome != CONTINUE:
                 return outcome
-            start = end
+            if wait > 0:
+                faults = stream.faults()
         return CONTINUE
-
-    async def _step(self, arrived: float, raw: bytes, tail: bool) -> str:
-        stream = self.stream
-        faults = stream.faults()
-        ev = None if tail else parse_event(raw)
-        if ev is not None:
-            out = stream.decide(ev, raw, faults)
-            if out is None:
-                return CONTINUE
-            raw = out
-        wait = arrived + stream.lag_s - self.loop.time()
-        if wait > 0:
-            self._hand_over()
-            await self._flush()
-            await asyncio.sleep(wait)
-        budget = stream.byte_budget(faults)
-        if budget is not None and budget < len(raw):
-            raw = raw[:budget]
-        if raw:
-            self.pending.append(raw)
-        stream.count_forwarded(faults, len(raw), ev is not None)
-        return stream.limits_reached(faults)
 
 
 # --- HTTP plumbing ------------------------------------------------------------------------------
