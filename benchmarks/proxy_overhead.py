@@ -224,9 +224,14 @@ def main() -> None:
                                                                            strict=True))
             bases = {name: base for name, (base, _) in paths.items()}
             arrivals: dict[str, Arrivals] = {k: {} for k in bases}
+            before_paced = {name: cpu_s(pid) for name, (_, pid) in paths.items() if pid}
             for _ in range(args.rounds):
                 asyncio.run(run_paced(bases, args.streams, args.paced_events, args.gap_ms,
                                       arrivals))
+            # With the streams paced, nearly every event is a read and a write of its own.
+            paced_us = {name: (cpu_s(paths[name][1]) - was) / (args.rounds * args.streams
+                                                                * (args.paced_events + 1)) * 1e6
+                        for name, was in before_paced.items()}
     finally:
         procs.stop(up)
         if up.stdout is not None:
@@ -242,7 +247,7 @@ def main() -> None:
     # ratio a quiet machine would show, as long as the proxy is the slower.
     print(f"{'path':<12} {'events/s':>9} {'vs direct':>9} {'CPU proxy':>9} {'per core':>9} "
           f"{'vs direct':>9} {'upstream':>8} {'client':>6} {'p50 ms':>7} {'p99 ms':>7} "
-          f"{'added p50':>9} {'added p99':>9} {'pairs':>7}")
+          f"{'added p50':>9} {'added p99':>9} {'pairs':>7} {'us/event paced':>14}")
     # Events written more than half a gap after they were due came late to a stream that was
     # itself late (connecting, or a starved upstream): not the steady state measured here.
     late_ns = args.gap_ms * 1e6 / 2
@@ -263,7 +268,7 @@ def main() -> None:
         print(f"{name:<12} {rate[name]:>9.0f} {rate[name] / rate['direct']:>9.2f} {shown:>9} "
               f"{per_core:>9.0f} {per_core / direct_core:>9.2f} {up_cpu:>8.0%} "
               f"{client_cpu:>6.0%} {pct(lat, 50):>7.2f} {pct(lat, 99):>7.2f} {a50:>9.2f} "
-              f"{a99:>9.2f} {len(added):>7}")
+              f"{a99:>9.2f} {len(added):>7} {paced_us.get(name, 0.0):>14.1f}")
     proxied = on_time["proxy"]
     mean = statistics.mean(((proxied[k][1] - proxied[k][0]) - (direct[k][1] - direct[k][0])) / 1e6
                            for k in direct.keys() & proxied.keys())

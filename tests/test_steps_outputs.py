@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.chromium import Chromium
+from tests.conftest import REPO, run_cli
 
 SCENARIO = """
 name: steps-outputs
@@ -177,6 +178,22 @@ def test_report_html_shows_every_step_every_fault_window_and_a_panel_per_fault(
     assert "slow-tokens" in " ".join(page.panels["f-slow"])
     text = " ".join(page.text)
     assert "Latency distribution per step" in text
+
+
+@pytest.mark.timeout(300)
+def test_report_html_renders_offline_in_chromium(runs: dict[str, Run]) -> None:
+    html = runs["a"].out / "report.html"
+    assert "<script" not in html.read_text()
+    browser = Chromium()
+    try:
+        loaded = browser.load(html, {"strip": "document.querySelectorAll("
+                                              "'svg.strip rect').length"},
+                              screenshot=REPO / "out" / "test-artifacts" / "report-steps.png")
+    finally:
+        browser.close()
+    assert loaded.console_errors == [], loaded.console_errors
+    assert [u for u in loaded.requests if not u.startswith(("file:", "data:"))] == []
+    assert loaded.values["strip"] >= 2 * len(STEPS) + 2     # steps, loads, fault windows
 
 
 @pytest.mark.timeout(300)

@@ -246,6 +246,11 @@ class AllowOption:
     # Each value as the refusal compares it; a ValueError is a sentence for the operator.
     normalise: Callable[[str], str] | None = None
 
+    def __post_init__(self) -> None:
+        if not (self.name.isidentifier() and self.name.islower()):
+            raise ValueError(f"an allowlist option is named by a lowercase word (--allow-gpus), "
+                             f"not {self.name!r}")
+
 
 def _anything(spec: FaultSpec, allows: Allows, request: HoldRequest) -> str | None:
     return None

@@ -30,6 +30,8 @@ from locust import User, events, task
 from locust.env import Environment
 from locust.runners import (
     STATE_MISSING,
+    STATE_RUNNING,
+    STATE_SPAWNING,
     LocalRunner,
     MasterRunner,
     Runner,
@@ -45,6 +47,7 @@ from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.loadgen.saturation import start as start_saturation_guard
 from streamquake.loadgen.scorecard import CHECKPOINT_S, Scorecard, Window, replace_text
 from streamquake.loadgen.sse import SSELimits
+from streamquake.loadgen.stages import arrival_times, users_at
 from streamquake.loadgen.trace import PromptSynth
 
 _IDLE_S = 3600.0        # a user past end_at waits; Locust kills waiting users at once on stop
@@ -247,6 +250,21 @@ def _quit_at_end(runner: Runner, plan: LoadPlan) -> None:
     runner.quit()
 
 
+def _follow_users(runner: LocalRunner | MasterRunner, plan: LoadPlan) -> None:
+    """A closed loop with stages: from each stage's start, its user count (over the workers,
+    if any). Users are added at the plan's spawn rate; a user taken away finishes the stream
+    it is in (within the stop timeout). Locust starts the load with the first stage's count;
+    this waits for that start, then follows the stages."""
+    current = plan.users
+    while (now := time.time()) < plan.end_at:
+        started = runner.state in (STATE_SPAWNING, STATE_RUNNING)
+        if started and (users := users_at(plan.stages, now, plan.users)) != current:
+            runner.start(users, plan.spawn_rate)
+            current = users
+        edge = min((s.start for s in plan.stages if s.start > now), default=plan.end_at)
+        gevent.sleep(max(0.0, edge - now) if started else 0.1)
+
+
 @events.init.add_listener  # type: ignore[untyped-decorator]
 def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -> None:
     if isinstance(runner, WorkerRunner):
@@ -264,10 +282,12 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
         sys.exit(EXIT_SCENARIO)
     if isinstance(runner, LocalRunner | MasterRunner):
         gevent.spawn(_quit_at_end, runner, plan)
+        if any(stage.users is not None for stage in plan.stages):
+            gevent.spawn(_follow_users, runner, plan)
     if isinstance(runner, MasterRunner):
         _init_master(runner, plan)
     start_saturation_guard(runner)     # CPU, hub lag, kernel-to-seen: saturation-<pid>.jsonl
-    pass  # TMPX _freeze_long_lived(environment)
+    _freeze_long_lived(environment)
 
 
 def _freeze_long_lived(environment: Environment) -> None:
@@ -416,19 +436,17 @@ class StreamUser(User):
 
         An arrival is *due* once this loop reaches its time before end_at; from then on it is
         either sent (a sample, its wait for a slot in ``queue_delay_ms``) or recorded as never
-        sent. Arrivals timed at or after end_at were never due."""
-        rate = arrival.rate_per_s / plan.users
-        rng = self.arrivals_rng
-        poisson = arrival.process == "poisson"
-        # A constant process starts at a random phase so that users do not fire in lockstep.
-        due = time.time() + (rng.expovariate(rate) if poisson else rng.uniform(0.0, 1.0 / rate))
-        while due < plan.end_at:
+        sent. Arrivals timed at or after end_at were never due. With stages, the rate is
+        theirs at each moment (loadgen/stages.py)."""
+        for due in arrival_times(time.time(), self.arrivals_rng, arrival.process == "poisson",
+                                 arrival.rate_per_s, plan.users, plan.stages):
+            if due >= plan.end_at:
+                break
             gevent.sleep(max(0.0, due - time.time()))
             cls = self.rng.choices(plan.classes, weights=self.weights)[0]
             number = next(self.arrival_numbers)
             self.waiting[number] = (due, cls)
             self.arrivals.spawn(self._arrival, plan, number)
-            due += rng.expovariate(rate) if poisson else 1.0 / rate
         self.arrivals.join()
 
     def _trace(self, plan: LoadPlan, trace: TraceReplay) -> None:

@@ -71,6 +71,19 @@ class TraceReplay(_Frozen):
     processes: int = 1
 
 
+class LoadStage(_Frozen):
+    """One stretch of the run with its own load (a step's, run/load_from_scenario.py), in epoch
+    seconds: a closed loop's ``users``, or an open loop's total rate going linearly from
+    ``rate_from`` to ``rate_to`` over [start, end), and ``spike`` (start, end, rate) within it."""
+
+    start: float
+    end: float
+    users: int | None = None
+    rate_from: float | None = None
+    rate_to: float | None = None
+    spike: tuple[float, float, float] | None = None
+
+
 class LoadPlan(_Frozen):
     base_url: str                          # where requests go: the target, or the proxy before it
     protocol: Protocol
@@ -100,3 +113,6 @@ class LoadPlan(_Frozen):
     max_line_bytes: int = 1 << 20          # SSE parser limits (loadgen/sse.py SSELimits)
     max_event_bytes: int = 4 << 20
     max_data_lines: int = 65_536
+    # Back to back, in order (loadgen/stages.py): the load follows each from its start, and the
+    # first one's from the load's start. Empty: the load above, constant all run.
+    stages: list[LoadStage] = Field(default_factory=list)

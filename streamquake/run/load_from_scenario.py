@@ -8,6 +8,7 @@ from pathlib import Path
 from streamquake.loadgen.plan import (
     ClosedLoop,
     LoadPlan,
+    LoadStage,
     OpenLoop,
     RequestClassPlan,
     SlowRead,
@@ -15,7 +16,8 @@ from streamquake.loadgen.plan import (
 )
 from streamquake.loadgen.scorecard import WindowLike
 from streamquake.scenario import Scenario
-from streamquake.scenario.schema import RequestClass, TraceSpec
+from streamquake.scenario.schema import LoadSpec, RequestClass, TraceSpec
+from streamquake.scenario.steps import Ramp, StepSpec
 
 
 def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: float,
@@ -40,6 +42,11 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         )
     else:
         arrival = ClosedLoop()
+    stages = load_stages(scenario.timeline, windows, load)
+    spawn_rate = load.spawn_rate or float(users)
+    if stages and stages[0].users is not None:
+        users = stages[0].users         # Locust starts with the first step's; it follows them
+        spawn_rate = load.spawn_rate or float(max(s.users or 0 for s in stages))
     return LoadPlan(
         base_url=base_url,
         protocol=target.protocol,
@@ -51,7 +58,7 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         connect_timeout_s=target.connect_timeout_s,
         stall_threshold_ms=load.stall_threshold_ms,
         users=users,
-        spawn_rate=load.spawn_rate or float(users),
+        spawn_rate=spawn_rate,
         arrival=arrival,
         classes=[_class(c) for c in load.classes],
         samples_path=str(samples_dir),
@@ -64,7 +71,34 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         max_line_bytes=load.limits.line_bytes,
         max_event_bytes=load.limits.event_bytes,
         max_data_lines=load.limits.data_lines,
+        stages=stages,
     )
+
+
+def load_stages(steps: Sequence[StepSpec], windows: Sequence[WindowLike],
+                load: LoadSpec) -> list[LoadStage]:
+    """One stage a step, over its window: the step's own load, or the scenario's where it
+    gives none. None at all where no step has a load of its own (the load is constant), or
+    without windows (a probe)."""
+    if not windows or all(step.load is None for step in steps):
+        return []
+    by_name = {w.name: w for w in windows}
+    stages = []
+    for step in steps:
+        w = by_name[step.name]
+        own = step.load
+        if load.arrival is None:        # a closed loop (validation: no step has a rate)
+            users = own.users if own is not None and own.users is not None else load.users
+            stages.append(LoadStage(start=w.start, end=w.end, users=users))
+            continue
+        rate = load.arrival.rate_per_s if own is None or own.rate is None else own.rate
+        ramp = (rate.start, rate.end) if isinstance(rate, Ramp) else (rate, rate)
+        spike = None if own is None or own.spike is None else (
+            w.start + own.spike.at_s, w.start + own.spike.at_s + own.spike.for_s,
+            own.spike.rate)
+        stages.append(LoadStage(start=w.start, end=w.end, rate_from=ramp[0], rate_to=ramp[1],
+                                spike=spike))
+    return stages
 
 
 def _class(c: RequestClass) -> RequestClassPlan:

@@ -1,0 +1,120 @@
+"""Loads with stages (steps' own loads): a real Locust, through run/launcher.py, against the
+embedded target. An open loop's arrivals per second follow a ramp, a rate of 0 and a spike,
+every due arrival sent or counted; a closed loop's concurrency follows its user counts, in one
+process and over workers."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from streamquake.loadgen.plan import LoadPlan, LoadStage
+from streamquake.loadgen.samples import RequestSample
+from streamquake.run.launcher import LocustRun, start_locust
+from streamquake.target.config import TargetConfig
+from streamquake.target.process import start_target
+
+USERS = 2
+FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 2, "max": 2}}
+
+
+def _run(plan_fields: dict, target: dict, tmp_path: Path, workers: int = 0
+         ) -> tuple[LoadPlan, LocustRun]:
+    with start_target(TargetConfig.model_validate(target)) as tgt:
+        plan = LoadPlan.model_validate({
+            "base_url": tgt.url, "protocol": "openai", "spawn_rate": 100, "timeout_s": 10.0,
+            "samples_path": str(tmp_path / "samples"), **plan_fields})
+        run = start_locust(plan, tmp_path, run_time_s=plan.end_at - time.time(),
+                           workers=workers, stop_timeout_s=5)
+        try:
+            rc = run.wait(timeout=plan.end_at - time.time() + 60)
+        finally:
+            run.stop()
+    assert rc == 0, (tmp_path / "locust.log").read_text()[-3000:]
+    return plan, run
+
+
+def _mass(rate: Callable[[float], float], a: float, b: float, n: int = 2000) -> float:
+    """The integral of ``rate`` over [a, b) (midpoint rule: exact for the linear pieces)."""
+    h = (b - a) / n
+    return sum(rate(a + (i + 0.5) * h) for i in range(n)) * h
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("process", ["constant", "poisson"])
+def test_open_loop_arrivals_per_second_follow_a_ramp_a_pause_and_a_spike(
+        tmp_path: Path, process: str) -> None:
+    t0 = time.time() + 5.0      # the load starts before the stages, at the first one's rate
+    ramp, pause, spike = (t0, t0 + 8), (t0 + 8, t0 + 10), (t0 + 10, t0 + 15)
+    stages = [LoadStage(start=ramp[0], end=ramp[1], rate_from=5, rate_to=40),
+              LoadStage(start=pause[0], end=pause[1], rate_from=0, rate_to=0),
+              LoadStage(start=spike[0], end=spike[1], rate_from=5, rate_to=5,
+                        spike=(spike[0] + 2, spike[0] + 3.5, 40))]
+
+    def rate(t: float) -> float:
+        if t < ramp[1]:
+            return 5 + 35 * max(0.0, t - t0) / 8
+        if t < pause[1]:
+            return 0.0
+        return 40.0 if spike[0] + 2 <= t < spike[0] + 3.5 else 5.0
+
+    plan, run = _run({"users": USERS, "end_at": spike[1], "stages": stages,
+                      "arrival": {"mode": "open", "rate_per_s": 5, "process": process,
+                                  "max_inflight": 200}}, FAST, tmp_path)
+    sent = [s.scheduled for s in run.samples() if s.scheduled is not None]
+    unsent = [u.scheduled for u in run.unsent()]
+    due = sorted(sent + unsent)
+    assert len(sent) == len(run.samples())      # each sample is an arrival of the schedule
+    assert due[0] < t0, "the load began after the stages: nothing to compare before them"
+    assert due[-1] < plan.end_at
+
+    # Each user's constant process puts in any interval its share of the interval's mass,
+    # give or take one: all users, within USERS. A Poisson count, within 5 sigma.
+    def tolerance(mass: float) -> float:
+        return USERS if process == "constant" else 5 * math.sqrt(mass) + 1
+
+    seconds = []
+    for k in range(15):
+        a = t0 + k
+        got, mass = sum(a <= d < a + 1 for d in due), _mass(rate, a, a + 1)
+        seconds.append((k, got, round(mass, 1)))
+        assert abs(got - mass) <= tolerance(mass), seconds
+    assert [got for k, got, _ in seconds if 8 <= k < 10] == [0, 0]          # rate 0: nothing
+    during = sum(spike[0] + 2 <= d < spike[0] + 3.5 for d in due)
+    assert abs(during - 60) <= tolerance(60), during
+    # Every due arrival of the stages, sent or recorded as never sent, and no other.
+    total = _mass(rate, t0, plan.end_at, 30_000)
+    assert abs(sum(d >= t0 for d in due) - total) <= tolerance(total), (len(due), total)
+
+
+def _in_flight(samples: list[RequestSample], t: float) -> int:
+    return sum(s.sent <= t < s.sent + (s.e2e_ms or 0.0) / 1000 for s in samples)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.parametrize("workers", [0, 2])
+def test_closed_loop_concurrency_follows_the_stages_user_counts(
+        tmp_path: Path, workers: int) -> None:
+    t0 = time.time() + 6.0
+    counts = [2, 6, 2]
+    stages = [LoadStage(start=t0 + 5 * i, end=t0 + 5 * (i + 1), users=n)
+              for i, n in enumerate(counts)]
+    # ~300 ms streams, one after the other: each user has one in flight nearly all the time.
+    slow = {"ttft": "200ms", "itl": "10ms", "output_tokens": {"min": 10, "max": 10}}
+    _, run = _run({"users": counts[0], "spawn_rate": max(counts), "end_at": stages[-1].end,
+                   "stages": stages}, slow, tmp_path, workers)
+    samples = [s for s in run.samples() if s.e2e_ms is not None]
+    assert not [s for s in samples if s.error], [s.error_detail for s in samples if s.error]
+    assert min(s.sent for s in samples) < t0
+    seen = []
+    for stage in stages:
+        # After an edge: users added at the spawn rate, users taken away finish their stream.
+        settled = stage.start + 1.5
+        for a in (settled, settled + 1, settled + 2):
+            peak = max(_in_flight(samples, a + i / 20) for i in range(20))
+            seen.append((stage.users, round(a - t0, 1), peak))
+    assert all(peak == users for users, _, peak in seen), seen
