@@ -101,6 +101,39 @@ class JudgedFault:
 
 
 @dataclass
+class RecoveryTime:
+    """How long after a fault step's revert the service came back (run/recovery_time.py): from
+    the revert to the start of the first ``window_s`` window of requests (by when they were due)
+    from which every later window in the recovery step keeps each recovery metric's percentile
+    within tolerance of the baseline step's."""
+
+    step: str                      # the fault step (with ``phases:``, "fault")
+    after: str                     # the recovery step it was measured in
+    reverted_at: float             # epoch s the step's faults were reverted
+    recovered: bool
+    time_s: float | None           # revert -> the start of that window; None: not recovered
+    within_s: float                # revert -> the recovery step's end: how long it had
+    window_s: float                # each window's length
+    resolution_s: float            # the step between window starts: time_s is this precise
+    requests: int | None           # requests due in the window it came back at
+    metrics: list[str] = field(default_factory=list)
+    percentile: float | None = None
+    limits: dict[str, float | None] = field(default_factory=dict)  # metric -> the limit (the
+                                   #   before-level plus tolerance and slack)
+    detail: str = ""               # why it could not be measured, when it could not
+
+    @property
+    def text(self) -> str:
+        """``came back after 4.2 s (window 2 s, 38 requests)`` or ``not recovered within 30 s``."""
+        if self.detail:
+            return f"not measured: {self.detail}"
+        if not self.recovered or self.time_s is None:
+            return f"not recovered within {self.within_s:.1f} s"
+        return (f"came back after {self.time_s:.1f} s (window {self.window_s:g} s, "
+                f"{self.requests} requests, ±{self.resolution_s:g} s)")
+
+
+@dataclass
 class SecondStats:
     """One second of the run. Each request counts in the second it was sent (due, in open
     loop), the same rule that assigns it to a phase; percentiles are nearest rank over the
@@ -164,6 +197,7 @@ class RunResult:
     aborted: str | None = None                 # the abort condition that held, as a sentence
     load_processes: list[JsonDict] = field(default_factory=list)   # Locust workers (run/workers.py)
     judged: list[JudgedFault] = field(default_factory=list)   # each fault step's before/after
+    recovery_times: list[RecoveryTime] = field(default_factory=list)   # per judged fault
     steps_form: bool = False                   # the scenario gave ``steps:`` (not ``phases:``)
 
     @property

@@ -341,13 +341,12 @@ class Arrival:
     ``with_headers``: the latest bytes came in the headers' read (timed at the headers).
     """
 
-    __slots__ = ("at", "seen", "kernel", "with_headers", "_plain", "_drained")
+    __slots__ = ("at", "seen", "kernel", "with_headers", "_plain")
 
     def __init__(self, sock: object, floor: float) -> None:
         self.at = self.seen = floor
         self.kernel = self.with_headers = False
         self._plain = sock is not None and not _is_tls(sock)
-        self._drained = False      # the latest read left the socket empty, most likely
 
     def buffered(self) -> None:
         """Bytes the HTTP parser already held came in the headers' read: they arrived by the
@@ -359,13 +358,7 @@ class Arrival:
         stamp: float | None = None
         data: bytes
         if self._plain:
-            if self._drained and (wait := getattr(sock, "_wait", None)) is not None:
-                # Wait until readable before the recvmsg, as a selector loop does: gevent's own
-                # recvmsg would try first, and on a drained socket pay a failed syscall and an
-                # exception per read. A wake-up without data is retried by gevent's recvmsg.
-                wait(sock._read_event)
             data, ancillary, _flags, _addr = sock.recvmsg(size, _CMSG_BYTES)
-            self._drained = len(data) < size
             if ancillary:       # room for one message: the stamp, when there is one
                 level, kind, raw = ancillary[0]
                 if kind == SO_TIMESTAMPNS and level == _SOL_SOCKET:

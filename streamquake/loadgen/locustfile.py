@@ -447,6 +447,8 @@ class StreamUser(User):
             number = next(self.arrival_numbers)
             self.waiting[number] = (due, cls)
             self.arrivals.spawn(self._arrival, plan, number)
+        # Not done before end_at: the task would run again and start a second schedule.
+        gevent.sleep(max(0.0, plan.end_at - time.time()))
         self.arrivals.join()
 
     def _trace(self, plan: LoadPlan, trace: TraceReplay) -> None:

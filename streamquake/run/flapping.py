@@ -39,6 +39,7 @@ class Flapper:
     fault: PlannedFault
     ons: list[tuple[float, float]]
     record: FaultRecord | None = None
+    step: str | None = None                         # the step (window) it flaps in
     on_stack: contextlib.ExitStack | None = None    # the current on-state's revert, while on
     _next: int = field(default=0)                   # index into ons of the next on-edge
 
@@ -50,7 +51,8 @@ class Flapper:
         label = fault.spec.label if window.name == fault.phase else \
             f"{fault.spec.label}@{window.name}"
         ons = fault.spec.flap.on_intervals(window.end - window.start, seed, label)
-        return cls(fault, [(window.start + a, window.start + b) for a, b in ons])
+        return cls(fault, [(window.start + a, window.start + b) for a, b in ons],
+                   step=window.name)
 
     def next_edge(self) -> float | None:
         if self.on_stack is not None:
@@ -68,7 +70,7 @@ class Flapper:
             return
         self._next += 1
         self.on_stack = phase_stack.enter_context(contextlib.ExitStack())
-        self.record = ledger.apply(self.on_stack, self.fault, self.record)
+        self.record = ledger.apply(self.on_stack, self.fault, self.record, step=self.step)
 
 
 def state_windows(record: FaultRecord, window: PhaseWindow) -> list[Window]:

@@ -78,13 +78,15 @@ class Ledger:
         return planned
 
     def apply(self, stack: contextlib.ExitStack, fault: PlannedFault,
-              record: FaultRecord | None = None) -> FaultRecord:
-        """Apply ``fault``, its revert on ``stack``; a flapping fault's later on-edges pass the
-        ``record`` of its first, and each apply and revert adds an edge to it."""
+              record: FaultRecord | None = None, step: str | None = None) -> FaultRecord:
+        """Apply ``fault`` in the step ``step`` (default: its first), its revert on ``stack``;
+        a flapping fault's later on-edges pass the ``record`` of its first, and each apply and
+        revert adds an edge to it."""
         spec = fault.spec
         if record is None:
             record = FaultRecord(name=spec.label, type=spec.type,
-                                 phase=fault.phase, configured=fault.describe(), owner=self.owner,
+                                 phase=step or fault.phase, configured=fault.describe(),
+                                 owner=self.owner,
                                  at=spec.at or "local", settings=settings_text(spec))
             self.records.append(record)
         edge = FlapEdge(time.time(), "on") if spec.flap is not None else None

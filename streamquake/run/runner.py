@@ -35,6 +35,7 @@ from streamquake.run.lease import RunLease
 from streamquake.run.ledger import WHOLE_RUN, Ledger, PlannedFault
 from streamquake.run.outcome import exit_code_for, redacted_echo
 from streamquake.run.parts import start_loadgen, start_parts
+from streamquake.run.recovery_time import recovery_times
 from streamquake.run.saturation import SaturationGuard
 from streamquake.run.scoring import score
 from streamquake.run.series import cdfs, environment, per_second
@@ -241,7 +242,7 @@ class Runner:
             for k, fault in enumerate(planned):
                 if step in fault.steps and fault.spec.flap is None and k not in held:
                     held[k] = held_stack.enter_context(contextlib.ExitStack())
-                    self.ledger.apply(held[k], fault)
+                    self.ledger.apply(held[k], fault, step=step)
         except LeaseLapsed as exc:
             self.aborted = str(exc)
             return False
@@ -286,7 +287,11 @@ class Runner:
                                             sampled=self.scenario.load.samples != "none")
         warm = {s.name for s in self.scenario.timeline if s.kind == "warmup"}
         measured = {k: v for k, v in scored.stats.items() if k not in warm}
-        checks = evaluate(self.scenario, measured, scored.class_stats)
+        times, said = recovery_times(self.scenario, windows, self.ledger.records, measured,
+                                     self.work_dir / "samples",
+                                     sampled=self.scenario.load.samples != "none")
+        scored.warnings += said
+        checks = evaluate(self.scenario, measured, scored.class_stats, times)
         load_processes, worker_warnings = summarise_workers(self.work_dir, windows)
         client_warnings, client_checks = self.guard.mark(
             scored.phases, scored.stats, fail=self.scenario.load.saturation == "fail")
@@ -318,6 +323,7 @@ class Runner:
             aborted=self.aborted,
             load_processes=load_processes,
             judged=judged,
+            recovery_times=times,
             steps_form=self.scenario.steps is not None,
             timeline=per_second(card, windows, stopped_at),
             cdfs=cdfs(measured),

@@ -7,14 +7,14 @@ only *gates* (sets the exit code) in the phases it lists.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Protocol
 
 from streamquake.loadgen.metrics import NOT_MEASURABLE
 from streamquake.loadgen.quantile_ci import min_samples_for_upper_bound
-from streamquake.result import Check
+from streamquake.result import Check, RecoveryTime
 from streamquake.scenario import HIGHER_IS_BETTER, RecoverySpec, Scenario, SLOSpec
-from streamquake.scenario.schema import VerdictSpec
+from streamquake.scenario.schema import RECOVERY_TIME, VerdictSpec
 from streamquake.scenario.steps import judged_pairs
 
 
@@ -186,6 +186,31 @@ def _pair(judges: str | None) -> str:
     return f"after {judges}: " if judges is not None else ""
 
 
+def recovery_limit(spec: RecoverySpec, metric: str, base: float | None) -> float | None:
+    """The limit that a baseline percentile of ``base`` sets for ``metric`` in recovery."""
+    return _limit(spec, ">=" if metric in HIGHER_IS_BETTER else "<=", base)
+
+
+def check_recovery_time(slo: SLOSpec, rt: RecoveryTime, kind: str,
+                        verdicts: VerdictSpec | None = None, judges: str | None = None) -> Check:
+    """``slo`` on ``recovery_time_s`` for one judged fault: a service that never came back
+    within its recovery step breaks any limit (observed None)."""
+    verdicts = verdicts or VerdictSpec()
+    op, threshold = ("<=", slo.max) if slo.max is not None else (">=", slo.min)
+    assert threshold is not None
+    seen = rt.time_s if rt.recovered else None
+    passed = seen is not None and (seen <= threshold if op == "<=" else seen >= threshold)
+    measurable = not rt.detail
+    if not measurable:
+        passed = verdicts.unmeasurable != "fail"
+    return Check(name=slo.label, kind="slo", phase=rt.after, metric=slo.metric, op=op,
+                 threshold=threshold, observed=seen, passed=passed,
+                 gating=rt.after in slo.phases or kind in slo.phases,
+                 detail=f"{NOT_MEASURABLE}: {rt.detail}" if rt.detail else
+                 f"after {rt.step}: {rt.text}",
+                 samples=rt.requests, measurable=measurable, judges=judges)
+
+
 def _limit(spec: RecoverySpec, op: str, base: float | None) -> float | None:
     """The threshold that a baseline percentile of ``base`` sets."""
     if base is None:
@@ -224,16 +249,26 @@ def evaluate(
     scenario: Scenario,
     phases: Mapping[str, PhaseStats],
     classes: Mapping[str, Mapping[str, PhaseStats]],
+    recovery_times: Sequence[RecoveryTime] = (),
 ) -> list[Check]:
-    """All checks for a run. ``phases`` maps phase -> stats; ``classes`` phase -> class -> stats."""
+    """All checks for a run. ``phases`` maps phase -> stats; ``classes`` phase -> class -> stats;
+    ``recovery_times``: one per judged fault (an SLO on ``recovery_time_s`` judges each)."""
     checks: list[Check] = []
     scored = [(s.name, s.kind) for s in scenario.timeline
               if s.kind != "warmup" and s.name in phases]
     for slo in scenario.slos:
+        if slo.metric == RECOVERY_TIME:
+            checks.extend(check_recovery_time(
+                slo, rt, step.kind if (step := scenario.step(rt.after)) else rt.after,
+                scenario.verdicts, rt.step if scenario.steps is not None else None)
+                for rt in recovery_times)
+            continue
         checks.extend(check_slo(slo, name, phases[name], verdicts=scenario.verdicts, kind=kind)
                       for name, kind in scored)
     for rc in scenario.load.classes:
         for slo in rc.slos:
+            if slo.metric == RECOVERY_TIME:
+                continue       # one time per fault, not per class
             for name, kind in scored:
                 cls_stats = classes.get(name, {}).get(rc.name)
                 if cls_stats is not None:

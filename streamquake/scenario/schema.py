@@ -41,6 +41,7 @@ from streamquake.units import (
     format_ms,
     format_percent,
     parse_duration_ms,
+    parse_duration_s,
     parse_fraction,
 )
 
@@ -60,6 +61,7 @@ Metric = Literal[
     "dns_ms", "connect_ms", "tls_ms", "write_ms",
     "error_rate", "stall_rate", "chunk_loss", "not_sent_rate",
     "usage_deficit",               # usage's output tokens that never arrived as events
+    "recovery_time_s",             # per judged fault: revert -> back within tolerance
 ]
 # Abort conditions read the live samples (run/watch.py), which hold requests, not the arrivals
 # that were never sent, nor a schedule-based E2E: the metrics measured there.
@@ -71,6 +73,8 @@ HISTOGRAM_METRICS: tuple[str, ...] = typing.get_args(HistogramMetric)
 RATE_METRICS: tuple[str, ...] = typing.get_args(RateMetric)
 # Metrics where a bigger number is the better one.
 HIGHER_IS_BETTER: frozenset[str] = frozenset({"output_tokens_per_s"})
+# One value per judged fault (run/recovery_time.py), in seconds; "never came back" breaks it.
+RECOVERY_TIME = "recovery_time_s"
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
@@ -168,6 +172,8 @@ def threshold_text(metric: str, value: float) -> str:
     """A threshold in its metric's unit, as a scenario writes it: ``1%``, ``350ms``, ``10s``."""
     if metric in RATE_METRICS:
         return format_percent(value)
+    if metric == RECOVERY_TIME:
+        return format_duration(value)
     return format_ms(value) if metric.endswith("_ms") else f"{value:g}"
 
 
@@ -240,10 +246,21 @@ class SLOSpec(_Model):
     phases: list[PlainName] = Field(default_factory=lambda: [str(p) for p in SCORED_PHASES])
     name: PlainName | None = None
 
+    @model_validator(mode="before")
+    @classmethod
+    def _seconds(cls, data: object) -> object:
+        # recovery_time_s is in seconds: "5s" is 5, and a bare number is seconds.
+        if isinstance(data, dict) and data.get("metric") == RECOVERY_TIME:
+            return {k: parse_duration_s(v) if k in ("max", "min") and isinstance(v, str) else v
+                    for k, v in data.items()}
+        return data
+
     @model_validator(mode="after")
     def _shape(self) -> SLOSpec:
         if (self.max is None) == (self.min is None):
             raise ValueError("give exactly one threshold: 'max' (must stay below) or 'min'")
+        if self.metric == RECOVERY_TIME and self.percentile is not None:
+            raise ValueError("'recovery_time_s' is one time per fault: remove 'percentile'")
         if self.metric in HISTOGRAM_METRICS and self.percentile is None:
             raise ValueError(f"'{self.metric}' is a distribution: add 'percentile', e.g. 95")
         if self.metric in RATE_METRICS and self.percentile is not None:
@@ -392,6 +409,8 @@ class RecoverySpec(_Model):
         default_factory=lambda: typing.cast(list[HistogramMetric], ["ttft_ms", "itl_ms"])
     )
     slack_ms: DurationMs = Field(default=5.0, alias="slack", ge=0)
+    # Time to recovery (run/recovery_time.py): the requests due in each window this long.
+    window_s: DurationS = Field(default=2.0, alias="window", gt=0)
 
 
 def _fault_union() -> object:

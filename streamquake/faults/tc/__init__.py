@@ -1,8 +1,9 @@
 """tc: the network path through the kernel's traffic control (netem, tbf), via pyroute2.
 
 Private machinery: ``netlink`` (raw tc messages), ``placement`` (which interfaces and packets),
-``install``/``remove``/``readback``/``probe`` (the scoped htb tree), ``scope`` (all of it for one
-fault), ``netns`` (the target's own namespace), ``profiles`` (named network paths).
+``install``/``remove``/``readback``/``probe`` (the scoped htb tree), ``scaffold`` (that tree
+built once for a run), ``scope`` (all of it for one fault), ``netns`` (the target's own
+namespace), ``profiles`` (named network paths).
 """
 
 from __future__ import annotations

@@ -33,8 +33,9 @@ The parts, with imports flowing one way: ``netlink`` (requests, and the reserved
 prefs above) underlies ``placement`` (hops, u32 selectors), ``state`` (``HopState``: what a hop
 holds, as the journal keeps it), ``readback`` (the kernel's view, ``HopReadback``), ``probe``
 (preflight), ``install`` (ownership checks, install; it takes ``placement``'s Hop and hands back
-the ``HopState`` it planned) and ``remove`` (from ``HopState`` alone). Only this module ties
-them into one fault; none of them imports it.
+the ``HopState`` it planned) and ``remove`` (from ``HopState`` alone); ``scaffold`` builds the
+tree once for a run (a ``resources.TcScaffold``), and a fault on a run with one adds and removes
+only its leaves there. Only this module ties them into one fault; none of them imports it.
 """
 
 from __future__ import annotations

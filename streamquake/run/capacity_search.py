@@ -1,0 +1,380 @@
+"""Capacity under fault: the highest arrival rate at which the scenario's SLOs still hold, with
+no fault and then with each fault held alone, and the share of that capacity each fault leaves.
+
+Each probe is a run of the product's own runner on a scenario derived from the user's: an open
+loop at the probed rate, a short warm-up, one measured step with the condition's fault held, and
+every SLO of the scenario judged in that step. The search grows (or shrinks) the rate
+geometrically until it has a conclusive pass and a conclusive failure, then bisects (geometric
+mean) between the highest pass below the lowest failure and that failure. An inconclusive probe
+narrows nothing: it is repeated once with twice the measured time, and inconclusive again ends
+the search there. Each condition stops at the asked precision, at ``max_probes``, or when its
+share of the time budget would not hold another probe (the last probe's length says how long
+one takes), so the whole search ends within the budget and at most one probe's misjudged length.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from streamquake.errors import ScenarioError
+from streamquake.loadgen.tail import SampleTail
+from streamquake.result import Check, RunResult
+from streamquake.run.events import Events
+from streamquake.run.runner import Runner
+from streamquake.scenario import Scenario
+
+Verdict = Literal["pass", "fail", "inconclusive"]
+WARM, MEASURE = "warm", "measure"     # the probe scenario's two steps
+NO_FAULT = "no fault"
+FIRST_OVERHEAD_S = 15.0    # a probe's time beyond its steps (target, load processes, drain),
+                           # until the first probe says how long one takes here
+SENT_SHARE = 0.9           # a probe that sent less than this share of its rate measured
+                           # the load generator, not the target: inconclusive
+
+
+@dataclass(frozen=True)
+class SearchPlan:
+    """What ``capacity`` was asked, flags already checked."""
+
+    faults: tuple[str, ...] | None = None      # None: each fault of the scenario
+    start: float | None = None                 # requests/s; None: the scenario's rate, or 1
+    growth: float = 2.0
+    precision: float = 0.10                    # stop when lowest failure / highest pass - 1
+    max_probes: int = 10                       # each condition
+    budget_s: float = 600.0                    # all conditions together
+    warmup_s: float = 5.0
+    probe_s: float = 20.0                      # each probe's measured step
+    lease_s: float | None = 10.0
+
+
+@dataclass
+class ProbeCheck:
+    """One SLO in a probe's measured step."""
+
+    name: str
+    metric: str
+    op: str
+    threshold: float
+    observed: float | None
+    ci_low: float | None
+    ci_high: float | None
+    verdict: Verdict
+
+
+@dataclass
+class Probe:
+    rate: float                    # requests/s asked
+    measured_s: float
+    sent_per_s: float
+    answered_per_s: float | None   # successful streams that ended in the measured step, per
+                                   #   second (None: load.samples is none)
+    verdict: Verdict
+    why: str
+    checks: list[ProbeCheck] = field(default_factory=list)
+    wall_s: float = 0.0
+    out: str = ""
+
+
+@dataclass
+class Condition:
+    name: str                      # "no fault", or the fault held
+    fault: str | None
+    probes: list[Probe] = field(default_factory=list)
+    stopped: str = ""
+
+    @property
+    def high(self) -> float | None:
+        """The lowest rate with a conclusive failure."""
+        return min((p.rate for p in self.probes if p.verdict == "fail"), default=None)
+
+    @property
+    def low(self) -> float | None:
+        """The highest rate with a conclusive pass below ``high``."""
+        high = self.high
+        return max((p.rate for p in self.probes if p.verdict == "pass"
+                    and (high is None or p.rate < high)), default=None)
+
+    @property
+    def estimate(self) -> float | None:
+        """The bracket's geometric middle (None until both ends are found)."""
+        low, high = self.low, self.high
+        return math.sqrt(low * high) if low is not None and high is not None else None
+
+    @property
+    def contradictions(self) -> list[Probe]:
+        """Passes above the lowest failure: the SLO is noisy near the capacity."""
+        high = self.high
+        return [p for p in self.probes if p.verdict == "pass" and high is not None
+                and p.rate >= high]
+
+    def sureness(self, confidence: float) -> str:
+        """How sure the bracket is, in words."""
+        low, high = self.low, self.high
+        n, unsure = len(self.probes), sum(p.verdict == "inconclusive" for p in self.probes)
+        level = f"each end a verdict at {confidence:.0%} confidence"
+        if low is not None and high is not None:
+            text = (f"between {low:.3g} and {high:.3g} requests/s (±{(high / low - 1) / 2:.0%}"
+                    f"; {level})")
+        elif low is not None:
+            text = f"at least {low:.3g} requests/s: no rate failed"
+        elif high is not None:
+            text = f"below {high:.3g} requests/s: no rate passed"
+        else:
+            text = "not found: no probe was conclusive"
+        text += f"; {n} probe{'s' * (n != 1)}, {unsure} inconclusive"
+        if self.contradictions:
+            text += (f"; {len(self.contradictions)} passed above the lowest failure (the SLO "
+                     "is noisy near the capacity)")
+        return text
+
+
+@dataclass
+class Loss:
+    """What a fault leaves of the no-fault capacity: a ratio and the interval the two brackets
+    allow (its fault bracket over the no-fault one)."""
+
+    fault: str
+    ratio: float | None
+    low: float | None
+    high: float | None
+
+    @property
+    def text(self) -> str:
+        if self.ratio is None:
+            return f"{self.fault}: not known (a capacity without both bracket ends)"
+        between = (f" (between {self.low:.0%} and {self.high:.0%})"
+                   if self.low is not None and self.high is not None else "")
+        return f"{self.fault}: {self.ratio:.0%} of the no-fault capacity{between}"
+
+
+@dataclass
+class CapacityResult:
+    scenario_name: str
+    scenario_file: str
+    metric_note: str               # which SLOs a probe must hold
+    confidence: float
+    precision: float
+    started_at: float
+    finished_at: float = 0.0
+    conditions: list[Condition] = field(default_factory=list)
+    interrupted: str | None = None
+    exit_code: int = 0
+
+    @property
+    def losses(self) -> list[Loss]:
+        base = next((c for c in self.conditions if c.fault is None), None)
+        out = []
+        for c in self.conditions:
+            if c.fault is None or base is None:
+                continue
+            ratio = (c.estimate / base.estimate if c.estimate is not None
+                     and base.estimate is not None else None)
+            lo = c.low / base.high if c.low is not None and base.high is not None else None
+            hi = c.high / base.low if c.high is not None and base.low is not None else None
+            out.append(Loss(c.name, ratio, lo, hi))
+        return out
+
+
+def next_probe(probes: list[Probe], start: float, growth: float, precision: float
+               ) -> tuple[float, float] | str:
+    """(the next rate, its measured time as a factor of the usual), or why the search is done.
+    Grow (or shrink) by ``growth`` until both a pass and a failure are found, then bisect."""
+    if not probes:
+        return start, 1.0
+    last = probes[-1]
+    if last.verdict == "inconclusive":
+        if sum(p.rate == last.rate and p.verdict == "inconclusive" for p in probes) < 2:
+            return last.rate, 2.0
+        return (f"inconclusive twice at {last.rate:.3g} requests/s (the SLO sits near its "
+                "threshold there; no verdict narrowed the bracket)")
+    cond = Condition("", None, probes)
+    low, high = cond.low, cond.high
+    if low is not None and high is not None:
+        if high / low - 1 <= precision:
+            return f"bracket within {precision:.0%}"
+        return math.sqrt(low * high), 1.0
+    if low is not None:
+        return low * growth, 1.0
+    assert high is not None
+    return high / growth, 1.0
+
+
+def probe_scenario(scenario: Scenario, rate: float, fault: str | None, warmup_s: float,
+                   measure_s: float) -> Scenario:
+    """``scenario`` as one probe: an open loop at ``rate``, a warm-up and one measured step with
+    ``fault`` (a fault's name) held, every SLO judged in that step, no recovery checks."""
+    doc: dict[str, Any] = scenario.model_dump(by_alias=True, exclude_unset=True, mode="json")
+    load: dict[str, Any] = doc.setdefault("load", {})
+    load.pop("think_time", None)
+    arrival = scenario.load.arrival
+    load["arrival"] = {"rate": rate, "process": arrival.process if arrival else "poisson",
+                       **({"max_inflight": arrival.max_inflight} if arrival else {})}
+    faults = [{k: v for k, v in d.items() if k != "phase"}
+              for spec, d in zip(scenario.faults, doc.get("faults", []), strict=True)
+              if spec.label == fault]
+    doc["faults"] = faults
+    doc.pop("phases", None)
+    doc.pop("recovery", None)
+    doc["steps"] = [{"name": WARM, "kind": "warmup", "duration": warmup_s}] if warmup_s else []
+    doc["steps"].append({"name": MEASURE, "kind": "fault" if fault else "baseline",
+                         "duration": measure_s, "faults": [fault] if fault else []})
+    for slo in [*doc.get("slos", []), *(s for c in load.get("classes", [])
+                                        for s in c.get("slos", []))]:
+        slo["phases"] = [MEASURE]
+    return Scenario.model_validate(doc)
+
+
+def _checks(result: RunResult) -> list[Check]:
+    return [c for c in result.checks if c.kind == "slo" and c.phase == MEASURE and c.ran
+            and c.measurable]
+
+
+def _check_verdict(c: Check) -> Verdict:
+    return "inconclusive" if c.inconclusive else "pass" if c.passed else "fail"
+
+
+def _answered(result: RunResult, work_dir: Path | None) -> float | None:
+    """Successful streams (from any step) that ended in the measured step, per second."""
+    step = next(p for p in result.phases if p.name == MEASURE)
+    if work_dir is None:
+        return None
+    ended = sum(1 for s in SampleTail(work_dir / "samples").poll()
+                if s.error is None and not s.retried and s.e2e_ms is not None
+                and step.start <= s.sent + s.e2e_ms / 1000.0 < step.end)
+    return ended / (step.end - step.start)
+
+
+def judge_probe(result: RunResult, rate: float, work_dir: Path | None) -> Probe:
+    """The probe's verdict from its run (``work_dir``: where its samples are; None: none were
+    written): a conclusive failure of any SLO fails it; otherwise an
+    inconclusive SLO, a load generator that fell short of the rate, or an error makes it
+    inconclusive; else it passes."""
+    step = next(p for p in result.phases if p.name == MEASURE)
+    measured = step.end - step.start
+    sent = step.stats.get("sent")
+    sent_per_s = (sent if isinstance(sent, int | float) else 0) / measured
+    checks = [ProbeCheck(c.name, c.metric, c.op, c.threshold, c.observed, c.ci_low,
+                         c.ci_high, _check_verdict(c)) for c in _checks(result)]
+    failed = [c for c in checks if c.verdict == "fail"]
+    unsure = [c for c in checks if c.verdict == "inconclusive"]
+    verdict: Verdict
+    if result.aborted:
+        verdict, why = "fail", f"aborted: {result.aborted}"
+    elif failed:
+        verdict, why = "fail", "; ".join(_said(c) for c in failed)
+    elif result.failure or step.status != "complete":
+        verdict, why = "inconclusive", result.failure or f"the step is {step.status}"
+    elif sent_per_s < SENT_SHARE * rate:
+        verdict, why = "inconclusive", (f"the load generator sent only {sent_per_s:.3g} of "
+                                        f"{rate:.3g} requests/s")
+    elif unsure:
+        verdict, why = "inconclusive", "; ".join(_said(c) for c in unsure)
+    elif not checks:
+        verdict, why = "inconclusive", "no SLO could be measured"
+    else:
+        verdict, why = "pass", "; ".join(_said(c) for c in checks)
+    return Probe(rate, measured, sent_per_s, _answered(result, work_dir), verdict, why, checks)
+
+
+def _said(c: ProbeCheck) -> str:
+    if c.observed is None:
+        return f"{c.name}: no value"
+    ci = (f" [{_v(c.ci_low)}, {_v(c.ci_high)}]" if c.ci_low is not None
+          or c.ci_high is not None else "")
+    return f"{c.name}: {_v(c.observed)}{ci}"
+
+
+def _v(value: float | None) -> str:
+    return "?" if value is None else f"{value:.3g}"
+
+
+def conditions_of(scenario: Scenario, asked: tuple[str, ...] | None) -> list[Condition]:
+    """No fault first, then each asked fault (default: each of the scenario's) held alone."""
+    names = [f.label for f in scenario.faults]
+    unknown = [n for n in asked or () if n not in names]
+    if unknown:
+        raise ScenarioError(f"--fault {unknown[0]}: the scenario has no fault of that name "
+                            f"(its faults: {', '.join(names) or 'none'})")
+    return [Condition(NO_FAULT, None), *(Condition(n, n) for n in (asked or names))]
+
+
+def check_searchable(scenario: Scenario) -> None:
+    if scenario.load.trace is not None:
+        raise ScenarioError("capacity searches an arrival rate, and load.trace sets its own "
+                            "arrival times: remove load.trace")
+    if not scenario.slos and not any(c.slos for c in scenario.load.classes):
+        raise ScenarioError("capacity looks for the highest rate at which the scenario's SLOs "
+                            "hold, and it has none: add slos (e.g. {metric: ttft_ms, "
+                            "percentile: 95, max: 2s})")
+
+
+def search_capacity(scenario: Scenario, scenario_file: str, out: Path, plan: SearchPlan,
+                    say: Callable[[str], None]) -> CapacityResult:
+    """Search each condition in turn; ``say`` hears one line a probe."""
+    check_searchable(scenario)
+    conditions = conditions_of(scenario, plan.faults)
+    slos = ", ".join(s.label for s in scenario.slos) or "the classes' SLOs"
+    result = CapacityResult(scenario.name, scenario_file, slos, scenario.verdicts.confidence,
+                            plan.precision, time.time())
+    deadline = result.started_at + plan.budget_s
+    arrival = scenario.load.arrival
+    start = plan.start or (arrival.rate_per_s if arrival is not None else 1.0)
+    overhead_s = FIRST_OVERHEAD_S
+    for i, cond in enumerate(conditions):
+        result.conditions.append(cond)
+        share_end = time.time() + (deadline - time.time()) / (len(conditions) - i)
+        first = _first_rate(result.conditions[0], start, plan.growth) if i else start
+        while True:
+            step = next_probe(cond.probes, first, plan.growth, plan.precision)
+            if isinstance(step, str):
+                cond.stopped = step
+                break
+            rate, factor = step
+            if len(cond.probes) >= plan.max_probes:
+                cond.stopped = f"max probes ({plan.max_probes})"
+                break
+            measure_s = plan.probe_s * factor
+            if time.time() + overhead_s + plan.warmup_s + measure_s > share_end:
+                cond.stopped = "the time budget"
+                break
+            probe, run = _probe(scenario, scenario_file, out, cond, rate, measure_s, plan)
+            overhead_s = max(0.0, probe.wall_s - plan.warmup_s - measure_s)
+            cond.probes.append(probe)
+            say(f"{cond.name}: {rate:.3g} requests/s: {probe.verdict.upper()} "
+                f"(sent {probe.sent_per_s:.3g}/s; {probe.why})")
+            if run.interrupted:
+                result.interrupted, result.exit_code = run.interrupted, run.exit_code
+                cond.stopped = f"interrupted ({run.interrupted})"
+                result.finished_at = time.time()
+                return result
+        say(f"{cond.name}: capacity {cond.sureness(result.confidence)}; stopped: "
+            f"{cond.stopped}")
+    result.finished_at = time.time()
+    return result
+
+
+def _first_rate(base: Condition, start: float, growth: float) -> float:
+    """A fault condition starts where the no-fault search ended."""
+    if base.estimate is not None:
+        return base.estimate
+    if base.low is not None:
+        return base.low
+    return base.high / growth if base.high is not None else start
+
+
+def _probe(scenario: Scenario, scenario_file: str, out: Path, cond: Condition, rate: float,
+           measure_s: float, plan: SearchPlan) -> tuple[Probe, RunResult]:
+    derived = probe_scenario(scenario, rate, cond.fault, plan.warmup_s, measure_s)
+    slug = "no-fault" if cond.fault is None else f"fault-{cond.fault}"
+    probe_out = out / "probes" / f"{slug}-{len(cond.probes) + 1:02d}"
+    began = time.monotonic()
+    runner = Runner(derived, scenario_file, probe_out, events=Events(), lease_s=plan.lease_s)
+    run = runner.run()
+    probe = judge_probe(run, rate, runner.work_dir if derived.load.samples == "all" else None)
+    probe.wall_s, probe.out = time.monotonic() - began, str(probe_out)
+    return probe, run
