@@ -2,13 +2,16 @@
 
     .venv/bin/python benchmarks/streams_sweep.py [--streams 50,200,500,1000,2000] [--seconds 10]
         [--quick] [--clients streamquake,aiohttp,guidellm] [--json FILE]
+        [--target embedded|fast] [--per-write 1]
 
 The embedded target runs pinned to core 0 with ``stamp_send_time: true`` (every event opens
 with ``: t=<epoch ns>``, read right before the write), TTFT 100 ms, ITL 20 ms, 50 tokens, in the
-OpenAI format. Each client in turn runs in its own process pinned to core 1, closed loop (a
-stream ends, the next starts), its N streams' first starts spread over one stream's length so
-that their tokens are not all due at the same instant. After a warm-up, a window of
-``--seconds`` is measured:
+OpenAI format (``--target fast``: ``fast_target.py``, the same bytes pre-encoded and written
+over bare asyncio, ``--per-write`` events to a write, so that the target is never what bounds
+a client; its CPU is in the table either way). Each client in turn runs in its own process
+pinned to core 1, closed loop (a stream ends, the next starts), its N streams' first starts
+spread over one stream's length so that their tokens are not all due at the same instant.
+After a warm-up, a window of ``--seconds`` is measured:
 
 * ``streamquake``: N gevent greenlets (gevent's monkey patching, as under Locust), each with its
   own ``StreamClient`` (one socket, as each Locust user has) looping ``StreamClient.measure`` and

@@ -256,5 +256,11 @@ def test_a_flapping_tbf_shows_its_pattern_and_leaves_nothing(tmp_path: Path,
         on_e2e = [e2e[i] for i in sorted(_seconds_inside([(a, b)])) if e2e.get(i) is not None]
         assert on_e2e and max(on_e2e) > 3 * statistics.median(off_e2e), (a, b, on_e2e, off_e2e)
     on, off = record["states"]["on"], record["states"]["off"]
-    assert on["e2e_ms"]["p50"] > 2 * off["e2e_ms"]["p50"], (on["e2e_ms"], off["e2e_ms"])
+    if on["e2e_ms"]["p50"] is not None:
+        assert on["e2e_ms"]["p50"] > 2 * off["e2e_ms"]["p50"], (on["e2e_ms"], off["e2e_ms"])
+    else:
+        # A pipe that thin can hold every stream sent in an on-state past its end (a busy
+        # host): none ended inside it, each counted as spanning the edge, unlike the off-state.
+        assert on["unattributed"]["e2e_ms"] > off["unattributed"]["e2e_ms"], (on, off)
+        assert off["e2e_ms"]["p50"] is not None, off
     assert _journal(state_dir) == [] and _claims(state_dir) == []

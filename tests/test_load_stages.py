@@ -9,6 +9,7 @@ import math
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,12 +23,13 @@ USERS = 2
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 2, "max": 2}}
 
 
-def _run(plan_fields: dict, target: dict, tmp_path: Path, workers: int = 0
+def _run(plan_fields: Callable[[float], dict[str, Any]], target: dict[str, Any], tmp_path: Path, workers: int = 0
          ) -> tuple[LoadPlan, LocustRun]:
+    """A Locust run of the plan with ``plan_fields(t0)``, t0 the moment it starts."""
     with start_target(TargetConfig.model_validate(target)) as tgt:
         plan = LoadPlan.model_validate({
             "base_url": tgt.url, "protocol": "openai", "spawn_rate": 100, "timeout_s": 10.0,
-            "samples_path": str(tmp_path / "samples"), **plan_fields})
+            "samples_path": str(tmp_path / "samples"), **plan_fields(time.time())})
         run = start_locust(plan, tmp_path, run_time_s=plan.end_at - time.time(),
                            workers=workers, stop_timeout_s=5)
         try:
@@ -48,23 +50,28 @@ def _mass(rate: Callable[[float], float], a: float, b: float, n: int = 2000) -> 
 @pytest.mark.parametrize("process", ["constant", "poisson"])
 def test_open_loop_arrivals_per_second_follow_a_ramp_a_pause_and_a_spike(
         tmp_path: Path, process: str) -> None:
-    t0 = time.time() + 8.0      # the load starts before the stages, at the first one's rate
-    ramp, pause, spike = (t0, t0 + 8), (t0 + 8, t0 + 10), (t0 + 10, t0 + 15)
-    stages = [LoadStage(start=ramp[0], end=ramp[1], rate_from=5, rate_to=40),
-              LoadStage(start=pause[0], end=pause[1], rate_from=0, rate_to=0),
-              LoadStage(start=spike[0], end=spike[1], rate_from=5, rate_to=5,
-                        spike=(spike[0] + 2, spike[0] + 3.5, 40))]
+    # From t0 (the load starts before, at the first stage's rate): 8 s ramping from 5/s to
+    # 40/s, 2 s at 0/s, 5 s at 5/s with 40/s from 2 s to 3.5 s into it.
+    def fields(now: float) -> dict[str, Any]:
+        t0 = now + 6.0
+        return {"users": USERS, "end_at": t0 + 15, "stages": [
+            LoadStage(start=t0, end=t0 + 8, rate_from=5, rate_to=40),
+            LoadStage(start=t0 + 8, end=t0 + 10, rate_from=0, rate_to=0),
+            LoadStage(start=t0 + 10, end=t0 + 15, rate_from=5, rate_to=5,
+                      spike=(t0 + 12, t0 + 13.5, 40))],
+                "arrival": {"mode": "open", "rate_per_s": 5, "process": process,
+                            "max_inflight": 200}}
+
+    plan, run = _run(fields, FAST, tmp_path)
+    t0 = plan.stages[0].start
 
     def rate(t: float) -> float:
-        if t < ramp[1]:
+        if t < t0 + 8:
             return 5 + 35 * max(0.0, t - t0) / 8
-        if t < pause[1]:
+        if t < t0 + 10:
             return 0.0
-        return 40.0 if spike[0] + 2 <= t < spike[0] + 3.5 else 5.0
+        return 40.0 if t0 + 12 <= t < t0 + 13.5 else 5.0
 
-    plan, run = _run({"users": USERS, "end_at": spike[1], "stages": stages,
-                      "arrival": {"mode": "open", "rate_per_s": 5, "process": process,
-                                  "max_inflight": 200}}, FAST, tmp_path)
     sent = [s.scheduled for s in run.samples() if s.scheduled is not None]
     unsent = [u.scheduled for u in run.unsent()]
     due = sorted(sent + unsent)
@@ -82,10 +89,9 @@ def test_open_loop_arrivals_per_second_follow_a_ramp_a_pause_and_a_spike(
         a = t0 + k
         got, mass = sum(a <= d < a + 1 for d in due), _mass(rate, a, a + 1)
         seconds.append((k, got, round(mass, 1)))
-        Path("/tmp/s4/dues.txt").write_text(repr((t0, due)))
         assert abs(got - mass) <= tolerance(mass), str(seconds)
     assert [got for k, got, _ in seconds if 8 <= k < 10] == [0, 0]          # rate 0: nothing
-    during = sum(spike[0] + 2 <= d < spike[0] + 3.5 for d in due)
+    during = sum(t0 + 12 <= d < t0 + 13.5 for d in due)
     assert abs(during - 60) <= tolerance(60), during
     # Every due arrival of the stages, sent or recorded as never sent, and no other.
     total = _mass(rate, t0, plan.end_at, 30_000)
@@ -100,14 +106,19 @@ def _in_flight(samples: list[RequestSample], t: float) -> int:
 @pytest.mark.parametrize("workers", [0, 2])
 def test_closed_loop_concurrency_follows_the_stages_user_counts(
         tmp_path: Path, workers: int) -> None:
-    t0 = time.time() + 6.0
     counts = [2, 6, 2]
-    stages = [LoadStage(start=t0 + 5 * i, end=t0 + 5 * (i + 1), users=n)
-              for i, n in enumerate(counts)]
+
+    def fields(now: float) -> dict[str, Any]:
+        t0 = now + 6.0
+        stages = [LoadStage(start=t0 + 5 * i, end=t0 + 5 * (i + 1), users=n)
+                  for i, n in enumerate(counts)]
+        return {"users": counts[0], "spawn_rate": max(counts), "end_at": stages[-1].end,
+                "stages": stages}
+
     # ~300 ms streams, one after the other: each user has one in flight nearly all the time.
     slow = {"ttft": "200ms", "itl": "10ms", "output_tokens": {"min": 10, "max": 10}}
-    _, run = _run({"users": counts[0], "spawn_rate": max(counts), "end_at": stages[-1].end,
-                   "stages": stages}, slow, tmp_path, workers)
+    plan, run = _run(fields, slow, tmp_path, workers)
+    stages, t0 = plan.stages, plan.stages[0].start
     samples = [s for s in run.samples() if s.e2e_ms is not None]
     assert not [s for s in samples if s.error], [s.error_detail for s in samples if s.error]
     assert min(s.sent for s in samples) < t0

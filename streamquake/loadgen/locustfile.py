@@ -262,7 +262,7 @@ def _follow_users(runner: LocalRunner | MasterRunner, plan: LoadPlan) -> None:
             runner.start(users, plan.spawn_rate)
             current = users
         edge = min((s.start for s in plan.stages if s.start > now), default=plan.end_at)
-        gevent.sleep(max(0.0, edge - now) if started else 0.1)
+        gevent.sleep(max(0.0, edge - time.time()) if started else 0.1)  # start() may block
 
 
 @events.init.add_listener  # type: ignore[untyped-decorator]

@@ -30,6 +30,7 @@ from streamquake.reports.words import (
     interruption,
     pairs,
     recovery_basis,
+    recovery_time_lines,
     run_t0,
     target_text,
     when,
@@ -106,6 +107,8 @@ def render_markdown(result: RunResult) -> str:
         legend = inconclusive_legend(result.checks)
         if legend:
             lines += ["", _esc(legend)]
+        if times := recovery_time_lines(result):
+            lines += [""] + [f"- {_esc(line)}" for line in times]
     if result.faults:
         lines += ["", "### Faults", "",
                   f"| fault | type | {'step' if result.steps_form else 'phase'} | settings | "
@@ -148,6 +151,8 @@ def _steps_sections(result: RunResult) -> list[str]:
                                                          for k in b.columns) + " |"
                       for label, c in verdict_rows(result, b.checks)]
             lines += _notes(b.checks)
+        if times := recovery_time_lines(result, b.step):
+            lines += [""] + [f"- {_esc(line)}" for line in times]
         applied = step_fault_records(result, b.step)
         if applied:
             lines += [""] + [f"- fault {_esc(f.name)} ({f.type}): "

@@ -33,6 +33,7 @@ from streamquake.reports.words import (
     inconclusive_legend,
     interruption,
     recovery_basis,
+    recovery_time_lines,
 )
 from streamquake.result import Check, FaultRecord, RunResult
 
@@ -108,6 +109,8 @@ def _print_phases(result: RunResult, console: Console) -> None:
     legend = inconclusive_legend(result.checks)
     if legend:
         console.print(legend, markup=False, highlight=False, emoji=False, soft_wrap=True)
+    for line in recovery_time_lines(result):
+        console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
     for fault in result.faults:
         _print_fault(fault, console, f"{fault.type}, {fault.phase}", soft_wrap=True)
@@ -180,6 +183,8 @@ def _print_block(result: RunResult, block: FaultBlock, console: Console) -> None
                                               else "[dim]-[/]" for c in block.columns))
         console.print(verdicts)
         _legends(block.checks, console)
+    for line in recovery_time_lines(result, block.step):
+        console.print(line, markup=False, highlight=False, emoji=False)
     for fault in step_fault_records(result, block.step):
         _print_fault(fault, console, fault.type, soft_wrap=False)
 

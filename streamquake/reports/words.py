@@ -6,7 +6,7 @@ from __future__ import annotations
 import datetime
 
 from streamquake.jsontypes import JsonValue
-from streamquake.result import Check, FaultRecord, PhaseResult, RunResult
+from streamquake.result import Check, FaultRecord, PhaseResult, RecoveryTime, RunResult
 
 RATE_METRICS = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate", "usage_deficit")
 COUNT_METRICS = ("requests", "sent", "not_sent")
@@ -17,7 +17,7 @@ def unit(metric: str) -> str:
         return " ms"
     if metric == "output_tokens_per_s":
         return " tokens/s"
-    if metric == "client_saturated_s":     # seconds the load generator was saturated
+    if metric in ("client_saturated_s", "recovery_time_s"):   # seconds
         return " s"
     return ""
 
@@ -115,6 +115,17 @@ def inconclusive_legend(checks: list[Check]) -> str | None:
 NOT_GATING_LEGEND = "(value ✓/✗): measured and met/broken, but not gating in that step"
 
 
+def recovery_time_lines(result: RunResult, step: str | None = None) -> list[str]:
+    """``time to recovery after slow (in back): came back after 3.4 s (window 2 s, 12
+    requests, ±0.2 s)``, for each judged fault (or the one fault step ``step``)."""
+    return [recovery_time_text(rt) for rt in result.recovery_times
+            if step is None or rt.step == step]
+
+
+def recovery_time_text(rt: RecoveryTime) -> str:
+    return f"time to recovery after {rt.step} (in {rt.after}): {rt.text}"
+
+
 def recovery_basis(check: Check) -> str | None:
     """A recovery check's comparison with the counts and intervals behind both sides: ``itl_ms
     p95 recovers to baseline +50% (met): after f-slow: base1 24.5 (n=1016, ...); rec1 ...``."""
@@ -146,6 +157,8 @@ def sentence(check: Check, skipped: frozenset[str] = frozenset()) -> str:
         gates = "" if check.passed else \
             "; the scenario's verdicts.unmeasurable: fail makes that a failure"
         return f"{what} is not measurable in {where}: {reason}{gates}"
+    if check.observed is None and check.metric == "recovery_time_s":
+        return f"{what}: {check.detail} in {where}, so it cannot meet {_limit(check)}"
     if check.observed is None:
         return f"{what}: no data in {where} (nothing in this phase measured it), so it " \
                f"cannot meet {_limit(check)}"
