@@ -108,7 +108,8 @@ EXPECTED = {
         "17:6: slos.0.metric: Input should be 'ttfb_ms', 'ttft_ms', 'itl_ms', 'e2e_ms', "
         "'output_tokens_per_s', 'queue_delay_ms', 'ttft_scheduled_ms', 'e2e_scheduled_ms', "
         "'send_ms', 'dns_ms', 'connect_ms', 'tls_ms', 'write_ms', 'error_rate', 'stall_rate', "
-        "'chunk_loss', 'not_sent_rate' or 'usage_deficit' (hint: use one of the values listed)",
+        "'chunk_loss', 'not_sent_rate', 'usage_deficit' or 'recovery_time_s' (hint: use one of "
+        "the values listed)",
     ],
 }
 

@@ -18,7 +18,6 @@ The interpreter's garbage collections are measured too (kind ``gc``): they stop 
 
 from __future__ import annotations
 
-import logging
 import os
 import time
 from collections.abc import Generator
@@ -153,19 +152,6 @@ def watch_gc() -> None:
 
     if _on_gc not in gc.callbacks:
         gc.callbacks.append(_on_gc)
-
-
-def freeze_long_lived(**_: object) -> None:
-    """Take every object alive now out of the collector's walks (``gc.freeze``): the imports,
-    Locust, and once the users are spawned each user's client, pool and greenlet live the whole
-    run, and a full collection walked them all while the hub waited (at 10,000 streams 0.5 s of
-    CPU at once, benchmarks/concurrency.py). Reference counting still frees them; only a cycle
-    among them outlives the process, at most the requests in flight at this moment."""
-    import gc
-
-    gc.freeze()
-    logging.getLogger(__name__).info("%d objects kept out of the garbage collector's walks",
-                                     gc.get_freeze_count())
 
 
 def unwatch_gc() -> None:

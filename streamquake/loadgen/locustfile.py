@@ -287,13 +287,6 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
     if isinstance(runner, MasterRunner):
         _init_master(runner, plan)
     start_saturation_guard(runner)     # CPU, hub lag, kernel-to-seen: saturation-<pid>.jsonl
-    _freeze_long_lived(environment)
-
-
-def _freeze_long_lived(environment: Environment) -> None:
-    holds.freeze_long_lived()          # what the imports and Locust made lives the whole run
-    environment.events.spawning_complete.add_listener(  # type: ignore[no-untyped-call]
-        holds.freeze_long_lived)       # ... and so do the users, once spawned
 
 
 def _stop_worker(runner: WorkerRunner) -> None:
@@ -362,7 +355,6 @@ def _init_remote_worker(runner: WorkerRunner) -> None:
     events.quitting.add_listener(lambda **_: outbox.close())  # type: ignore[no-untyped-call]
     runner.send_message("sq_plan_request", {"time": time.time()})
     start_saturation_guard(runner, sink=relay.RelaySink(outbox, "saturation"))  # type: ignore[arg-type]
-    _freeze_long_lived(runner.environment)
 
 
 @events.quitting.add_listener  # type: ignore[untyped-decorator]

@@ -6,8 +6,9 @@ loop at the probed rate, a short warm-up, one measured step with the condition's
 every SLO of the scenario judged in that step. The search grows (or shrinks) the rate
 geometrically until it has a conclusive pass and a conclusive failure, then bisects (geometric
 mean) between the highest pass below the lowest failure and that failure. An inconclusive probe
-narrows nothing: it is repeated once with twice the measured time, and inconclusive again ends
-the search there. Each condition stops at the asked precision, at ``max_probes``, or when its
+narrows nothing: it is repeated once with twice the warm-up and measured time (an unstable
+queue grows for longer, a stable one gives more samples), and inconclusive again ends the search
+there. Each condition stops at the asked precision, at ``max_probes``, or when its
 share of the time budget would not hold another probe (the last probe's length says how long
 one takes), so the whole search ends within the budget and at most one probe's misjudged length.
 """
@@ -29,7 +30,8 @@ from streamquake.run.runner import Runner
 from streamquake.scenario import Scenario
 
 Verdict = Literal["pass", "fail", "inconclusive"]
-WARM, MEASURE = "warm", "measure"     # the probe scenario's two steps
+BEFORE, WARM, MEASURE = "before", "warm", "measure"     # the probe scenario's steps
+BEFORE_S = 1.0             # the baseline step a fault step needs before it
 NO_FAULT = "no fault"
 FIRST_OVERHEAD_S = 15.0    # a probe's time beyond its steps (target, load processes, drain),
                            # until the first probe says how long one takes here
@@ -182,7 +184,8 @@ class CapacityResult:
 
 def next_probe(probes: list[Probe], start: float, growth: float, precision: float
                ) -> tuple[float, float] | str:
-    """(the next rate, its measured time as a factor of the usual), or why the search is done.
+    """(the next rate, its warm-up and measured time as a factor of the usual), or why the
+    search is done.
     Grow (or shrink) by ``growth`` until both a pass and a failure are found, then bisect."""
     if not probes:
         return start, 1.0
@@ -207,7 +210,8 @@ def next_probe(probes: list[Probe], start: float, growth: float, precision: floa
 def probe_scenario(scenario: Scenario, rate: float, fault: str | None, warmup_s: float,
                    measure_s: float) -> Scenario:
     """``scenario`` as one probe: an open loop at ``rate``, a warm-up and one measured step with
-    ``fault`` (a fault's name) held, every SLO judged in that step, no recovery checks."""
+    ``fault`` (a fault's name) held from the warm-up on, every SLO judged in the measured step,
+    no recovery checks."""
     doc: dict[str, Any] = scenario.model_dump(by_alias=True, exclude_unset=True, mode="json")
     load: dict[str, Any] = doc.setdefault("load", {})
     load.pop("think_time", None)
@@ -220,9 +224,15 @@ def probe_scenario(scenario: Scenario, rate: float, fault: str | None, warmup_s:
     doc["faults"] = faults
     doc.pop("phases", None)
     doc.pop("recovery", None)
-    doc["steps"] = [{"name": WARM, "kind": "warmup", "duration": warmup_s}] if warmup_s else []
-    doc["steps"].append({"name": MEASURE, "kind": "fault" if fault else "baseline",
-                         "duration": measure_s, "faults": [fault] if fault else []})
+    held = [fault] if fault else []
+    # A fault step comes after a baseline step (the timeline's rule); the fault is held from
+    # the warm-up on, so an unstable queue builds up under it.
+    doc["steps"] = [{"name": BEFORE, "kind": "baseline", "duration": BEFORE_S}] if fault else []
+    doc["steps"] += [
+        {"name": WARM, "kind": "fault" if fault else "warmup", "duration": warmup_s,
+         "faults": held},
+        {"name": MEASURE, "kind": "fault" if fault else "baseline", "duration": measure_s,
+         "faults": held}]
     for slo in [*doc.get("slos", []), *(s for c in load.get("classes", [])
                                         for s in c.get("slos", []))]:
         slo["phases"] = [MEASURE]
@@ -249,11 +259,13 @@ def _answered(result: RunResult, work_dir: Path | None) -> float | None:
     return ended / (step.end - step.start)
 
 
-def judge_probe(result: RunResult, rate: float, work_dir: Path | None) -> Probe:
+def judge_probe(result: RunResult, rate: float, work_dir: Path | None,
+                policy: Literal["warn", "fail", "pass"] = "warn") -> Probe:
     """The probe's verdict from its run (``work_dir``: where its samples are; None: none were
-    written): a conclusive failure of any SLO fails it; otherwise an
-    inconclusive SLO, a load generator that fell short of the rate, or an error makes it
-    inconclusive; else it passes."""
+    written): a conclusive failure of any SLO fails it; otherwise an error or a load generator
+    that fell short of the rate makes it inconclusive, and so does an inconclusive SLO unless
+    the scenario's ``verdicts.inconclusive`` (``policy``) gates it as a pass or a failure; else
+    it passes."""
     step = next(p for p in result.phases if p.name == MEASURE)
     measured = step.end - step.start
     sent = step.stats.get("sent")
@@ -272,6 +284,10 @@ def judge_probe(result: RunResult, rate: float, work_dir: Path | None) -> Probe:
     elif sent_per_s < SENT_SHARE * rate:
         verdict, why = "inconclusive", (f"the load generator sent only {sent_per_s:.3g} of "
                                         f"{rate:.3g} requests/s")
+    elif unsure and policy != "warn":
+        verdict = policy
+        why = (f"inconclusive, gated as {policy} by verdicts.inconclusive: "
+               + "; ".join(_said(c) for c in unsure))
     elif unsure:
         verdict, why = "inconclusive", "; ".join(_said(c) for c in unsure)
     elif not checks:
@@ -338,12 +354,13 @@ def search_capacity(scenario: Scenario, scenario_file: str, out: Path, plan: Sea
             if len(cond.probes) >= plan.max_probes:
                 cond.stopped = f"max probes ({plan.max_probes})"
                 break
-            measure_s = plan.probe_s * factor
-            if time.time() + overhead_s + plan.warmup_s + measure_s > share_end:
+            warm_s, measure_s = plan.warmup_s * factor, plan.probe_s * factor
+            if time.time() + overhead_s + BEFORE_S + warm_s + measure_s > share_end:
                 cond.stopped = "the time budget"
                 break
-            probe, run = _probe(scenario, scenario_file, out, cond, rate, measure_s, plan)
-            overhead_s = max(0.0, probe.wall_s - plan.warmup_s - measure_s)
+            probe, run = _probe(scenario, scenario_file, out, cond, rate, warm_s, measure_s,
+                                plan.lease_s)
+            overhead_s = max(0.0, probe.wall_s - BEFORE_S - warm_s - measure_s)
             cond.probes.append(probe)
             say(f"{cond.name}: {rate:.3g} requests/s: {probe.verdict.upper()} "
                 f"(sent {probe.sent_per_s:.3g}/s; {probe.why})")
@@ -368,13 +385,14 @@ def _first_rate(base: Condition, start: float, growth: float) -> float:
 
 
 def _probe(scenario: Scenario, scenario_file: str, out: Path, cond: Condition, rate: float,
-           measure_s: float, plan: SearchPlan) -> tuple[Probe, RunResult]:
-    derived = probe_scenario(scenario, rate, cond.fault, plan.warmup_s, measure_s)
+           warm_s: float, measure_s: float, lease_s: float | None) -> tuple[Probe, RunResult]:
+    derived = probe_scenario(scenario, rate, cond.fault, warm_s, measure_s)
     slug = "no-fault" if cond.fault is None else f"fault-{cond.fault}"
     probe_out = out / "probes" / f"{slug}-{len(cond.probes) + 1:02d}"
     began = time.monotonic()
-    runner = Runner(derived, scenario_file, probe_out, events=Events(), lease_s=plan.lease_s)
+    runner = Runner(derived, scenario_file, probe_out, events=Events(), lease_s=lease_s)
     run = runner.run()
-    probe = judge_probe(run, rate, runner.work_dir if derived.load.samples == "all" else None)
+    probe = judge_probe(run, rate, runner.work_dir if derived.load.samples == "all" else None,
+                        derived.verdicts.inconclusive)
     probe.wall_s, probe.out = time.monotonic() - began, str(probe_out)
     return probe, run

@@ -23,7 +23,7 @@ from streamquake.envref import ENV_REF, is_env_name, not_a_name
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.envelope import FaultSpec, PhaseName
 from streamquake.scenario.network import NetworkConfig
-from streamquake.scenario.steps import StepSpec, timeline_problems
+from streamquake.scenario.steps import StepSpec, step_load_problems, timeline_problems
 from streamquake.target.config import Protocol, TargetConfig
 from streamquake.units import (
     DURATION,
@@ -479,6 +479,10 @@ class Scenario(_Model):
         problems = timeline_problems(v, [f.label for f in faults])
         problems += [f"fault '{f.label}': its steps say when it runs: remove 'phase: "
                      f"{f.phase}'" for f in faults if "phase" in f.model_fields_set]
+        load = info.data.get("load")
+        if isinstance(load, LoadSpec):
+            problems += step_load_problems(v, "trace" if load.trace is not None else
+                                           "open" if load.arrival is not None else "closed")
         if problems:
             raise ValueError("; ".join(problems))
         return v

@@ -133,6 +133,29 @@ def timeline_problems(steps: list[StepSpec], fault_names: list[str]) -> list[str
     return problems
 
 
+def step_load_problems(steps: list[StepSpec], loop: Literal["closed", "open", "trace"]
+                       ) -> list[str]:
+    """Step loads the scenario's load cannot follow, one sentence each: a closed loop
+    (``load.users``) takes steps' ``users``, an open loop (``load.arrival``) their ``rate``
+    (and spikes), and a trace replay sends at its rows' own times, so no step load at all."""
+    problems = []
+    for i, step in enumerate(steps):
+        where = f"steps.{i} ({step.name}).load"
+        if step.load is None:
+            continue
+        if loop == "trace":
+            problems.append(f"{where}: a trace replay sends each row at its own time: remove "
+                            "the step's load, or replay no trace")
+        elif loop == "open" and step.load.users is not None:
+            problems.append(f"{where}: the load is an open loop (load.arrival): give the step "
+                            "a 'rate' (requests/s, or {from: A, to: B}), not 'users'")
+        elif loop == "closed" and step.load.rate is not None:
+            problems.append(f"{where}: a 'rate' needs an open loop: give the scenario "
+                            "'load.arrival' (its rate is the steps' default), or give the "
+                            "step 'users'")
+    return problems
+
+
 def judged_pairs(steps: tuple[StepSpec, ...] | list[StepSpec]
                  ) -> list[tuple[StepSpec | None, StepSpec, StepSpec | None]]:
     """Each fault step with the baseline step before it and the recovery step after it (the

@@ -47,6 +47,12 @@ def test_reference_chaos_plan(tmp_path: Path, state_dir: Path) -> None:
     def p50(metric: str, step: str) -> float:
         return float(stats[step][metric]["p50"])
 
+    for step, s in stats.items():     # shown when an assertion fails (and with -s)
+        if s["requests"]:
+            print(f"{step:>16}: n={s['requests']} TTFB p50 {p50('ttfb_ms', step):.1f} p95 "
+                  f"{s['ttfb_ms']['p95']:.1f} ms, ITL p50 {p50('itl_ms', step):.1f} ms, "
+                  f"chunk_loss {s['chunk_loss']:.3f}")
+
     # Each fault shows in its own step, against its own before step, and in no other step.
     # netem 100 ms +- 30 ms toward the target: every first byte waits for one delayed trip.
     for fault, (before, after) in PLAN.items():
