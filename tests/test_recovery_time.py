@@ -199,3 +199,7 @@ def test_time_to_recovery_is_the_drain_time_of_the_queue_the_fault_built(tmp_pat
            f"(window 2 s, {back['requests']} requests" in said
     assert f"time to recovery after slower (in short): not recovered within " \
            f"{short['within_s']:.1f} s" in said
+    page = (out / "report.html").read_text()
+    assert f"time to recovery after slow (in back): came back after {back['time_s']:.1f} s" \
+        in page
+    assert "time to recovery after slower (in short): not recovered within" in page

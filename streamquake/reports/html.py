@@ -38,6 +38,7 @@ from streamquake.reports.words import (
     interruption,
     pairs,
     recovery_basis,
+    recovery_time_lines,
     run_t0,
     sentence,
     skipped_steps,
@@ -226,6 +227,8 @@ def _verdicts(page: _Page) -> None:
     legend = inconclusive_legend(r.checks)
     if legend:
         page.add(f'<p class="note">{_t(legend)}</p>')
+    for line in recovery_time_lines(r):
+        page.add(f'<p class="note recovery-time">{_t(line)}</p>')
     broken = [c for c in r.checks if c.ran and c.gating and not c.passed]
     if broken:
         page.add("<ul>" + "".join(f"<li>{_t(sentence(c))}</li>" for c in broken) + "</ul>")
@@ -403,6 +406,8 @@ def _panel(page: _Page, b: FaultBlock) -> None:
             page.add("</tr>")
         page.add("</table>")
         _notes(page, b.checks)
+    for line in recovery_time_lines(r, b.step):
+        page.add(f'<p class="note recovery-time">{_t(line)}</p>')
     applied = step_fault_records(r, b.step)
     if applied:
         page.add("<ul>" + "".join(
