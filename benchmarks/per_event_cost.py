@@ -41,7 +41,7 @@ from geventhttpclient.response import HTTPResponse  # noqa: E402
 from streamquake.loadgen import client as c  # noqa: E402
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan  # noqa: E402
 from streamquake.loadgen.samples import RequestSample  # noqa: E402
-from streamquake.loadgen.sse import SSEParser  # noqa: E402
+from streamquake.loadgen.sse_parser import SSEParser  # noqa: E402
 from streamquake.protocols import get  # noqa: E402
 from streamquake.protocols.base import STAMP_SLOT, Completion, GenRequest  # noqa: E402
 

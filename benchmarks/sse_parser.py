@@ -15,7 +15,7 @@ import json
 import time
 from collections.abc import Callable
 
-from streamquake.loadgen.sse import SSEParser
+from streamquake.loadgen.sse_parser import SSEParser
 
 
 def make_stream(events: int) -> list[bytes]:

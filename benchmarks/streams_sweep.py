@@ -183,7 +183,7 @@ def run_streamquake(url: str, streams: int, warm_s: float, seconds: float) -> di
 
     from streamquake.loadgen import client as client_mod
     from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
-    from streamquake.loadgen.sse import SSEParser
+    from streamquake.loadgen.sse_parser import SSEParser
 
     rec = Recorder(warm_s, seconds)
     handed: list[int] = []      # the stamps of the events the last feed() returned, in order

@@ -106,10 +106,11 @@ def _int_or(raw: object, default: int | None) -> int | None:
 
 
 @contextlib.contextmanager
-def _locked_list(path: Path, read: Callable[[], list[dict[str, Any]]]
-                 ) -> Iterator[list[dict[str, Any]]]:
+def _locked_list(path: Path, read: Callable[[], list[dict[str, Any]]],
+                 write: Callable[[], bool] = lambda: True) -> Iterator[list[dict[str, Any]]]:
     """A JSON list file under an exclusive lock; written back (fsynced, then renamed into place)
-    when the block ends without an exception."""
+    when the block ends without an exception, unless ``write()`` says it only read (nothing
+    written, no fsync: a fault's apply reads its entry several times)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 (closed by the with below)
@@ -122,6 +123,8 @@ def _locked_list(path: Path, read: Callable[[], list[dict[str, Any]]]
         fcntl.flock(lf, fcntl.LOCK_EX)
         items = read()
         yield items
+        if not write():
+            return
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(items, indent=2))
         with open(tmp, "rb+") as fh:
@@ -185,7 +188,7 @@ class JournalEntry:
     entry_id: str
 
     def record(self) -> JournalRecord | None:
-        with self.journal._locked() as entries:
+        with self.journal._locked(write=False) as entries:
             found = next((e for e in entries if e["id"] == self.entry_id), None)
         return None if found is None else JournalRecord.from_json(found)
 
@@ -199,7 +202,7 @@ class JournalEntry:
 
     def present(self) -> bool:
         """Whether the entry is still on disk: another process may have removed it under us."""
-        with self.journal._locked() as entries:
+        with self.journal._locked(write=False) as entries:
             return any(e["id"] == self.entry_id for e in entries)
 
     def save(self, state: dict[str, Any]) -> None:
@@ -229,8 +232,12 @@ class Journal:
         self.damaged: list[Path] = []
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[list[dict[str, Any]]]:
-        with _locked_list(self.path, self._read) as entries:
+    def _locked(self, write: bool = True) -> Iterator[list[dict[str, Any]]]:
+        """The entries under the lock; written back unless only read (``write=False``) and the
+        read moved nothing aside (then what it kept is written back, once)."""
+        damaged = len(self.damaged)
+        with _locked_list(self.path, self._read,
+                          lambda: write or len(self.damaged) > damaged) as entries:
             yield entries
 
     def _aside(self, kind: str, suffix: str = "") -> Path:
@@ -260,7 +267,7 @@ class Journal:
         return good
 
     def records(self) -> list[JournalRecord]:
-        with self._locked() as entries:
+        with self._locked(write=False) as entries:
             return [JournalRecord.from_json(e) for e in entries]
 
     def entries(self) -> list[dict[str, Any]]:

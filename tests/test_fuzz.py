@@ -26,7 +26,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamquake.errors import ScenarioError
-from streamquake.loadgen.sse import SSEEvent, SSELimitError, SSELimits, SSEParser
+from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, SSEParser
 from streamquake.located_yaml import MAX_NUMBER, parse_yaml
 from streamquake.scenario import parse_scenario
 from tests.conftest import REPO

@@ -260,3 +260,22 @@ def test_a_claim_whose_journal_cannot_be_read_still_holds(tmp_path: Path) -> Non
             r"which cannot be read")):
         Journal(tmp_path / "journal.json").add("gpu_clocks", "next").claim(
             {"gpu:GPU-1:power_limit": "the power limit of GPU 1"})
+
+
+def test_reading_an_entry_writes_nothing_and_bad_entries_are_moved_aside_once(
+        tmp_path: Path) -> None:
+    # A fault's apply reads its entry several times (claims, lease checks): only changes are
+    # written and fsynced, so reading leaves the very file (same inode) in place.
+    journal = Journal(tmp_path / "journal.json")
+    entry = journal.add("marker_file", "flag")
+    inode = journal.path.stat().st_ino
+    assert entry.record() is not None and entry.present() and len(journal.records()) == 1
+    assert journal.path.stat().st_ino == inode
+    entry.save({"path": "/tmp/x"})
+    assert journal.path.stat().st_ino != inode
+    # An unreadable entry is moved aside by the first read and the rest written back, once.
+    raw = json.loads(journal.path.read_text())
+    journal.path.write_text(json.dumps([*raw, {"no": "id"}]))
+    assert len(journal.records()) == 1 and len(journal.records()) == 1
+    assert len(list(tmp_path.glob("journal.bad-entries-*"))) == 1
+    assert json.loads(journal.path.read_text()) == raw

@@ -17,7 +17,7 @@ import gevent
 import gevent.socket
 import pytest
 
-from streamquake.loadgen import saturation
+from streamquake.loadgen import self_measure
 from streamquake.loadgen.client import Arrival, StreamClient, enable_kernel_timestamps
 from streamquake.loadgen.plan import RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
@@ -124,13 +124,13 @@ def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 @pytest.fixture
-def guard(tmp_path: Path) -> Iterator[saturation.Guard]:
-    g = saturation.start(None, tmp_path)
+def guard(tmp_path: Path) -> Iterator[self_measure.Guard]:
+    g = self_measure.start(None, tmp_path)
     assert g is not None
     try:
         yield g
     finally:
-        saturation.stop()
+        self_measure.stop()
 
 
 # The second event comes 600 ms after the first; our hub is blocked from 250 ms to 1050 ms,
@@ -215,7 +215,7 @@ def test_tls_falls_back_to_user_time_and_says_so(tls_server: str) -> None:
 
 @pytest.mark.timeout(90)
 def test_tls_stall_during_hub_lag_is_a_client_stall(tls_server: str,
-                                                    guard: saturation.Guard) -> None:
+                                                    guard: self_measure.Guard) -> None:
     s = _blocked_stream(tls_server, verify_tls=False).sample
     assert s.error is None, s.error_detail
     assert s.clock == "user"

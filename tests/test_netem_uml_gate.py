@@ -2,9 +2,10 @@
 (scripts/uml-run) and run tests/uml in it. This fails, never skips, when UML cannot boot (uml-run
 then says why in one sentence: on a CPU whose XSAVE area UML cannot handle, which CPU, the errno
 and what to install) or any test inside fails or is skipped. UML_XSTATE_SHIM=force in the
-environment runs it all through the ptrace shim's full-buffer path, as AMX hosts do. About 2.5
+environment runs it all through the ptrace shim's full-buffer path, as AMX hosts do. About 5
 minutes: a 2.5 s boot, the netem tests, then the netem scenarios through the CLI
-(tests/uml/test_scenarios_in_uml.py).
+(tests/uml/test_scenarios_in_uml.py, about 2.5 minutes) and the reference chaos plan against the
+emulated NVIDIA driver (tests/uml/test_reference_chaos_plan.py, about 2.5 minutes).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 UML_TIMEOUT_S = 1200     # for a hang: the run takes 2.5-5 min, more on a busy host
-MIN_INNER_TESTS = 15
+MIN_INNER_TESTS = 16
 
 
 @pytest.mark.timeout(UML_TIMEOUT_S + 30)

@@ -17,7 +17,7 @@ import pytest
 
 from streamquake import protocols
 from streamquake.faults.proxy import framing
-from streamquake.loadgen.sse import SSEEvent, SSEParser
+from streamquake.loadgen.sse_parser import SSEEvent, SSEParser
 from streamquake.protocols import Completion, Protocol, ProtocolError
 
 NAMES = typing.get_args(Protocol)

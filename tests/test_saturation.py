@@ -12,7 +12,7 @@ from pathlib import Path
 import gevent
 import pytest
 
-from streamquake.loadgen import saturation
+from streamquake.loadgen import self_measure
 from streamquake.run.saturation import CPU_PCT, HUB_LAG_P90_MS, LoadSecond, SaturationTail
 from tests.conftest import cli_cmd, run_cli
 
@@ -29,14 +29,14 @@ def _spin(seconds: float, yield_every: float) -> None:
 
 @pytest.mark.timeout(30)
 def test_a_busy_process_measures_itself_saturated_and_an_idle_one_not(tmp_path: Path) -> None:
-    guard = saturation.start(None, tmp_path)
+    guard = self_measure.start(None, tmp_path)
     assert guard is not None
     try:
         gevent.sleep(1.2)               # idle: a second of nothing
         _spin(2.3, yield_every=0.3)     # busy: the hub runs every 300 ms, the CPU never rests
         gevent.sleep(0.1)
     finally:
-        saturation.stop()
+        self_measure.stop()
     seconds = SaturationTail(tmp_path).poll()
     assert len(seconds) >= 3, seconds
     idle, busy = seconds[0], seconds[-1]

@@ -138,7 +138,7 @@ def _ttft_stats(ttfts: list[float]) -> Stats:
 
 @pytest.mark.timeout(10)
 def test_a_percentile_from_a_handful_of_samples_is_inconclusive_not_a_verdict() -> None:
-    from streamquake.reports.words import sentence
+    from streamquake.reports.phrasing import sentence
     from streamquake.run.verdicts import check_recovery, check_slo
     from streamquake.scenario.schema import RecoverySpec, SLOSpec, VerdictSpec
 

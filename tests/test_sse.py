@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from streamquake.loadgen.sse import SSEEvent, SSELimitError, SSELimits, SSEParser
+from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, SSEParser
 from tests.timing import cpu_s
 
 E = SSEEvent

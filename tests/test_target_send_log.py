@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from streamquake.loadgen.sse import SSEParser
+from streamquake.loadgen.sse_parser import SSEParser
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import start_target
 from tests.test_target_stamps import REQUESTS, STAMP, dechunk

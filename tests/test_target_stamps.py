@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from streamquake.loadgen.sse import SSEEvent, SSEParser
+from streamquake.loadgen.sse_parser import SSEEvent, SSEParser
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import TargetProcess, start_target
 

@@ -12,7 +12,7 @@ import pytest
 
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
-from streamquake.loadgen.sse import SSEEvent, SSEParser
+from streamquake.loadgen.sse_parser import SSEEvent, SSEParser
 from streamquake.loadgen.wire import (
     Decoded,
     ProtocolError,

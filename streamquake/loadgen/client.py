@@ -38,10 +38,10 @@ from geventhttpclient.url import URL
 
 from streamquake.envref import ENV_REF, is_env_name, not_a_name
 from streamquake.errors import ScenarioError
-from streamquake.loadgen import saturation
+from streamquake.loadgen import self_measure
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
 from streamquake.loadgen.samples import ErrorKind, RequestSample
-from streamquake.loadgen.sse import SSEEvent, SSELimitError, SSELimits, SSEParser
+from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, SSEParser
 from streamquake.loadgen.wire import (
     ProtocolError,
     build_request,
@@ -432,7 +432,7 @@ class _Tally:
     paced = False
 
     def __init__(self, sample: RequestSample, plan: LoadPlan, t0: float,
-                 max_events: int, guard: saturation.Guard | None = None) -> None:
+                 max_events: int, guard: self_measure.Guard | None = None) -> None:
         self.sample = sample
         self.protocol = plan.protocol
         self._decode = decoder(plan.protocol)
@@ -664,7 +664,7 @@ class StreamClient:
         setattr(gevent.getcurrent(), _WRITTEN, None)
         setattr(gevent.getcurrent(), _CONN, None)
         deadline_at = t0 + self.plan.timeout_s
-        tally = _Tally(sample, self.plan, t0, self.max_events, saturation.active())
+        tally = _Tally(sample, self.plan, t0, self.max_events, self_measure.active())
         resp: HTTPSocketResponse | None = None
         deadline = gevent.Timeout(self.plan.timeout_s, _StreamTimeout())
         deadline.start()

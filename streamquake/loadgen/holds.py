@@ -5,7 +5,7 @@ and dated, when that code gives the hub back (and shares a kernel stamp with wha
 came in). So every piece of bookkeeping in a load process (scorecard checkpoints, the
 timeline's sealed seconds, sample lines, the relay to a master, the saturation guard's own
 lines) runs in steps of about a millisecond and yields between them, and measures each step
-here. The guard (loadgen/saturation.py) writes, every second, each kind's count, longest hold
+here. The guard (loadgen/self_measure.py) writes, every second, each kind's count, longest hold
 and total, in wall time and in this thread's CPU time: wall time is what the events waited,
 CPU time is what the work itself cost (a step preempted by another process on a shared core
 is long in wall time only), and a hold over :data:`LIMIT_S` of CPU time is counted apart.

@@ -44,9 +44,9 @@ from streamquake.loadgen.client import StreamClient, check_templates
 from streamquake.loadgen.plan import PLAN_ENV, LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
 from streamquake.loadgen.retry import retry_delay
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
-from streamquake.loadgen.saturation import start as start_saturation_guard
 from streamquake.loadgen.scorecard import CHECKPOINT_S, Scorecard, Window, replace_text
-from streamquake.loadgen.sse import SSELimits
+from streamquake.loadgen.self_measure import start as start_saturation_guard
+from streamquake.loadgen.sse_parser import SSELimits
 from streamquake.loadgen.stages import arrival_times, users_at
 from streamquake.loadgen.trace import PromptSynth
 

@@ -110,7 +110,7 @@ class LoadPlan(_Frozen):
     seed: int = 0
     end_at: float                          # epoch s: no request is sent after this
     retries: Literal["none", "standard"] = "none"   # loadgen/retry.py
-    max_line_bytes: int = 1 << 20          # SSE parser limits (loadgen/sse.py SSELimits)
+    max_line_bytes: int = 1 << 20          # SSE parser limits (loadgen/sse_parser.py SSELimits)
     max_event_bytes: int = 4 << 20
     max_data_lines: int = 65_536
     # Back to back, in order (loadgen/stages.py): the load follows each from its start, and the

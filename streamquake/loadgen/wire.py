@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.plan import RequestClassPlan
-from streamquake.loadgen.sse import SSEEvent
+from streamquake.loadgen.sse_parser import SSEEvent
 from streamquake.protocols import Decoded, Protocol, ProtocolError, get
 
 __all__ = ["Decoded", "ProtocolError", "build_request", "decode", "decoder", "default_path",

@@ -30,8 +30,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from streamquake.jsontypes import JsonDict
+from streamquake.reports.phrasing import value_text
 from streamquake.reports.saved_run import LoadedPhase, LoadedRun, Share
-from streamquake.reports.words import value_text
 from streamquake.run.series import values_of
 from streamquake.stats import nearest_rank
 

@@ -31,8 +31,8 @@ from pathlib import Path
 from streamquake.errors import StreamquakeError
 from streamquake.jsontypes import JsonValue
 from streamquake.reports.compare import _signed, compare, judge
+from streamquake.reports.phrasing import value_text
 from streamquake.reports.saved_run import LoadedRun, load_run, loaded_from, pool
-from streamquake.reports.words import value_text
 from streamquake.result import RunResult, TrendPoint
 
 SCHEMA_VERSION = "1"

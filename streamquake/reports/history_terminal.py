@@ -8,8 +8,8 @@ from rich.markup import escape
 from rich.table import Table
 
 from streamquake.reports.history import StoredRun, check_latest, stored_phases
+from streamquake.reports.phrasing import value_text, when
 from streamquake.reports.terminal import print_table
-from streamquake.reports.words import value_text, when
 
 COLUMNS = (("baseline", "ttft_ms", "p95"), ("recovery", "ttft_ms", "p95"),
            ("fault", "ttft_ms", "p95"), ("recovery", "itl_ms", "p95"),

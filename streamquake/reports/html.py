@@ -12,6 +12,23 @@ from pathlib import Path
 
 from streamquake.jsontypes import JsonDict, JsonValue
 from streamquake.reports import svg
+from streamquake.reports.phrasing import (
+    class_reading,
+    duration,
+    evidence,
+    flap_text,
+    inconclusive_legend,
+    interruption,
+    pairs,
+    recovery_basis,
+    recovery_time_lines,
+    run_t0,
+    sentence,
+    skipped_steps,
+    target_text,
+    value_text,
+    when,
+)
 from streamquake.reports.table import (
     PHASE_COLUMNS,
     ROLES,
@@ -28,23 +45,6 @@ from streamquake.reports.table import (
     unblocked_checks,
     verdict_rows,
     verdict_word,
-)
-from streamquake.reports.words import (
-    class_reading,
-    duration,
-    evidence,
-    flap_text,
-    inconclusive_legend,
-    interruption,
-    pairs,
-    recovery_basis,
-    recovery_time_lines,
-    run_t0,
-    sentence,
-    skipped_steps,
-    target_text,
-    value_text,
-    when,
 )
 from streamquake.result import Check, FaultRecord, PhaseResult, RunResult
 

@@ -16,8 +16,7 @@ import socket
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from streamquake.reports.table import record_step, step_rows
-from streamquake.reports.words import (
+from streamquake.reports.phrasing import (
     interruption,
     pairs,
     sentence,
@@ -25,6 +24,7 @@ from streamquake.reports.words import (
     state,
     target_text,
 )
+from streamquake.reports.table import record_step, step_rows
 from streamquake.result import Check, RunResult
 
 

@@ -32,7 +32,7 @@ if TYPE_CHECKING:
     from streamquake.run.watch import RollingStats
     from streamquake.scenario import Scenario, SLOSpec
     from streamquake.scenario.steps import StepSpec
-from streamquake.reports.words import pairs, value_text
+from streamquake.reports.phrasing import pairs, value_text
 
 
 def attach_live_log(events: Events, console: Console) -> None:

@@ -5,6 +5,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from streamquake.reports.phrasing import (
+    class_reading,
+    duration,
+    flap_text,
+    inconclusive_legend,
+    interruption,
+    pairs,
+    recovery_basis,
+    recovery_time_lines,
+    run_t0,
+    target_text,
+    when,
+)
 from streamquake.reports.table import (
     PHASE_COLUMNS,
     ROLES,
@@ -21,19 +34,6 @@ from streamquake.reports.table import (
     unblocked_checks,
     verdict_rows,
     verdict_word,
-)
-from streamquake.reports.words import (
-    class_reading,
-    duration,
-    flap_text,
-    inconclusive_legend,
-    interruption,
-    pairs,
-    recovery_basis,
-    recovery_time_lines,
-    run_t0,
-    target_text,
-    when,
 )
 from streamquake.result import Check, FaultRecord, RunResult
 

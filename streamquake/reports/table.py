@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from streamquake.jsontypes import JsonDict
-from streamquake.reports.words import value_text
+from streamquake.reports.phrasing import value_text
 from streamquake.result import Check, FaultRecord, RunResult
 
 PHASE_COLUMNS = ("baseline", "fault", "recovery")

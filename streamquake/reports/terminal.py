@@ -11,6 +11,14 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from streamquake.reports.phrasing import (
+    NOT_GATING_LEGEND,
+    flap_text,
+    inconclusive_legend,
+    interruption,
+    recovery_basis,
+    recovery_time_lines,
+)
 from streamquake.reports.table import (
     PHASE_COLUMNS,
     ROLES,
@@ -26,14 +34,6 @@ from streamquake.reports.table import (
     unblocked_checks,
     verdict_rows,
     verdict_word,
-)
-from streamquake.reports.words import (
-    NOT_GATING_LEGEND,
-    flap_text,
-    inconclusive_legend,
-    interruption,
-    recovery_basis,
-    recovery_time_lines,
 )
 from streamquake.result import Check, FaultRecord, RunResult
 

@@ -7,7 +7,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from streamquake.jsontypes import JsonDict, JsonValue
-from streamquake.reports.words import sentence, skipped_steps, state
+from streamquake.reports.phrasing import sentence, skipped_steps, state
 from streamquake.result import RunResult
 
 

@@ -35,6 +35,7 @@ BEFORE_S = 1.0             # the baseline step a fault step needs before it
 NO_FAULT = "no fault"
 FIRST_OVERHEAD_S = 15.0    # a probe's time beyond its steps (target, load processes, drain),
                            # until the first probe says how long one takes here
+MIN_REQUESTS = 20         # a probe that would send fewer in its measured step says nothing
 SENT_SHARE = 0.9           # a probe that sent less than this share of its rate measured
                            # the load generator, not the target: inconclusive
 
@@ -277,13 +278,13 @@ def judge_probe(result: RunResult, rate: float, work_dir: Path | None,
     verdict: Verdict
     if result.aborted:
         verdict, why = "fail", f"aborted: {result.aborted}"
-    elif failed:
-        verdict, why = "fail", "; ".join(_said(c) for c in failed)
     elif result.failure or step.status != "complete":
         verdict, why = "inconclusive", result.failure or f"the step is {step.status}"
     elif sent_per_s < SENT_SHARE * rate:
         verdict, why = "inconclusive", (f"the load generator sent only {sent_per_s:.3g} of "
                                         f"{rate:.3g} requests/s")
+    elif failed:
+        verdict, why = "fail", "; ".join(_said(c) for c in failed)
     elif unsure and policy != "warn":
         verdict = policy
         why = (f"inconclusive, gated as {policy} by verdicts.inconclusive: "
@@ -355,6 +356,10 @@ def search_capacity(scenario: Scenario, scenario_file: str, out: Path, plan: Sea
                 cond.stopped = f"max probes ({plan.max_probes})"
                 break
             warm_s, measure_s = plan.warmup_s * factor, plan.probe_s * factor
+            if rate * measure_s < MIN_REQUESTS:
+                cond.stopped = (f"{rate:.3g} requests/s would send under {MIN_REQUESTS} "
+                                f"requests in a {measure_s:g} s probe: too few to judge")
+                break
             if time.time() + overhead_s + BEFORE_S + warm_s + measure_s > share_end:
                 cond.stopped = "the time budget"
                 break

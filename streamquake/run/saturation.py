@@ -1,7 +1,7 @@
 """Was the load generator keeping up? The runner's side of the saturation guard.
 
 Each load process writes one line a second to ``saturation-<pid>.jsonl`` in the run directory
-(``loadgen/saturation.py``). A second is *saturated*, its timings distorted, when any of:
+(``loadgen/self_measure.py``). A second is *saturated*, its timings distorted, when any of:
 
 * the process used at least :data:`CPU_PCT` % of one core (a gevent process has one);
 * the gevent hub woke at least :data:`HUB_LAG_P90_MS` ms late on a tenth of its probes (p90):
@@ -40,7 +40,7 @@ from pathlib import Path
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.metrics import Stats
-from streamquake.loadgen.saturation import FILE_PREFIX, bucket_ms
+from streamquake.loadgen.self_measure import FILE_PREFIX, bucket_ms
 from streamquake.loadgen.tail import new_lines
 from streamquake.result import Check, PhaseResult
 from streamquake.run.events import Events

@@ -335,7 +335,7 @@ class RequestClass(_Model):
 
 
 class StreamLimits(_Model):
-    """How much one stream may make the load generator hold (loadgen/sse.py has the reasons
+    """How much one stream may make the load generator hold (loadgen/sse_parser.py has the reasons
     for the defaults); a stream that breaks one fails as error kind ``limit``."""
 
     line_bytes: SizeOrBytes = Field(default=1 << 20, alias="line", ge=1024)

@@ -12,8 +12,8 @@ from typing import get_args
 from pydantic import ValidationError
 
 from streamquake.errors import EXIT_SCENARIO, ScenarioError, StreamquakeError
+from streamquake.target.app import start_server
 from streamquake.target.config import Protocol, TargetConfig
-from streamquake.target.server import start_server
 
 CONFIG_SHAPE = ("the target configuration is a mapping of a scenario's target.embedded "
                 "settings (ttft, itl, output_tokens, ...)")

@@ -25,7 +25,7 @@ SCENARIO = "scenarios/reference-chaos-plan.yaml"
 # fault step -> (its before step, its after step), in the order they run.
 PLAN = {"jitter": ("before-jitter", "after-jitter"),
         "downclock": ("before-downclock", "after-downclock"),
-        "chunk-drop": ("before-drop", "after-drop")}
+        "drop": ("before-drop", "after-drop")}
 
 
 def _namespaces() -> set[str]:
@@ -54,13 +54,14 @@ def test_reference_chaos_plan(tmp_path: Path, state_dir: Path) -> None:
                   f"chunk_loss {s['chunk_loss']:.3f}")
 
     # Each fault shows in its own step, against its own before step, and in no other step.
-    # netem 100 ms +- 30 ms toward the target: every first byte waits for one delayed trip.
+    # netem 100 ms +- 30 ms toward the target: a request on the proxy's pooled connection waits
+    # for one delayed trip (70-130 ms), one on a new connection for two (SYN, then the request);
+    # the median lands between one trip's least and two trips' mean. The other faults leave the
+    # first byte (the target's headers, sent before its TTFT) alone: less than half of one trip.
     for fault, (before, after) in PLAN.items():
         added = p50("ttfb_ms", fault) - p50("ttfb_ms", before)
-        if fault == "jitter":
-            assert 70 <= added <= 140, (fault, stats[before]["ttfb_ms"], stats[fault]["ttfb_ms"])
-        elif fault == "chunk-drop":
-            assert added < 50, (fault, stats[before]["ttfb_ms"], stats[fault]["ttfb_ms"])
+        low, high = (70, 200) if fault == "jitter" else (-50, 50)
+        assert low <= added <= high, (fault, stats[before]["ttfb_ms"], stats[fault]["ttfb_ms"])
         assert p50("ttfb_ms", after) - p50("ttfb_ms", before) < 50, (after, stats[after])
     # SM clocks 500-800 MHz on a GPU of 1980 MHz: the target's tokens come ~2.5x slower.
     for fault, (before, after) in PLAN.items():
@@ -69,8 +70,8 @@ def test_reference_chaos_plan(tmp_path: Path, state_dir: Path) -> None:
         assert p50("itl_ms", after) < 1.3 * p50("itl_ms", before), (after, stats[after])
     # 15% of content chunks dropped by the proxy: chunk_loss about 15% there, none elsewhere.
     loss = {step: s["chunk_loss"] for step, s in stats.items()}
-    assert 0.09 <= loss["chunk-drop"] <= 0.22, loss
-    assert all(v == 0 for step, v in loss.items() if step != "chunk-drop"), loss
+    assert 0.09 <= loss["drop"] <= 0.22, loss
+    assert all(v == 0 for step, v in loss.items() if step != "drop"), loss
     assert all(s["error_rate"] == 0 for s in stats.values()), {k: s["errors"]
                                                                 for k, s in stats.items()}
 
