@@ -198,7 +198,7 @@ def marginal(a: dict[str, Any] | None, b: dict[str, Any]) -> float | None:
     if a is None or not a.get("open_streams") or not b.get("open_streams") \
             or b["open_streams"] <= a["open_streams"]:
         return None
-    return (b["rss_mb"] - a["rss_mb"]) * 1024 / (b["open_streams"] - a["open_streams"])
+    return float((b["rss_mb"] - a["rss_mb"]) * 1024 / (b["open_streams"] - a["open_streams"]))
 
 
 def _f(v: Any, fmt: str = ",.0f") -> str:

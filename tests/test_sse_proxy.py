@@ -36,9 +36,10 @@ from streamquake.faults.proxy.framing import (
     is_content_event,
     parse_event,
 )
-from streamquake.faults.proxy.injector import SSEProxyFault, SSEProxyInjector
+from streamquake.faults.proxy.injector import SSEProxyInjector
 from streamquake.faults.proxy.resources import FaultProxy
 from streamquake.faults.proxy.server import ProxyProcess, start_proxy
+from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.journal import Journal
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import TargetProcess, start_target

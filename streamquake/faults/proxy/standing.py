@@ -11,7 +11,6 @@ host finds it without ``--proxy``. SIGTERM or Ctrl-C removes every fault inside 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import logging
@@ -117,7 +116,7 @@ def serve_standing(upstream: str, listen: str, *, seed: int = 0, insecure: bool 
     """Run a standing proxy in the foreground until SIGTERM or Ctrl-C; returns the exit code."""
     from yarl import URL
 
-    from streamquake.faults.proxy.server import ProxyState, serve
+    from streamquake.faults.proxy.server import ProxyState, run_serving, serve
 
     host, port = _listen(listen)
     target = URL(upstream)
@@ -148,7 +147,7 @@ def serve_standing(upstream: str, listen: str, *, seed: int = 0, insecure: bool 
         registered.append(_register(url, upstream))
 
     try:
-        asyncio.run(serve(state, host, port, announce))
+        run_serving(serve(state, host, port, announce))
     except OSError as exc:
         raise StreamquakeError(f"cannot listen on {listen}: {exc.strerror or exc}") from exc
     finally:
