@@ -27,7 +27,7 @@ from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.scorecard import Scorecard
 from streamquake.result import Check, JudgedFault, PhaseResult, RunResult
 from streamquake.run import preflight, probe
-from streamquake.run.capacity import capacity_check
+from streamquake.run.stream_limits import stream_limits_check
 from streamquake.run.events import Events, PhaseStarted, RunFinished, RunStarted, Tick
 from streamquake.run.flapping import Flapper, attribute_states
 from streamquake.run.launcher import LocustRun
@@ -167,7 +167,7 @@ class Runner:
     def _preflight(self) -> None:
         problems, warnings = preflight.journal_problems(self.journal)
         problems += preflight.header_problems(self.scenario)
-        short, sizing = capacity_check(self.scenario)
+        short, sizing = stream_limits_check(self.scenario)
         problems += short
         if not short:
             self.events.message(f"capacity: {sizing}")

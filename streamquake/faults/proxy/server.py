@@ -5,10 +5,11 @@ it prints ``LISTENING http://host:port`` once bound. Everything under ``/_stream
 control API (``PUT``/``DELETE /_streamquake/faults/{name}``, ``GET /_streamquake/faults``,
 ``GET /_streamquake/stats``); everything else is forwarded to the upstream.
 
-``text/event-stream`` responses are cut into events and each event is written and drained as
-soon as it is complete, after the active faults have had their say (see ``sse_proxy.py`` for
-what each fault does; ``sse_framing.py`` cuts the events, ``proxy_faults.py`` decides). Other
-responses are copied chunk by chunk, untouched. Header values are never logged, nor query
+``text/event-stream`` responses are cut into events and each event is written as soon as it is
+complete, after the active faults have had their say (see ``injector.py`` for what each fault
+does; ``framing.py`` cuts the events, ``decisions.py`` decides); while no fault is active, each
+read's complete events go out as they came, counted but unparsed. Other responses are copied
+chunk by chunk, untouched. Header values are never logged, nor query
 strings (Gemini puts its API key there).
 """
 

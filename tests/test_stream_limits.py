@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from streamquake.errors import EXIT_ENVIRONMENT, EXIT_OK
-from streamquake.run.capacity import PORT_RANGE, capacity_check
+from streamquake.run.stream_limits import PORT_RANGE, stream_limits_check
 from streamquake.scenario import parse_scenario
 from tests.conftest import REPO, cli_cmd
 
@@ -89,7 +89,7 @@ def test_ephemeral_ports_are_named_when_they_run_out_first() -> None:
         "load": {"users": ports + 1, "workers": workers},
         "phases": {"baseline": "1s", "fault": "0s", "recovery": "0s"},
     }))
-    problems, sentence = capacity_check(scenario)
+    problems, sentence = stream_limits_check(scenario)
     assert problems == [
         f"{ports + 1:,} concurrent streams will not fit: ephemeral ports run out first, at "
         f"about {ports:,} streams: they need {ports + 1:,} local ports to one address "

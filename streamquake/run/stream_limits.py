@@ -99,7 +99,7 @@ def limits(scenario: Scenario, streams: int) -> list[Limit]:
     return out
 
 
-def capacity_check(scenario: Scenario) -> tuple[list[str], str]:
+def stream_limits_check(scenario: Scenario) -> tuple[list[str], str]:
     """(problems, the sentence): what the scenario's concurrent streams need of this host, and
     what would run out first; a problem for each limit below the streams."""
     streams = concurrent_streams(scenario)
