@@ -13,6 +13,7 @@ values after alias expansion (MAX_VALUES) and number magnitude (MAX_NUMBER).
 from __future__ import annotations
 
 import difflib
+import enum
 import math
 import os
 import re
@@ -20,7 +21,7 @@ import stat
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 from ruamel.yaml import YAML
@@ -36,6 +37,7 @@ from ruamel.yaml.events import (
 )
 
 from streamquake.errors import ScenarioError, validation_message
+from streamquake.jsontypes import JsonValue
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -198,7 +200,7 @@ class Pos:
 class YamlDoc:
     """A document as plain Python values (dict, list, str, int, float, bool, None)."""
 
-    value: Any
+    value: JsonValue
     pos: Pos
 
 
@@ -206,28 +208,35 @@ class _Abort(Exception):
     """A hard limit was reached: stop reading at once."""
 
 
-_MERGE = object()       # the pending key is "<<"
-_SKIP = object()        # the pending key was refused: drop its value
-_BROKEN = object()      # an alias already reported as undefined: no further complaints
+class _Key(enum.Enum):
+    MERGE = enum.auto()     # the pending key is "<<"
+    SKIP = enum.auto()      # the pending key was refused: drop its value
+
+
+class _Broken(enum.Enum):
+    BROKEN = enum.auto()    # an alias already reported as undefined: no further complaints
+
+
+_MERGE, _SKIP, _BROKEN = _Key.MERGE, _Key.SKIP, _Broken.BROKEN
 
 
 @dataclass(slots=True)
 class _Open:
     """A mapping or sequence being built."""
 
-    value: dict[str, Any] | list[Any]
+    value: dict[str, JsonValue] | list[JsonValue]
     pos: Pos
     anchor: str | None
     count_at_start: int
     height: int = 1                     # levels of collections in it, itself included
-    key: Any = None                     # mapping: the key waiting for its value (None: none)
+    key: str | _Key | None = None       # mapping: the key waiting for its value (None: none)
     key_at: tuple[int, int] = (1, 1)
-    merges: list[tuple[dict[str, Any], Pos]] = field(default_factory=list)
+    merges: list[tuple[dict[str, JsonValue], Pos]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
 class _Anchored:
-    value: Any
+    value: JsonValue
     pos: Pos
     size: int                           # values it stands for
     height: int                         # 0 for a scalar
@@ -318,7 +327,7 @@ class _Builder:
         anchor = None if ev.anchor is None else str(ev.anchor)
         if anchor is not None:
             self.open_anchors.add(anchor)
-        value: dict[str, Any] | list[Any] = {} if is_map else []
+        value: dict[str, JsonValue] | list[JsonValue] = {} if is_map else []
         self.stack.append(_Open(value, pos, anchor, self.count))
 
     def end(self) -> None:
@@ -367,7 +376,7 @@ class _Builder:
 
     # Building ------------------------------------------------------------------------
 
-    def add(self, value: Any, pos: Pos, height: int, text: str | None, is_merge: bool) -> None:
+    def add(self, value: JsonValue | _Broken, pos: Pos, height: int, text: str | None, is_merge: bool) -> None:
         if not self.stack:
             self.root = YamlDoc(value, pos)
             return
@@ -396,7 +405,7 @@ class _Builder:
         if top.pos.keys is not None:
             top.pos.keys[key] = (*top.key_at, pos)
 
-    def key(self, top: _Open, value: Any, pos: Pos, height: int, text: str | None,
+    def key(self, top: _Open, value: JsonValue, pos: Pos, height: int, text: str | None,
             is_merge: bool) -> None:
         assert isinstance(top.value, dict)
         if height > 0 or text is None:
@@ -413,7 +422,7 @@ class _Builder:
             top.key = text
             top.key_at = (pos.line, pos.col)
 
-    def merge(self, top: _Open, value: Any, pos: Pos) -> None:
+    def merge(self, top: _Open, value: JsonValue, pos: Pos) -> None:
         if isinstance(value, dict):
             top.merges.append((value, pos))
             return
@@ -425,7 +434,7 @@ class _Builder:
         self.problem(pos.line, pos.col, f"'<<' merges a mapping (or a list of mappings) into "
                                         f"this one, but this is {_kind(value)}")
 
-    def construct(self, text: str, tag: str | None, plain: bool, line: int, col: int) -> Any:
+    def construct(self, text: str, tag: str | None, plain: bool, line: int, col: int) -> JsonValue:
         if tag is None:
             return _resolve(text, self, line, col) if plain else text
         if tag in ("!", _CORE + "str"):
@@ -451,7 +460,7 @@ class _Builder:
         return None
 
     def number(self, convert: typing.Callable[[str], int | float], text: str, line: int,
-               col: int, implicit: bool = False) -> Any:
+               col: int, implicit: bool = False) -> JsonValue:
         try:
             value = convert(text)
         except OverflowError:
@@ -473,7 +482,7 @@ class _Builder:
         return value
 
 
-def _resolve(text: str, builder: _Builder, line: int, col: int) -> Any:
+def _resolve(text: str, builder: _Builder, line: int, col: int) -> JsonValue:
     """A plain scalar by the YAML 1.2 core schema (underscores allowed in numbers, as ruamel
     allows them); anything else (dates included) stays text."""
     if not text or text[0] in "~nN":
@@ -524,7 +533,7 @@ def _tag(tag: str) -> str:
     return _short("!!" + tag.removeprefix(_CORE) if tag.startswith(_CORE) else tag)
 
 
-def _kind(value: Any) -> str:
+def _kind(value: JsonValue) -> str:
     if isinstance(value, list):
         return "a list of other things"
     if value is None:
