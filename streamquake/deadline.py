@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 T = TypeVar("T")
 
@@ -15,19 +15,20 @@ def run_with_deadline(fn: Callable[[], T], timeout_s: float, what: str) -> T:
 
     Netlink calls wait on the kernel's rtnl lock; a stuck one must not hang a revert forever.
     """
-    box: dict[str, Any] = {}
+    value: list[T] = []
+    error: list[BaseException] = []
 
     def work() -> None:
         try:
-            box["value"] = fn()
+            value.append(fn())
         except BaseException as exc:  # handed to the caller's thread below
-            box["error"] = exc
+            error.append(exc)
 
     worker = threading.Thread(target=work, name=f"streamquake {what}", daemon=True)
     worker.start()
     worker.join(timeout_s)
     if worker.is_alive():
         raise TimeoutError(f"{what} did not finish within {timeout_s:g} s")
-    if "error" in box:
-        raise box["error"]
-    return box["value"]  # type: ignore[no-any-return]
+    if error:
+        raise error[0]
+    return value[0]

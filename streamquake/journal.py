@@ -29,9 +29,9 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from streamquake.errors import InjectorError, StreamquakeError
+from streamquake.jsontypes import JsonDict
 
 # /proc/<pid>/stat, after the ")" that closes comm: field 3 (state) is index 0, 22 (starttime) 19.
 _STATE_IDX, _STARTTIME_IDX = 0, 19
@@ -106,8 +106,8 @@ def _int_or(raw: object, default: int | None) -> int | None:
 
 
 @contextlib.contextmanager
-def _locked_list(path: Path, read: Callable[[], list[dict[str, Any]]],
-                 write: Callable[[], bool] = lambda: True) -> Iterator[list[dict[str, Any]]]:
+def _locked_list(path: Path, read: Callable[[], list[JsonDict]],
+                 write: Callable[[], bool] = lambda: True) -> Iterator[list[JsonDict]]:
     """A JSON list file under an exclusive lock; written back (fsynced, then renamed into place)
     when the block ends without an exception, unless ``write()`` says it only read (nothing
     written, no fsync: a fault's apply reads its entry several times)."""
@@ -147,7 +147,7 @@ class JournalRecord:
     lease: str | None = None  # the agent lease it belongs to; None: the process is the owner
 
     @classmethod
-    def from_json(cls, raw: dict[str, object]) -> JournalRecord:
+    def from_json(cls, raw: Mapping[str, object]) -> JournalRecord:
         """Raises ValueError for an entry without a string ``id`` and ``type``."""
         if not _is_entry(raw):
             raise ValueError(f"not a journal entry: {raw!r}")
@@ -205,12 +205,13 @@ class JournalEntry:
         with self.journal._locked(write=False) as entries:
             return any(e["id"] == self.entry_id for e in entries)
 
-    def save(self, state: dict[str, Any]) -> None:
+    def save(self, state: JsonDict) -> None:
         """Merge ``state`` into this entry's revert state and write it to disk now."""
         with self.journal._locked() as entries:
             for e in entries:
                 if e["id"] == self.entry_id:
-                    e.setdefault("state", {}).update(state)
+                    saved = e.get("state")
+                    e["state"] = {**saved, **state} if isinstance(saved, dict) else dict(state)
                     return
             # Saving into nothing would let the caller change the system with no record of it.
             raise InjectorError(
@@ -232,7 +233,7 @@ class Journal:
         self.damaged: list[Path] = []
 
     @contextlib.contextmanager
-    def _locked(self, write: bool = True) -> Iterator[list[dict[str, Any]]]:
+    def _locked(self, write: bool = True) -> Iterator[list[JsonDict]]:
         """The entries under the lock; written back unless only read (``write=False``) and the
         read moved nothing aside (then what it kept is written back, once)."""
         damaged = len(self.damaged)
@@ -245,7 +246,7 @@ class Journal:
         stamp = f"{int(time.time())}-{uuid.uuid4().hex[:6]}"
         return self.path.parent / f"{self.path.stem}.{kind}-{stamp}{suffix}"
 
-    def _read(self) -> list[dict[str, Any]]:
+    def _read(self) -> list[JsonDict]:
         """The well-formed entries; anything unreadable is moved aside (never thrown away)."""
         try:
             data = json.loads(self.path.read_text())
@@ -270,7 +271,7 @@ class Journal:
         with self._locked(write=False) as entries:
             return [JournalRecord.from_json(e) for e in entries]
 
-    def entries(self) -> list[dict[str, Any]]:
+    def entries(self) -> list[dict[str, object]]:
         """The entries as dicts, every key filled in (old entries included)."""
         return [r.to_json() for r in self.records()]
 
@@ -284,7 +285,7 @@ class Journal:
         return [r for r in self.records()
                 if r.owner_alive and not (exclude_self and r.pid == me)]
 
-    def add(self, fault_type: str, name: str, state: dict[str, Any] | None = None,
+    def add(self, fault_type: str, name: str, state: JsonDict | None = None,
             lease: str | None = None) -> JournalEntry:
         """A new entry owned by this process, or by one of its agent leases (``lease``)."""
         entry_id = uuid.uuid4().hex[:12]
@@ -350,7 +351,7 @@ class Claims:
     def __init__(self, path: Path | None = None) -> None:
         self.path = path or claims_path()
 
-    def _read(self) -> list[dict[str, Any]]:
+    def _read(self) -> list[JsonDict]:
         try:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
@@ -373,7 +374,7 @@ class Claims:
                                 "removed by another process: stopping before changing anything")
         journal = str(entry.journal.path.resolve())
 
-        def ours(c: dict[str, Any]) -> bool:
+        def ours(c: JsonDict) -> bool:
             return bool(c["journal"] == journal and c["entry"] == mine.id)
 
         with _locked_list(self.path, self._read) as claims:
@@ -400,12 +401,12 @@ class Claims:
             claims[:] = [c for c in claims if (c["journal"], c["entry"]) != (path, entry_id)]
 
 
-def _holder(claim: dict[str, Any]) -> JournalRecord | None:
+def _holder(claim: JsonDict) -> JournalRecord | None:
     """The journal entry behind a claim; None once its fault is undone (the entry is gone).
 
     Read without the journal's lock (writes replace the file whole) and never repaired here: a
     journal that cannot be read keeps its claims, whose faults may still be in place."""
-    path = Path(claim["journal"])
+    path = Path(str(claim["journal"]))
     try:
         data = json.loads(path.read_text())
         if not isinstance(data, list):

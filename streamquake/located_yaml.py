@@ -217,9 +217,6 @@ class _Broken(enum.Enum):
     BROKEN = enum.auto()    # an alias already reported as undefined: no further complaints
 
 
-_MERGE, _SKIP, _BROKEN = _Key.MERGE, _Key.SKIP, _Broken.BROKEN
-
-
 @dataclass(slots=True)
 class _Open:
     """A mapping or sequence being built."""
@@ -356,7 +353,7 @@ class _Builder:
                        f"the alias '*{name}' names no anchor '&{name}' defined before it")
             self.problem(line, col, message)
             self.counted(line, col, 1)
-            self.add(_BROKEN, Pos(line, col), 0, None, False)
+            self.add(_Broken.BROKEN, Pos(line, col), 0, None, False)
             return
         if self.count + target.size > MAX_VALUES:
             self.abort(line, col, f"the alias '*{name}' stands for {target.size:,} values, "
@@ -376,15 +373,16 @@ class _Builder:
 
     # Building ------------------------------------------------------------------------
 
-    def add(self, value: JsonValue | _Broken, pos: Pos, height: int, text: str | None, is_merge: bool) -> None:
+    def add(self, value: JsonValue | _Broken, pos: Pos, height: int, text: str | None,
+            is_merge: bool) -> None:
         if not self.stack:
-            self.root = YamlDoc(value, pos)
+            self.root = YamlDoc(None if value is _Broken.BROKEN else value, pos)
             return
         top = self.stack[-1]
         top.height = max(top.height, height + 1)
-        if value is _BROKEN:
+        if value is _Broken.BROKEN:
             if isinstance(top.value, dict):
-                top.key = _SKIP if top.key is None else None
+                top.key = _Key.SKIP if top.key is None else None
                 return
             value = None
         if isinstance(top.value, list):
@@ -396,9 +394,9 @@ class _Builder:
             self.key(top, value, pos, height, text, is_merge)
             return
         key, top.key = top.key, None
-        if key is _SKIP:
+        if key is _Key.SKIP:
             return
-        if key is _MERGE:
+        if key is _Key.MERGE:
             self.merge(top, value, pos)
             return
         top.value[key] = value
@@ -410,14 +408,14 @@ class _Builder:
         assert isinstance(top.value, dict)
         if height > 0 or text is None:
             self.problem(pos.line, pos.col, "a key must be plain text, not a list or a mapping")
-            top.key = _SKIP
+            top.key = _Key.SKIP
         elif is_merge:
-            top.key = _MERGE
+            top.key = _Key.MERGE
         elif text in top.value and top.pos.keys is not None and text in top.pos.keys:
             first = top.pos.keys[text][0]
             self.problem(pos.line, pos.col, f"duplicate key '{_short(text)}' (first given on "
                                             f"line {first}): give each key once")
-            top.key = _SKIP
+            top.key = _Key.SKIP
         else:
             top.key = text
             top.key_at = (pos.line, pos.col)
@@ -427,9 +425,9 @@ class _Builder:
             top.merges.append((value, pos))
             return
         if isinstance(value, list) and pos.items is not None:
-            ok = all(isinstance(v, dict) for v in value)
-            if ok:
-                top.merges.extend(zip(value, pos.items, strict=True))
+            maps = [v for v in value if isinstance(v, dict)]
+            if len(maps) == len(value):
+                top.merges.extend(zip(maps, pos.items, strict=True))
                 return
         self.problem(pos.line, pos.col, f"'<<' merges a mapping (or a list of mappings) into "
                                         f"this one, but this is {_kind(value)}")
@@ -592,7 +590,7 @@ def validate(model: type[M], doc: YamlDoc, filename: str, shape: str) -> M:
         raise ScenarioError(f"{filename}: nested too deeply to check") from None
 
 
-def _locate(pos: Pos, loc: tuple[Any, ...]) -> tuple[int, int, list[str], str | None]:
+def _locate(pos: Pos, loc: tuple[int | str, ...]) -> tuple[int, int, list[str], str | None]:
     """Walk the positions along a pydantic error location: (line, col, yaml path found, the
     ``--set`` it came from if it did not come from the file)."""
     node, line, col, path = pos, 1, 1, []
@@ -633,7 +631,7 @@ def _format_errors(exc: ValidationError, pos: Pos, filename: str,
     return problems
 
 
-def _spelling_hint(root: type[BaseModel], loc: tuple[Any, ...]) -> str:
+def _spelling_hint(root: type[BaseModel], loc: tuple[int | str, ...]) -> str:
     model = _model_at(root, loc[:-1])
     if model is None:
         return "remove it"
@@ -649,9 +647,9 @@ def _field_names(model: type[BaseModel]) -> dict[str, str]:
     return {(f.alias or name): name for name, f in model.model_fields.items()}
 
 
-def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] | None:
+def _model_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> type[BaseModel] | None:
     """The model class an error location points into (union tags and list indexes skipped)."""
-    current: Any = model
+    current: object = model
     for part in loc:
         candidates = _models_in(current)
         tagged = [m for m in candidates if _tag_of(m) == part]
@@ -660,12 +658,12 @@ def _model_at(model: type[BaseModel], loc: tuple[Any, ...]) -> type[BaseModel] |
             continue
         owners = [m for m in candidates if part in _field_names(m)]
         if owners:
-            current = owners[0].model_fields[_field_names(owners[0])[part]].annotation
+            current = owners[0].model_fields[_field_names(owners[0])[str(part)]].annotation
     found = _models_in(current)
     return found[0] if found else None
 
 
-def _models_in(tp: Any) -> list[type[BaseModel]]:
+def _models_in(tp: object) -> list[type[BaseModel]]:
     if isinstance(tp, type) and issubclass(tp, BaseModel):
         return [tp]
     return [m for arg in typing.get_args(tp) for m in _models_in(arg)]

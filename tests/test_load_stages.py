@@ -5,6 +5,7 @@ process and over workers."""
 
 from __future__ import annotations
 
+import json
 import math
 import time
 from collections.abc import Callable
@@ -22,6 +23,7 @@ from streamquake.run.timeline import plan_windows
 from streamquake.scenario import parse_scenario
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import start_target
+from tests.conftest import run_cli
 
 USERS = 2
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 2, "max": 2}}
@@ -141,6 +143,31 @@ def test_closed_loop_concurrency_follows_the_stages_user_counts(
     assert all(peak == users for users, _, peak in seen), seen
 
 
+@pytest.mark.timeout(120)
+def test_a_trace_shorter_than_the_run_is_sent_once(tmp_path: Path) -> None:
+    """Its last row sent, the replay waits for the end instead of returning: Locust would run
+    the task again and replay every row, due in the past, at once (as it did)."""
+    offsets = [0.0, 0.5, 1.0]
+    with start_target(TargetConfig.model_validate(FAST)) as tgt:
+        start_at = time.time() + 3.0
+        plan = LoadPlan.model_validate({
+            "base_url": tgt.url, "protocol": "openai", "users": 2, "spawn_rate": 100,
+            "samples_path": str(tmp_path / "samples"), "end_at": start_at + 4.0,
+            "arrival": {"mode": "trace", "start_at": start_at,
+                        "rows": [(o, 5, 2, None, None) for o in offsets]}})
+        run = start_locust(plan, tmp_path, run_time_s=plan.end_at - time.time(),
+                           stop_timeout_s=5)
+        try:
+            rc = run.wait(timeout=plan.end_at - time.time() + 60)
+        finally:
+            run.stop()
+    assert rc == 0, (tmp_path / "locust.log").read_text()[-3000:]
+    records = [s.scheduled for s in run.samples()] + [u.scheduled for u in run.unsent()]
+    assert len(records) == len(offsets)
+    assert sorted(d or 0.0 for d in records) == \
+        pytest.approx([start_at + o for o in offsets], abs=1e-6)
+
+
 SCENARIO = """
 name: stages
 target: {{protocol: openai, embedded: {{}}}}
@@ -186,3 +213,34 @@ def test_steps_loads_become_the_plans_stages_over_their_windows(tmp_path: Path) 
     assert (at_once.users, at_once.spawn_rate) == (3, 8)     # every step's users within 1 s
     # No step with a load of its own: constant load, exactly as before.
     assert plan("users: 3", "", "").stages == []
+
+
+RUN = """
+name: ramp-run
+target:
+  protocol: openai
+  embedded: {ttft: 5ms, itl: 1ms, output_tokens: {min: 2, max: 2}, seed: 3}
+load: {users: 2, arrival: {rate: 5/s, process: constant, max_inflight: 200}, seed: 5}
+steps:
+  - {name: warm, kind: warmup, duration: 2s}
+  - {name: base, kind: baseline, duration: 3s}
+  - {name: ramp, kind: recovery, duration: 6s,
+     load: {rate: {from: 5, to: 35}, spike: {rate: 60, at: 4s, for: 1s}}}
+"""
+
+
+@pytest.mark.timeout(180)
+def test_a_run_sends_each_steps_load(tmp_path: Path, state_dir: Path) -> None:
+    """Through the CLI: the runner's windows become the plan's stages, and each step's
+    arrivals due (sent or not) are its rate's integral, within one per user."""
+    scenario = tmp_path / "ramp.yaml"
+    scenario.write_text(RUN)
+    out = tmp_path / "out"
+    proc = run_cli("run", str(scenario), "--out", str(out), timeout=150)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    due = {p["name"]: p["stats"]["sent"] + p["stats"]["not_sent"] for p in report["phases"]}
+    # base: 3 s at 5/s; ramp: 5 to 35 over 6 s (120), but 1 s of it at 60 instead of ~28.3
+    ramp = 120 - (5 + 30 * 4.5 / 6) + 60
+    assert abs(due["base"] - 15) <= USERS and abs(due["ramp"] - ramp) <= USERS, due
+

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
 
@@ -23,7 +23,7 @@ from streamquake.units import DURATION, bools_as_text, parse_duration_s
 MIN_STATE_S = 0.1
 
 
-def _duration_s(v: Any) -> float:
+def _duration_s(v: object) -> float:
     s = parse_duration_s(v)
     if s < MIN_STATE_S:
         raise ValueError(f"must be at least {MIN_STATE_S:g}s (the runner cannot time edges "
@@ -39,7 +39,7 @@ class _Model(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_bool_numbers(cls, data: Any) -> Any:
+    def _no_bool_numbers(cls, data: object) -> object:
         return bools_as_text(cls, data)
 
 
@@ -73,7 +73,7 @@ class Flap(_Model):
 
     @field_validator("on", "off", mode="before")
     @classmethod
-    def _length(cls, v: Any) -> Any:
+    def _length(cls, v: object) -> object:
         return v if isinstance(v, dict | Draw) else _duration_s(v)
 
     @model_validator(mode="after")

@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.histogram import bucket_index, count_ms, pack_pairs, unpack_pairs
 from streamquake.loadgen.quantile_ci import BATCHES
 
@@ -103,7 +104,7 @@ class TimeBatches:
             else:
                 self.trials[metric] = [a + b for a, b in zip(own, row, strict=True)]
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> JsonDict:
         """The grid, each metric's table as base64 of little-endian uint32 (key, count) pairs,
         and each rate's row of counts."""
         return {"grid": [self.grid.start, self.grid.width],

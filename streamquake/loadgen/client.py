@@ -95,7 +95,7 @@ class _WriteStamp:
     """Tells the greenlet writing on a pool socket when its write returned: a request is dated
     from its last byte written, not from when the client began to send it."""
 
-    def sendall(self, data: Any, flags: int = 0) -> None:
+    def sendall(self, data: object, flags: int = 0) -> None:
         if _WRITE_HOLD_S:
             gevent.sleep(_WRITE_HOLD_S)
         super().sendall(data, flags)  # type: ignore[misc]
@@ -105,7 +105,7 @@ class _WriteStamp:
 class _StampedSocket(_WriteStamp, gevent.socket.socket):  # type: ignore[misc]
     """A plain pool socket (the pool creates these); it also notes its connect (_Conn)."""
 
-    def connect(self, address: Any) -> None:
+    def connect(self, address: object) -> None:
         conn = _conn()
         if conn is not None and conn.connect_start is None:
             conn.connect_start = time.perf_counter()   # the first address tried
@@ -147,7 +147,7 @@ def _conn() -> _Conn | None:
     return conn
 
 
-def _after_connect(sock: Any) -> None:
+def _after_connect(sock: socket.socket) -> None:
     """The pool's hook on each new connection, once it is connected (and its TLS handshake
     done: the context wraps the socket with ``do_handshake_on_connect``)."""
     enable_kernel_timestamps(sock)
@@ -167,14 +167,14 @@ def _instrument(pool: Any, receive_buffer: int | None) -> None:
     except ValueError:
         named = True
 
-    def timed_get_socket() -> Any:
+    def timed_get_socket() -> object:
         conn = _Conn()
         setattr(gevent.getcurrent(), _CONN, conn)
         sock = get_socket()
         conn.ready = time.perf_counter()
         return sock
 
-    def timed_resolve() -> Any:
+    def timed_resolve() -> object:
         start = time.perf_counter()
         infos = resolve()
         if named and (conn := _conn()) is not None:
@@ -298,7 +298,7 @@ class Redactor:
 
 
 def _tls_context_factory(verify: bool) -> Callable[..., ssl.SSLContext]:
-    def factory(cafile: str | None = None, **_: Any) -> ssl.SSLContext:
+    def factory(cafile: str | None = None, **_: object) -> ssl.SSLContext:
         # The system store honours SSL_CERT_FILE / SSL_CERT_DIR at call time, which is how a
         # private CA gets trusted; geventhttpclient's own bundle is added on top.
         # gevent's own context (what ssl.create_default_context builds, minus the stdlib
@@ -354,7 +354,7 @@ class Arrival:
         self.seen = time.perf_counter()
         self.kernel, self.with_headers = False, True
 
-    def recv(self, sock: Any, size: int = _BLOCK) -> bytes:
+    def recv(self, sock: socket.socket, size: int = _BLOCK) -> bytes:
         stamp: float | None = None
         data: bytes
         if self._plain:

@@ -13,7 +13,8 @@ is long in wall time only), and a hold over :data:`LIMIT_S` of CPU time is count
 ``STREAMQUAKE_TEST_FREEZE`` ("MS/EVERY_S", test-only, unset in use) makes the process hold its
 hub for MS milliseconds every EVERY_S seconds, as bookkeeping of kind ``test_freeze``: the
 tests use it to show the guard catches a periodic freeze (tests/test_hub_holds.py).
-The interpreter's garbage collections are measured too (kind ``gc``): they stop the hub alike.
+The interpreter's garbage collections are measured too (kinds ``gc``, young generations, and
+``gc_full``): they stop the hub alike (``collector.py`` says when a full one may run).
 """
 
 from __future__ import annotations
@@ -133,6 +134,8 @@ def run_through(steps: Generator[None, None, T]) -> T:
             return finished.value  # type: ignore[no-any-return]
 
 
+GC_YOUNG, GC_FULL = "gc", "gc_full"     # collections of generations 0-1, and full ones
+GC_KINDS = (GC_YOUNG, GC_FULL)
 _gc_started: Hold | None = None
 
 
@@ -141,13 +144,14 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
         _gc_started = Hold()
     elif _gc_started is not None:
-        _gc_started.done("gc")
+        _gc_started.done(GC_FULL if info.get("generation") == 2 else GC_YOUNG)
         _gc_started = None
 
 
 def watch_gc() -> None:
-    """Measure the interpreter's garbage collections as holds of kind ``gc``: a full one over
-    many live objects stops the hub like any other work (once per process)."""
+    """Measure the interpreter's garbage collections as holds of kind ``gc`` (generations 0
+    and 1) or ``gc_full``: a full one over many live objects stops the hub like any other work
+    (once per process)."""
     import gc
 
     if _on_gc not in gc.callbacks:

@@ -39,7 +39,7 @@ from locust.runners import (
 )
 
 from streamquake.errors import EXIT_SCENARIO, ScenarioError
-from streamquake.loadgen import holds, relay
+from streamquake.loadgen import collector, holds, relay
 from streamquake.loadgen.client import StreamClient, check_templates
 from streamquake.loadgen.plan import PLAN_ENV, LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
 from streamquake.loadgen.retry import retry_delay
@@ -287,6 +287,7 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
     if isinstance(runner, MasterRunner):
         _init_master(runner, plan)
     start_saturation_guard(runner)     # CPU, hub lag, kernel-to-seen: saturation-<pid>.jsonl
+    collector.start(runner)            # no full garbage collection unless memory asks
 
 
 def _stop_worker(runner: WorkerRunner) -> None:
@@ -355,6 +356,7 @@ def _init_remote_worker(runner: WorkerRunner) -> None:
     events.quitting.add_listener(lambda **_: outbox.close())  # type: ignore[no-untyped-call]
     runner.send_message("sq_plan_request", {"time": time.time()})
     start_saturation_guard(runner, sink=relay.RelaySink(outbox, "saturation"))  # type: ignore[arg-type]
+    collector.start(runner)
 
 
 @events.quitting.add_listener  # type: ignore[untyped-decorator]
@@ -449,11 +451,9 @@ class StreamUser(User):
         arrival: sent (its wait in queue_delay_ms) or recorded as never sent. One user per
         process dispatches; any other user of the process idles."""
         worker = getattr(self.environment.runner, "worker_index", 0) % trace.processes
-        if self.number != 0:
-            gevent.sleep(max(0.0, plan.end_at - time.time()))
-            return
         mine = trace.rows[worker::trace.processes]
-        if not mine:
+        if self.number != 0 or not mine:
+            gevent.sleep(max(0.0, plan.end_at - time.time()))
             return
         by_name = {c.name: c for c in plan.classes}
         synth = PromptSynth(f"{plan.seed}/trace", max(r[1] for r in mine))
@@ -476,6 +476,8 @@ class StreamUser(User):
             if not trace.loop:
                 break
             start += trace.period_s
+        # Not done before end_at: the task would run again and replay the trace from its start.
+        gevent.sleep(max(0.0, plan.end_at - time.time()))
         self.arrivals.join()
 
     def _arrival(self, plan: LoadPlan, number: int) -> None:

@@ -36,6 +36,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.batches import TimeBatches
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.quantile_ci import effective_samples, normal_quantile, rank_bounds
@@ -419,15 +420,15 @@ class Stats:
             return "no data: no request was scored in this phase"
         return None
 
-    def summary(self, metric: str) -> dict[str, Any]:
-        out: dict[str, Any] = {"count": self.count(metric), "mean": self.mean(metric)}
+    def summary(self, metric: str) -> JsonDict:
+        out: JsonDict = {"count": self.count(metric), "mean": self.mean(metric)}
         for p in SUMMARY_PERCENTILES:
             out[f"p{p:g}"] = self.percentile(metric, p)
         out["max"] = self.max(metric)
         return out
 
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {
+    def to_dict(self) -> JsonDict:
+        out: JsonDict = {
             "requests": self.requests,
             "sent": self.sent,
             "not_sent": self.not_sent,
@@ -448,7 +449,7 @@ class Stats:
             "answered_models": dict(self.answered_models),
             "late_errors": dict(self.late_errors),
             "errors": dict(self.errors),
-            "error_reasons": {kind: dict(sorted(r.items(), key=lambda kv: -kv[1]))
+            "error_reasons": {kind: {k: n for k, n in sorted(r.items(), key=lambda kv: -kv[1])}
                               for kind, r in self.error_reasons.items()},
         }
         out.update({m: self.value(m) for m in RATE_METRICS})
@@ -500,9 +501,9 @@ class Stats:
     def _empty(self) -> bool:
         return not (self.requests or self.sent or self.not_sent or self.histograms)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> JsonDict:
         """Counts as numbers, histograms as standard HdrHistogram V2 histoblobs."""
-        out: dict[str, Any] = {name: getattr(self, name) for name in _COUNTERS}
+        out: JsonDict = {name: getattr(self, name) for name in _COUNTERS}
         out.update({table: dict(getattr(self, table)) for table in _TABLES})
         out["error_reasons"] = {k: dict(v) for k, v in self.error_reasons.items()}
         out["histograms"] = {m: h.encode() for m, h in self.histograms.items() if h.total}

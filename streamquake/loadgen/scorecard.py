@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.batches import TimeBatches
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.holds import run_through
@@ -222,7 +223,7 @@ class Second:
                 out.merge(SparseHistogram.unpack(packed, SECOND_SIG_FIGS))
         return out
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> dict[str, object]:
         parts = self.parts + ([_pack(self.hists)] if self.hists else [])
         return {"sent": self.sent, "errors": self.errors, "parts": parts}
 
@@ -400,7 +401,7 @@ class Scorecard:
         self.outside += other.outside
         self.processes += other.processes
 
-    def to_wire(self, final: bool = False) -> dict[str, Any]:
+    def to_wire(self, final: bool = False) -> JsonDict:
         return dict(json.loads(self.dumps(final)))
 
     def dump_steps(self, final: bool = False) -> Steps:

@@ -9,7 +9,9 @@ its own, not the server's. Each load process that runs users measures, every sec
 * per event, the gap between the kernel's receive timestamp and the moment our code saw the
   bytes (``client.py`` reports it for every read that carried a kernel timestamp);
 * how long its own bookkeeping held the hub, per kind of work (``holds.py``): checkpoints,
-  sealed seconds, sample lines, the relay, this guard's own lines.
+  sealed seconds, sample lines, the relay, this guard's own lines; and how long the
+  interpreter's garbage collector held it, the longest collection of the second apart
+  (``gc_max_ms``: the collector's pauses are its own, not the server's).
 
 One JSON line a second goes to ``saturation-<pid>.jsonl`` next to the load plan (the run
 directory, beside ``locust.log``; never the samples directory, whose ``*.jsonl`` are samples),
@@ -28,9 +30,9 @@ import os
 import time
 from collections import deque
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Protocol
 
-from streamquake.loadgen.holds import HOLDS, Hold, unwatch_gc, watch_gc
+from streamquake.loadgen.holds import GC_KINDS, HOLDS, Hold, unwatch_gc, watch_gc
 
 PROBE_S = 0.05          # the hub-lag probe's sleep: 20 wake-ups a second
 BLOCKED_S = 0.002       # a wake-up later than this marks the loop blocked over that stretch
@@ -39,7 +41,13 @@ SEEN_BUCKETS_PER_E = 20  # kernel-to-seen gaps are kept in log buckets 5% wide
 FILE_PREFIX = "saturation-"
 
 _guard: Guard | None = None
-_greenlet: Any = None
+
+
+class _Greenlet(Protocol):
+    def kill(self) -> None: ...
+
+
+_greenlet: _Greenlet | None = None
 
 
 def seen_bucket(gap_s: float) -> int:
@@ -125,14 +133,17 @@ class Guard:
 
     def _write(self, start: float, end: float, cpu_pct: float) -> None:
         hold = Hold()
-        record: dict[str, Any] = {
+        holds = HOLDS.take()
+        record: dict[str, object] = {
             "pid": os.getpid(), "start": round(start, 3), "end": round(end, 3),
             "cpu_pct": round(cpu_pct, 1),
             "lag_ms": [round(v, 2) for v in self._lags_ms],
             "seen_max_ms": round(self._seen_max_s * 1000.0, 3),
             "seen": {str(b): n for b, n in sorted(self._seen.items())},
             "kernel_reads": self._kernel_reads, "user_reads": self._user_reads,
-            "holds": HOLDS.take(),
+            "holds": holds,
+            # The longest the interpreter's garbage collector held the hub: its own figure.
+            "gc_max_ms": max((h[1] for k, h in holds.items() if k in GC_KINDS), default=0.0),
         }
         self._lags_ms, self._seen, self._seen_max_s = [], {}, 0.0
         self._kernel_reads = self._user_reads = 0

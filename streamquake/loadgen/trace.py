@@ -28,7 +28,6 @@ import random
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
 
 from streamquake.errors import ScenarioError
 
@@ -170,7 +169,7 @@ def _looks_csv(p: Path, text: str) -> bool:
     return bool(first) and first not in "{["
 
 
-def _jsonl_rows(text: str, p: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+def _jsonl_rows(text: str, p: Path) -> tuple[list[tuple[int, dict[str, object]]], list[str]]:
     rows, problems = [], []
     for n, line in enumerate(io.StringIO(text), start=1):
         if not line.strip():
@@ -190,7 +189,7 @@ def _jsonl_rows(text: str, p: Path) -> tuple[list[tuple[int, dict[str, Any]]], l
     return rows, problems
 
 
-def _csv_rows(text: str, p: Path) -> tuple[list[tuple[int, dict[str, Any]]], list[str]]:
+def _csv_rows(text: str, p: Path) -> tuple[list[tuple[int, dict[str, object]]], list[str]]:
     reader = csv.DictReader(io.StringIO(text))
     rows = []
     for obj in reader:
@@ -200,21 +199,25 @@ def _csv_rows(text: str, p: Path) -> tuple[list[tuple[int, dict[str, Any]]], lis
     return rows, []
 
 
-def _row(obj: dict[str, Any], line: int) -> tuple[float, TraceRow]:
+def _row(obj: dict[str, object], line: int) -> tuple[float, TraceRow]:
     t = _arrival(obj)
     inp = _int_field(obj, _INPUT_KEYS, "input_tokens")
     out = _int_field(obj, _OUTPUT_KEYS, "output_tokens")
     assert inp is not None and out is not None
     if out < 1:
         raise ValueError(f"output tokens {out}: a streamed request asks for at least 1")
-    cls, tenant, prompt = obj.get("class"), obj.get("tenant"), obj.get("prompt")
-    for name, value in (("class", cls), ("tenant", tenant), ("prompt", prompt)):
-        if value is not None and not isinstance(value, str):
-            raise ValueError(f"'{name}' must be a string")
-    return t, TraceRow(t, inp, out, cls or None, tenant or None, prompt or None, line)
+    cls, tenant, prompt = (_text(obj, name) for name in ("class", "tenant", "prompt"))
+    return t, TraceRow(t, inp, out, cls, tenant, prompt, line)
 
 
-def _arrival(obj: dict[str, Any]) -> float:
+def _text(obj: dict[str, object], name: str) -> str | None:
+    value = obj.get(name)
+    if value is not None and not isinstance(value, str):
+        raise ValueError(f"'{name}' must be a string")
+    return value or None
+
+
+def _arrival(obj: dict[str, object]) -> float:
     key = next((k for k in _TIME_KEYS if obj.get(k) not in (None, "")), None)
     if key is None:
         raise ValueError("no arrival time: give 'timestamp' (ms, Mooncake), 'TIMESTAMP' "
@@ -242,18 +245,18 @@ def _datetime_s(text: str) -> float:
 
 
 def _number(value: object, key: str) -> float:
-    if isinstance(value, bool):
+    if isinstance(value, bool) or not isinstance(value, str | int | float):
         raise ValueError(f"'{key}' must be a number, not {value!r}")
     try:
-        number = float(value)  # type: ignore[arg-type]
-    except (TypeError, ValueError):
+        number = float(value)
+    except ValueError:
         raise ValueError(f"'{key}' must be a number, not {value!r}") from None
     if not math.isfinite(number) or number < 0:
         raise ValueError(f"'{key}' must be a finite number >= 0, not {value!r}")
     return number
 
 
-def _int_field(obj: dict[str, Any], keys: tuple[str, ...], name: str,
+def _int_field(obj: dict[str, object], keys: tuple[str, ...], name: str,
                required: bool = True) -> int | None:
     key = next((k for k in keys if obj.get(k) not in (None, "")), None)
     if key is None:

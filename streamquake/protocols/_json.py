@@ -4,10 +4,10 @@ and lenient reading of payloads that come off the network."""
 from __future__ import annotations
 
 import json
-from typing import Any
 
 import orjson
 
+from streamquake.jsontypes import JsonDict
 from streamquake.protocols.base import Event, ProtocolError
 
 # Stands where a token's JSON string goes in an event template (see ``split``).
@@ -30,8 +30,8 @@ def split(template: object) -> tuple[bytes, bytes]:
     return head, tail
 
 
-# Payloads are Any inside the formats: what a server sent is only known after isinstance checks.
-def json_object(event: Event) -> dict[str, Any]:
+# Payloads are JSON values inside the formats: what a server sent is known after isinstance checks.
+def json_object(event: Event) -> JsonDict:
     """The event's data as a JSON object; ProtocolError when it is not one. Read with orjson
     (strict RFC 8259: no NaN or Infinity, no lone surrogates), the per-event path's JSON."""
     try:
@@ -49,7 +49,7 @@ def not_an_object(event: Event) -> ProtocolError:
     return ProtocolError(f"event data is JSON but not an object: {short(event.data)!r}")
 
 
-def object_or_none(event: Event) -> dict[str, Any] | None:
+def object_or_none(event: Event) -> JsonDict | None:
     """The event's data as a JSON object, or None (``[DONE]``, not JSON, not an object)."""
     try:
         obj = json.loads(event.data)

@@ -6,8 +6,7 @@ with 400 in the format's own error shape.
 
 from __future__ import annotations
 
-from typing import Any
-
+from streamquake.jsontypes import JsonDict
 from streamquake.protocols.base import BadRequest
 
 
@@ -16,13 +15,13 @@ def count_tokens(text: str) -> int:
     return len(text.split())
 
 
-def require_object(body: object) -> dict[str, Any]:
+def require_object(body: object) -> JsonDict:
     if not isinstance(body, dict):
         raise BadRequest("the request body must be a JSON object")
     return body
 
 
-def optional_positive_int(body: dict[str, Any], key: str) -> int | None:
+def optional_positive_int(body: JsonDict, key: str) -> int | None:
     value = body.get(key)
     if value is None:
         return None
@@ -31,14 +30,14 @@ def optional_positive_int(body: dict[str, Any], key: str) -> int | None:
     return value
 
 
-def required_str(body: dict[str, Any], key: str) -> str:
+def required_str(body: JsonDict, key: str) -> str:
     value = body.get(key)
     if not isinstance(value, str) or not value:
         raise BadRequest(f"'{key}' is required and must be a non-empty string")
     return value
 
 
-def require_stream(body: dict[str, Any]) -> None:
+def require_stream(body: JsonDict) -> None:
     if body.get("stream") is not True:
         raise BadRequest("this target only simulates streaming: set \"stream\": true")
 
@@ -53,7 +52,7 @@ def text_of_content(content: object, where: str) -> str:
     raise BadRequest(f"{where} must be a string or a list of content blocks")
 
 
-def messages_text(body: dict[str, Any]) -> str:
+def messages_text(body: JsonDict) -> str:
     """All the text of a chat ``messages`` list (OpenAI and Anthropic share its shape)."""
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:

@@ -8,6 +8,7 @@ URL, not the body. Events end in CRLF, as Google's servers send them.
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 
 from streamquake.jsontypes import JsonDict
 from streamquake.protocols import _requests as req
@@ -67,7 +68,7 @@ class GeminiEncoder(StreamEncoder):
         return self._event(dumps(self._chunk("", done)))
 
 
-def _prompt_text(obj: dict[str, object]) -> str:
+def _prompt_text(obj: Mapping[str, object]) -> str:
     contents = obj.get("contents")
     if not isinstance(contents, list) or not contents:
         raise BadRequest("'contents' is required and must be a non-empty list")

@@ -39,6 +39,7 @@ from pathlib import Path
 
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.histogram import SparseHistogram
+from streamquake.loadgen.holds import GC_FULL, GC_KINDS
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.self_measure import FILE_PREFIX, bucket_ms
 from streamquake.loadgen.tail import new_lines
@@ -80,6 +81,7 @@ class LoadSecond:
     user_reads: int
     # kind -> [holds, longest wall ms, longest CPU ms, total wall ms, holds over 10 ms CPU]
     holds: dict[str, list[float]] = field(default_factory=dict)
+    gc_max_ms: float = 0.0        # the longest garbage collection of the second, wall ms
 
     @classmethod
     def from_dict(cls, d: JsonDict) -> LoadSecond:
@@ -94,6 +96,7 @@ class LoadSecond:
             user_reads=int(str(d.get("user_reads", 0))),
             holds={str(k): [float(str(x)) for x in v][:5] for k, v in holds.items()
                    if isinstance(v, list) and len(v) >= 5} if isinstance(holds, dict) else {},
+            gc_max_ms=float(str(d.get("gc_max_ms", 0.0))),
         )
 
     @property
@@ -122,12 +125,15 @@ class LoadSecond:
         if seen is not None and self.seen_events >= SEEN_MIN_EVENTS and seen >= SEEN_P90_MS:
             out.append(f"kernel-to-seen p90 {seen:.1f} ms")
         if self.lag_ms and self.lag_ms[-1] >= HUB_HOLD_MS:
-            out.append(f"hub held {self.lag_ms[-1]:.0f} ms at once")
+            own_gc = (f" (its own garbage collector held it {self.gc_max_ms:.0f} ms)"
+                      if self.gc_max_ms >= FROZEN_LAG_MS else "")
+            out.append(f"hub held {self.lag_ms[-1]:.0f} ms at once{own_gc}")
         if (share := self.frozen_share) >= FROZEN_SHARE:
             out.append(f"hub frozen {share:.0%} of the second")
         for kind, (_n, _wall, cpu, _total, over) in sorted(self.holds.items()):
             if over:
-                out.append(f"its own {kind.replace('_', ' ')} held the hub {cpu:.0f} ms")
+                what = "garbage collector" if kind in GC_KINDS else kind.replace("_", " ")
+                out.append(f"its own {what} held the hub {cpu:.0f} ms")
         return out
 
 
@@ -175,6 +181,7 @@ class _Phase:
     user_reads: int = 0
     frozen_share_max: float | None = None
     holds: dict[str, list[float]] = field(default_factory=dict)   # as LoadSecond.holds
+    gc_max_ms: float | None = None
 
     def add(self, second: LoadSecond) -> None:
         self.count += 1
@@ -192,6 +199,7 @@ class _Phase:
         self.kernel_reads += second.kernel_reads
         self.user_reads += second.user_reads
         self.frozen_share_max = max(self.frozen_share_max or 0.0, second.frozen_share)
+        self.gc_max_ms = max(self.gc_max_ms or 0.0, second.gc_max_ms)
         for kind, (holds, wall, cpu, spent, over) in second.holds.items():
             k = self.holds.setdefault(kind, [0.0, 0.0, 0.0, 0.0, 0.0])
             k[0] += holds
@@ -294,6 +302,9 @@ def _figures(phase: _Phase, stats: Stats | None) -> JsonDict:
         "kernel_timed_reads": round(phase.kernel_reads / reads, 4) if reads else None,
         "hub_frozen_share_max": r(phase.frozen_share_max),
         "own_hold_max_ms": r(max((k[1] for k in phase.holds.values()), default=None)),
+        # The longest pause of the load processes' own garbage collector, and its full ones.
+        "gc_pause_max_ms": r(phase.gc_max_ms),
+        "gc_full_collections": int(phase.holds.get(GC_FULL, [0.0])[0]),
         # How long the load processes' own bookkeeping held the hub, per kind of work.
         "own_holds": {kind: {"holds": int(n), "max_ms": r(wall), "max_cpu_ms": r(cpu),
                              "total_ms": r(total), "over_10ms_cpu": int(over)}

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from streamquake.errors import ScenarioError
+from streamquake.jsontypes import JsonValue
 from streamquake.located_yaml import Pos, YamlDoc
 
 
@@ -32,22 +32,21 @@ def resolve(doc: YamlDoc, filename: str) -> list[DataFile]:
         return found
     trace, trace_pos = _child(load, load_pos, "trace")
     if isinstance(trace, str):
-        load["trace"] = _abs(base, trace)
-        found.append(_ref("load.trace", "trace", load["trace"], trace_pos))
-    elif isinstance(trace, dict) and isinstance(trace.get("file"), str):
+        load["trace"] = path = _abs(base, trace)
+        found.append(_ref("load.trace", "trace", path, trace_pos))
+    elif isinstance(trace, dict) and isinstance(trace_file := trace.get("file"), str):
         _, file_pos = _child(trace, trace_pos, "file")
-        trace["file"] = _abs(base, trace["file"])
-        found.append(_ref("load.trace.file", "trace", trace["file"], file_pos))
+        trace["file"] = path = _abs(base, trace_file)
+        found.append(_ref("load.trace.file", "trace", path, file_pos))
     classes, classes_pos = _child(load, load_pos, "classes")
     if isinstance(classes, list):
         for i, cls in enumerate(classes):
-            if isinstance(cls, dict) and isinstance(cls.get("dataset"), str):
+            if isinstance(cls, dict) and isinstance(dataset := cls.get("dataset"), str):
                 cls_pos = (classes_pos.items[i] if classes_pos and classes_pos.items
                            and i < len(classes_pos.items) else None)
                 _, ds_pos = _child(cls, cls_pos, "dataset")
-                cls["dataset"] = _abs(base, cls["dataset"])
-                found.append(_ref(f"load.classes.{i}.dataset", "dataset", cls["dataset"],
-                                  ds_pos))
+                cls["dataset"] = path = _abs(base, dataset)
+                found.append(_ref(f"load.classes.{i}.dataset", "dataset", path, ds_pos))
     return found
 
 
@@ -75,7 +74,7 @@ def check(files: list[DataFile], filename: str, speedup: float = 1.0,
         raise ScenarioError(problems)
 
 
-def _child(value: Any, pos: Pos | None, key: str) -> tuple[Any, Pos | None]:
+def _child(value: JsonValue, pos: Pos | None, key: str) -> tuple[JsonValue, Pos | None]:
     if not isinstance(value, dict) or key not in value:
         return None, None
     child_pos = pos.keys.get(key) if pos is not None and pos.keys else None

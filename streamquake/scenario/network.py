@@ -3,7 +3,7 @@ default. The scenario owns it; the tc family reads it through the contract's ``N
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator, model_validator
 
@@ -18,7 +18,7 @@ class NetworkConfig(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_bool_numbers(cls, data: Any) -> Any:
+    def _no_bool_numbers(cls, data: object) -> object:
         return bools_as_text(cls, data)
 
     mode: Literal["host", "namespace"] = "host"

@@ -9,9 +9,8 @@ that brought it instead of a line of the file.
 
 from __future__ import annotations
 
-from typing import Any
-
 from streamquake.errors import ScenarioError
+from streamquake.jsontypes import JsonValue
 from streamquake.located_yaml import Pos, YamlDoc, parse_yaml
 
 
@@ -53,7 +52,7 @@ def _mark(pos: Pos, source: str) -> None:
         _mark(child, source)
 
 
-def _set(value: Any, pos: Pos, path: list[str | int], new: Any, new_pos: Pos,
+def _set(value: JsonValue, pos: Pos, path: list[str | int], new: JsonValue, new_pos: Pos,
          item: str) -> None:
     walked: list[str] = []
     for i, part in enumerate(path):
@@ -90,7 +89,7 @@ def _set(value: Any, pos: Pos, path: list[str | int], new: Any, new_pos: Pos,
         walked.append(str(part))
 
 
-def _kind(value: Any) -> str:
+def _kind(value: JsonValue) -> str:
     if isinstance(value, str):
         return f"the string {value!r}"
     return f"the value {value!r}"

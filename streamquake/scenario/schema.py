@@ -6,13 +6,14 @@ from __future__ import annotations
 import functools
 import re
 import typing
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
     BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
+    JsonValue,
     ValidationInfo,
     field_validator,
     model_validator,
@@ -315,7 +316,7 @@ class RequestClass(_Model):
     prompts: list[str] | None = None
     dataset: str | None = None     # a JSONL/CSV file of prompts (and max_tokens), loadgen/trace.py
     max_tokens: int = Field(default=64, ge=1)
-    body: dict[str, Any] | None = None
+    body: dict[str, JsonValue] | None = None
     slos: list[SLOSpec] = Field(default_factory=list)
     read: ReadSpec | None = None   # a slow consumer; none: read as fast as the stream comes
 

@@ -20,7 +20,7 @@ after it (``judged_pairs``).
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -35,7 +35,7 @@ class _Model(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _no_bool_numbers(cls, data: Any) -> Any:
+    def _no_bool_numbers(cls, data: object) -> object:
         return bools_as_text(cls, data)
 
 

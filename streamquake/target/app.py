@@ -9,9 +9,9 @@ import re
 import socket
 import ssl
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import IO, Any
+from typing import IO
 
 from aiohttp import web
 
@@ -206,7 +206,9 @@ def _trace_id(traceparent: str | None) -> str | None:
     return m[1] if m and m[1] != "0" * 32 else None
 
 
-def _stream_handler(fmt: WireProtocol) -> Callable[[web.Request], Any]:
+def _stream_handler(
+    fmt: WireProtocol,
+) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
         return await _stream(request, fmt, None)
 

@@ -9,13 +9,23 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any
+from dataclasses import dataclass
 
 _CACHE_S = 0.2
 
 _lock = threading.Lock()
-_state: dict[str, Any] = {"factor": 1.0, "read_at": None, "nv": None, "handle": None,
-                          "max_mhz": None, "absent": False}
+
+
+@dataclass
+class _Gpu0:
+    factor: float = 1.0
+    read_at: float | None = None
+    handle: object = None       # pynvml's handle of GPU 0, once NVML is open
+    max_mhz: int = 0
+    absent: bool = False        # no NVML here: that will not change while we run
+
+
+_state = _Gpu0()
 
 
 def slowdown_factor() -> float:
@@ -25,27 +35,28 @@ def slowdown_factor() -> float:
     """
     with _lock:
         now = time.monotonic()
-        read_at = _state["read_at"]
+        read_at = _state.read_at
         if read_at is not None and now - read_at < _CACHE_S:
-            return float(_state["factor"])
-        _state["factor"] = _read_factor()
-        _state["read_at"] = now
-        return float(_state["factor"])
+            return _state.factor
+        _state.factor = _read_factor()
+        _state.read_at = now
+        return _state.factor
 
 
 def _read_factor() -> float:
-    if _state["absent"]:
+    if _state.absent:
         return 1.0
-    if _state["nv"] is None and not _open():
+    if _state.handle is None and not _open():
         return 1.0
-    nv = _state["nv"]
+    import pynvml
+
     try:
-        current = int(nv.nvmlDeviceGetClockInfo(_state["handle"], nv.NVML_CLOCK_SM))
-    except nv.NVMLError:
+        current = int(pynvml.nvmlDeviceGetClockInfo(_state.handle, pynvml.NVML_CLOCK_SM))
+    except pynvml.NVMLError:
         return 1.0  # a GPU that cannot answer is not evidence of a slowdown
     if current <= 0:
         return 1.0
-    return max(1.0, float(_state["max_mhz"]) / current)
+    return max(1.0, _state.max_mhz / current)
 
 
 def _open() -> bool:
@@ -56,7 +67,7 @@ def _open() -> bool:
         pynvml.nvmlInit()
     except pynvml.NVMLError:
         # No driver library or no kernel driver: that will not change while we run.
-        _state["absent"] = True
+        _state.absent = True
         return False
     try:
         handle = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -67,6 +78,6 @@ def _open() -> bool:
     if max_mhz <= 0:
         pynvml.nvmlShutdown()
         return False
-    _state.update(nv=pynvml, handle=handle, max_mhz=max_mhz)
+    _state.handle, _state.max_mhz = handle, max_mhz
     return True
 

@@ -9,9 +9,9 @@ the ``applications_clocks_setting`` clock-event reason) but cannot be re-created
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, Literal
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
 
 from streamquake.errors import InjectorError, RevertError
 from streamquake.faults.contract import RunContext
@@ -37,6 +37,7 @@ from streamquake.faults.gpu.nvml import (
 )
 from streamquake.faults.gpu.spec import GpuClocksFault
 from streamquake.journal import JournalEntry
+from streamquake.jsontypes import JsonDict, JsonValue
 from streamquake.killpoints import killpoint
 
 _NOT_SUPPORTED = 3
@@ -79,12 +80,47 @@ class _Plan:
             return f"{rng[0]} MHz" if rng[0] == rng[1] else f"{rng[0]}-{rng[1]} MHz"
         return f"{(self.power_mw or 0) / 1000:g} W"
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> JsonDict:
         return {
-            "sm_clocks_mhz": list(self.sm_mhz) if self.sm_mhz else None,
-            "mem_clocks_mhz": list(self.mem_mhz) if self.mem_mhz else None,
+            "sm_clocks_mhz": [*self.sm_mhz] if self.sm_mhz else None,
+            "mem_clocks_mhz": [*self.mem_mhz] if self.mem_mhz else None,
             "power_limit_w": self.power_mw / 1000 if self.power_mw is not None else None,
         }
+
+
+@dataclass
+class _GpuRecord:
+    """One GPU as the journal keeps it: what revert and recover need (the settings ``changed``,
+    oldest first, and the original ``power_limit_mw``) and, for people, what was read before
+    anything changed (``before``: the read-back, the plan, ``clocks_locked_before``)."""
+
+    uuid: str
+    index: int | None
+    before: JsonDict = field(default_factory=dict)
+    changed: list[str] = field(default_factory=list)
+    power_limit_mw: int | None = None
+
+    def to_json(self) -> JsonDict:
+        out: JsonDict = {**self.before, "uuid": self.uuid, "index": self.index,
+                         "changed": [*self.changed]}
+        if self.power_limit_mw is not None:
+            out["power_limit_mw"] = self.power_limit_mw
+        return out
+
+    @classmethod
+    def from_json(cls, raw: object) -> _GpuRecord:
+        """What recover needs of a journaled record (``before`` is not read back); raises
+        ValueError for a record of the wrong shape."""
+        if not isinstance(raw, dict) or not isinstance(uuid := raw.get("uuid"), str):
+            raise ValueError(f"journal state: {raw!r} is not a GPU record")
+        changed, index = raw.get("changed") or [], raw.get("index")
+        power = raw.get("power_limit_mw")
+        if not isinstance(changed, list) or not all(op in _UNDO_OP for op in changed):
+            raise ValueError(f"journal state: GPU {uuid}: changed is {changed!r}, not a list of "
+                             f"{', '.join(_UNDO_OP)}")
+        return cls(uuid, index if isinstance(index, int) else None,
+                   changed=[str(op) for op in changed],
+                   power_limit_mw=power if isinstance(power, int) else None)
 
 
 def _resolve(spec: GpuClocksFault, nv: Nvml, gpu: Gpu) -> _Plan:
@@ -104,7 +140,7 @@ def _resolve(spec: GpuClocksFault, nv: Nvml, gpu: Gpu) -> _Plan:
     return _Plan(sm, mem, power)
 
 
-def _readback(nv: Nvml, gpu: Gpu) -> dict[str, Any]:
+def _readback(nv: Nvml, gpu: Gpu) -> JsonDict:
     """What the driver reports now; fields it cannot answer are None."""
     h = gpu.handle
 
@@ -113,7 +149,6 @@ def _readback(nv: Nvml, gpu: Gpu) -> dict[str, Any]:
         return mw / 1000.0 if mw is not None else None
 
     bits = or_none(nv.clock_event_reasons, h)
-    reasons = decode_reasons(bits) if bits is not None else None
     return {
         "index": gpu.index,
         "uuid": gpu.uuid,
@@ -123,22 +158,21 @@ def _readback(nv: Nvml, gpu: Gpu) -> dict[str, Any]:
         "max_sm_clock_mhz": or_none(nv.max_clock_mhz, h, "sm"),
         "power_limit_w": watts(nv.power_limit_mw),
         "enforced_power_limit_w": watts(nv.enforced_power_limit_mw),
-        "clock_event_reasons": reasons,
+        "clock_event_reasons": [*decode_reasons(bits)] if bits is not None else None,
     }
 
 
-def _snapshot(nv: Nvml, gpu: Gpu, plan: _Plan) -> dict[str, Any]:
+def _snapshot(nv: Nvml, gpu: Gpu, plan: _Plan) -> _GpuRecord:
     """Everything revert and recover need, read before any change."""
-    record = _readback(nv, gpu)
-    record["plan"] = plan.to_json()
-    record["changed"] = []
-    reasons = record["clock_event_reasons"]
-    record["clocks_locked_before"] = (
-        None if reasons is None else "applications_clocks_setting" in reasons
+    record = _GpuRecord(gpu.uuid, gpu.index, _readback(nv, gpu))
+    record.before["plan"] = plan.to_json()
+    reasons = record.before["clock_event_reasons"]
+    record.before["clocks_locked_before"] = (
+        None if not isinstance(reasons, list) else "applications_clocks_setting" in reasons
     )
     if plan.power_mw is not None:
         try:
-            record["power_limit_mw"] = nv.power_limit_mw(gpu.handle)
+            record.power_limit_mw = nv.power_limit_mw(gpu.handle)
         except NvmlError as exc:
             raise InjectorError(
                 explain(exc, "query", gpu, nv) + " The original power limit must be known "
@@ -156,14 +190,17 @@ def _set(nv: Nvml, gpu: Gpu, op: str, plan: _Plan) -> None:
         nv.set_power_limit_mw(gpu.handle, plan.power_mw)
 
 
-def _undo_one(nv: Nvml, gpu: Gpu, op: str, record: dict[str, Any]) -> str:
+def _undo_one(nv: Nvml, gpu: Gpu, op: str, record: _GpuRecord) -> str:
     if op == "sm_clocks":
         nv.reset_sm_clocks(gpu.handle)
         return "SM clocks unlocked"
     if op == "mem_clocks":
         nv.reset_mem_clocks(gpu.handle)
         return "memory clocks unlocked"
-    original = int(record["power_limit_mw"])
+    original = record.power_limit_mw
+    if original is None:
+        raise RevertError(f"{gpu.label}: the journal lacks the original power limit: check "
+                          "`nvidia-smi -q -d POWER` and set it by hand.")
     nv.set_power_limit_mw(gpu.handle, original)
     now = or_none(nv.power_limit_mw, gpu.handle)
     if now is not None and now != original:
@@ -175,12 +212,12 @@ def _undo_one(nv: Nvml, gpu: Gpu, op: str, record: dict[str, Any]) -> str:
 
 
 def _undo_gpu(
-    nv: Nvml, record: dict[str, Any], ops: list[str]
+    nv: Nvml, record: _GpuRecord, ops: list[str]
 ) -> tuple[list[str], list[str], list[str]]:
     """Undo ``ops`` (newest first) on one GPU. Returns (done, still pending, problems)."""
-    label = f"GPU {record.get('index')} ({record['uuid']})"
+    label = f"GPU {record.index} ({record.uuid})"
     try:
-        gpu = gpu_by_uuid(nv, record["uuid"])
+        gpu = gpu_by_uuid(nv, record.uuid)
     except NvmlError as exc:
         return [], ops, [explain(exc, _UNDO_OP[ops[-1]], label=label)]
     if gpu is None:
@@ -208,10 +245,10 @@ class GpuClocksInjector:
         self.spec = spec
         self.ctx = ctx
         self.preflight_checks: list[str] = []  # what preflight verified, for the run log
-        self._records: list[dict[str, Any]] = []
+        self._records: list[_GpuRecord] = []
         self._pending: dict[str, list[str]] = {}  # uuid -> ops applied and not yet undone
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self) -> JsonDict:
         return self.spec.model_dump(mode="json", exclude_none=True)
 
     # -- preflight --------------------------------------------------------------------------
@@ -300,7 +337,7 @@ class GpuClocksInjector:
 
     # -- apply / revert ---------------------------------------------------------------------
 
-    def apply(self, entry: JournalEntry) -> dict[str, Any]:
+    def apply(self, entry: JournalEntry) -> JsonDict:
         with nvml_session() as nv:
             gpus, problems = select_gpus(nv, self.spec.gpus)
             if problems:
@@ -316,24 +353,27 @@ class GpuClocksInjector:
             entry.claim({f"gpu:{g.uuid}:{op}": f"the {_SETTING[op]} of {g.label}"
                          for g, p in zip(gpus, plans, strict=True) for op in p.ops()})
             self._records = [_snapshot(nv, g, p) for g, p in zip(gpus, plans, strict=True)]
-            entry.save({"gpus": self._records, "emulated_driver": nv.emulated})
+            entry.save({"gpus": self._journaled(), "emulated_driver": nv.emulated})
             try:
                 for gpu, plan, record in zip(gpus, plans, self._records, strict=True):
                     self._apply_gpu(nv, gpu, plan, record, entry)
             except Exception as exc:  # whatever stopped us, leave no half-applied fault behind
                 self._roll_back(nv, exc)
                 raise
-            readback = []
+            readback: list[JsonValue] = []
             for gpu, plan in zip(gpus, plans, strict=True):
                 readback.append({"requested": plan.to_json(), **_readback(nv, gpu)})
             return {"gpus": readback, "emulated_driver": nv.emulated}
 
+    def _journaled(self) -> list[JsonValue]:
+        return [r.to_json() for r in self._records]
+
     def _apply_gpu(
-        self, nv: Nvml, gpu: Gpu, plan: _Plan, record: dict[str, Any], entry: JournalEntry
+        self, nv: Nvml, gpu: Gpu, plan: _Plan, record: _GpuRecord, entry: JournalEntry
     ) -> None:
         for op in plan.ops():
-            record["changed"].append(op)
-            entry.save({"gpus": self._records})  # journaled before the driver is touched
+            record.changed.append(op)
+            entry.save({"gpus": self._journaled()})  # journaled before the driver is touched
             killpoint("gpu.journalled")
             try:
                 _set(nv, gpu, op, plan)
@@ -351,27 +391,27 @@ class GpuClocksInjector:
                 f"{cause} Undoing the settings already applied also failed: " + " ".join(problems)
             ) from cause
 
-    def _undo_pending(self, nv: Nvml) -> tuple[list[dict[str, Any]], list[str]]:
-        restored: list[dict[str, Any]] = []
+    def _undo_pending(self, nv: Nvml) -> tuple[list[JsonValue], list[str]]:
+        restored: list[JsonValue] = []
         problems: list[str] = []
         for record in self._records:
-            ops = self._pending.get(record["uuid"], [])
+            ops = self._pending.get(record.uuid, [])
             if not ops:
                 continue
             done, pending, errs = _undo_gpu(nv, record, ops)
-            self._pending[record["uuid"]] = pending
+            self._pending[record.uuid] = pending
             problems += errs
             try:
-                gpu = gpu_by_uuid(nv, record["uuid"]) if not errs else None
+                gpu = gpu_by_uuid(nv, record.uuid) if not errs else None
             except NvmlError:
                 gpu = None  # the read-back is a courtesy; the undo itself succeeded
             restored.append(
-                {"uuid": record["uuid"], "index": record["index"], "restored": done,
+                {"uuid": record.uuid, "index": record.index, "restored": [*done],
                  "readback": _readback(nv, gpu) if gpu else None}
             )
         return restored, problems
 
-    def revert(self) -> dict[str, Any]:
+    def revert(self) -> JsonDict:
         if not any(self._pending.values()):
             return {"gpus": []}
         try:
@@ -384,8 +424,11 @@ class GpuClocksInjector:
         return {"gpus": restored}
 
     @classmethod
-    def recover(cls, state: dict[str, Any]) -> str:
-        records = [r for r in state.get("gpus") or [] if r.get("changed")]
+    def recover(cls, state: Mapping[str, object]) -> str:
+        journaled = state.get("gpus") or []
+        if not isinstance(journaled, list):
+            raise ValueError(f"journal state: gpus is {journaled!r}, not a list of GPU records")
+        records = [r for r in map(_GpuRecord.from_json, journaled) if r.changed]
         if not records:
             return "Nothing to restore: no GPU setting had been changed yet."
         try:
@@ -393,10 +436,10 @@ class GpuClocksInjector:
                 sentences: list[str] = []
                 problems: list[str] = []
                 for record in records:
-                    done, _, errs = _undo_gpu(nv, record, list(record["changed"]))
+                    done, _, errs = _undo_gpu(nv, record, list(record.changed))
                     problems += errs
                     if done:
-                        sentences.append(f"GPU {record['index']} ({record['uuid']}): "
+                        sentences.append(f"GPU {record.index} ({record.uuid}): "
                                          + ", ".join(done))
         except InjectorError as exc:
             raise RevertError(f"{exc} The GPU settings could not be restored.") from exc

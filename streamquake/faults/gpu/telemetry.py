@@ -9,7 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from streamquake.errors import InjectorError, PreflightError
 from streamquake.faults.gpu.nvml import (
@@ -28,6 +28,7 @@ from streamquake.faults.gpu.nvml import (
     supported_mem_clocks,
     supported_sm_range,
 )
+from streamquake.jsontypes import JsonDict
 
 _GPU_IS_LOST = 15
 _MIB = 1 << 20
@@ -44,7 +45,7 @@ def _unless_lost(read: Callable[[], _T]) -> _T | None:
         return None
 
 
-def _sample(nv: Nvml, gpu: Gpu) -> dict[str, Any]:
+def _sample(nv: Nvml, gpu: Gpu) -> JsonDict:
     """One reading; a field the GPU does not report is None. GPU_IS_LOST propagates."""
     h = gpu.handle
     util = _unless_lost(lambda: nv.utilization_pct(h))
@@ -59,7 +60,7 @@ def _sample(nv: Nvml, gpu: Gpu) -> dict[str, Any]:
         "mem_used_mib": round(used / _MIB, 1) if used is not None else None,
         "temperature_c": _unless_lost(lambda: nv.temperature_c(h)),
         "power_w": power_mw / 1000.0 if power_mw is not None else None,
-        "clock_event_reasons": decode_reasons(bits) if bits is not None else None,
+        "clock_event_reasons": [*decode_reasons(bits)] if bits is not None else None,
     }
 
 
@@ -77,7 +78,7 @@ class GpuSampler:
             raise ValueError("interval_s must be positive")
         self.interval_s = interval_s
         self.gpus = gpus
-        self._samples: list[dict[str, Any]] = []
+        self._samples: list[JsonDict] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -94,14 +95,14 @@ class GpuSampler:
         self._thread = threading.Thread(target=self._run, name="gpu-sampler", daemon=True)
         self._thread.start()
 
-    def stop(self, timeout_s: float = 5.0) -> list[dict[str, Any]]:
+    def stop(self, timeout_s: float = 5.0) -> list[JsonDict]:
         """Stop sampling and return all samples. Safe to call twice, or without ``start()``."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
         return self.samples()
 
-    def samples(self) -> list[dict[str, Any]]:
+    def samples(self) -> list[JsonDict]:
         """A copy of the samples so far (the run may read them live)."""
         with self._lock:
             return list(self._samples)
@@ -128,15 +129,15 @@ class GpuSampler:
             # Scheduled from the start, so slow reads do not make the rate drift.
             self._stop.wait(max(0.0, started + tick * self.interval_s - time.monotonic()))
 
-    def _one(self, nv: Nvml, gpu: Gpu, now: float) -> dict[str, Any]:
-        base: dict[str, Any] = {"t": now, "gpu": gpu.index, "uuid": gpu.uuid}
+    def _one(self, nv: Nvml, gpu: Gpu, now: float) -> JsonDict:
+        base: JsonDict = {"t": now, "gpu": gpu.index, "uuid": gpu.uuid}
         try:
             return {**base, **_sample(nv, gpu)}
         except NvmlError as exc:
             return {**base, "error": explain(exc, "query", gpu)}
 
 
-def describe_gpus() -> list[dict[str, Any]]:
+def describe_gpus() -> list[JsonDict]:
     """What NVML knows about each GPU, read-only: for `streamquake check` and reports.
 
     Raises ``PreflightError`` when there is no usable NVIDIA driver.
@@ -152,7 +153,7 @@ def describe_gpus() -> list[dict[str, Any]]:
         raise PreflightError(str(exc)) from exc
 
 
-def _describe(nv: Nvml, gpu: Gpu, driver: str | None) -> dict[str, Any]:
+def _describe(nv: Nvml, gpu: Gpu, driver: str | None) -> JsonDict:
     h = gpu.handle
     sm = supported_sm_range(nv, h)
     mem = supported_mem_clocks(nv, h)
@@ -168,7 +169,7 @@ def _describe(nv: Nvml, gpu: Gpu, driver: str | None) -> dict[str, Any]:
         "max_sm_clock_mhz": or_none(nv.max_clock_mhz, h, "sm"),
         "max_mem_clock_mhz": or_none(nv.max_clock_mhz, h, "mem"),
         "supported_sm_clocks_mhz": {"min": sm[0], "max": sm[1]} if sm else None,
-        "supported_mem_clocks_mhz": mem or None,
+        "supported_mem_clocks_mhz": [*mem] if mem else None,
         "power_limit_w": {
             "default": default_mw / 1000.0 if default_mw is not None else None,
             "min": power[0] if power else None,

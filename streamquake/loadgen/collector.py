@@ -1,0 +1,103 @@
+"""When the garbage collector may stop a load process's hub: young collections whenever the
+interpreter likes, full ones only when memory asks for one.
+
+A full collection walks every object the collector tracks, with the hub held: about 0.1 ms of
+CPU per open stream by default, far past the saturation guard's 50 ms at a few thousand
+streams, wherever it falls (benchmarks/README.md, "garbage collection"). A stream's own objects
+form no cycles (its client, parser and sample are freed by their reference counts), so a load
+process makes almost no garbage that only a full collection can free. So, in a load process
+that runs users (:func:`start`, from the locustfile):
+
+* the oldest generation's threshold is raised out of reach: the interpreter never starts a full
+  collection by itself. Generations 0 and 1 are collected as before (they walk only the objects
+  made since the last one), so cycles that die young are still freed at once;
+* each time Locust has spawned the users (``spawning_complete``), the young generations are
+  collected and every object alive is frozen (``gc.freeze``: modules, Locust, the users and
+  their clients), so that a later full collection walks only what came after;
+* once a second, should the process's peak RSS have grown by :data:`GROWTH_SHARE` (and at least
+  :data:`GROWTH_MIN_MB`) since the last full collection, one runs at once, over everything (the
+  frozen objects are thawed first, so no cycle is kept for good): memory stays bounded, and the
+  pause is measured like any other collection (``holds.py``, kind ``gc_full``).
+"""
+
+from __future__ import annotations
+
+import gc
+import resource
+from typing import Any
+
+CHECK_S = 1.0
+GROWTH_SHARE = 0.25
+GROWTH_MIN_MB = 32.0
+_OUT_OF_REACH = 2**31 - 1       # gen-2 threshold: gen-1 collections between full ones
+
+_saved: tuple[int, int, int] | None = None
+_greenlet: Any = None
+_peak_at_full_mb = 0.0
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory, MB (``ru_maxrss`` is in KB on Linux)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def collect_full() -> int:
+    """One full collection over every object, frozen ones too; then freeze what is left."""
+    global _peak_at_full_mb
+    gc.unfreeze()
+    found = gc.collect()
+    gc.freeze()
+    _peak_at_full_mb = peak_rss_mb()
+    return found
+
+
+def settle() -> None:
+    """The users are spawned: freeze what is alive, so no full collection walks it again."""
+    gc.collect(1)
+    gc.freeze()
+
+
+def due() -> bool:
+    """Has memory grown enough since the last full collection to need another?"""
+    grown = peak_rss_mb() - _peak_at_full_mb
+    return grown >= max(GROWTH_MIN_MB, GROWTH_SHARE * _peak_at_full_mb)
+
+
+def _valve() -> None:
+    import gevent
+
+    while True:
+        gevent.sleep(CHECK_S)
+        if due():
+            collect_full()
+
+
+def start(runner: object) -> None:
+    """Defer full collections in this load process (not a Locust master: it runs no users)."""
+    global _saved, _greenlet, _peak_at_full_mb
+    import gevent
+
+    if _saved is not None:
+        return
+    if runner is not None:
+        from locust.runners import MasterRunner
+
+        if isinstance(runner, MasterRunner):
+            return
+        runner.environment.events.spawning_complete.add_listener(  # type: ignore[attr-defined]
+            lambda **_: settle())
+    _saved = gc.get_threshold()
+    gc.set_threshold(_saved[0], _saved[1], _OUT_OF_REACH)
+    _peak_at_full_mb = peak_rss_mb()
+    _greenlet = gevent.spawn(_valve)
+
+
+def stop() -> None:
+    """The interpreter's own thresholds again, nothing frozen (the tests run several)."""
+    global _saved, _greenlet
+    if _greenlet is not None:
+        _greenlet.kill()
+    if _saved is not None:
+        gc.set_threshold(*_saved)
+        gc.unfreeze()
+    _saved = _greenlet = None

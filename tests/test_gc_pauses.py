@@ -1,0 +1,127 @@
+"""The load process's garbage collector: its pauses are measured as its own (the saturation
+guard's ``gc_max_ms`` and ``gc_full`` holds), and a full collection runs only when memory asks
+for one (``loadgen/collector.py``), yet cycles are still collected.
+
+The collector's policy changes the interpreter's global state, so it is exercised in a child
+process of its own; every comparison is within one process (a full collection by default vs
+none deferred; a cycle surviving a young collection vs freed by the valve), no clock bounds.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import gevent
+import pytest
+
+from streamquake.loadgen import self_measure
+from streamquake.loadgen.holds import GC_FULL, LIMIT_S
+from streamquake.run.saturation import LoadSecond, SaturationTail
+from tests.timing import HANG_S, REPO, wait_until
+
+
+@pytest.mark.timeout(60)
+def test_a_full_collection_is_recorded_by_the_guard_as_the_load_process_own(
+        tmp_path: Path) -> None:
+    heap = [[] for _ in range(500_000)]     # tracked containers: a full collection walks them
+    guard = self_measure.start(None, tmp_path)
+    assert guard is not None
+    try:
+        gevent.sleep(1.1)                   # the guard's first line: before the collection
+        wall, cpu = time.perf_counter(), time.thread_time()
+        gc.collect()
+        wall, cpu = time.perf_counter() - wall, time.thread_time() - cpu
+        tail = SaturationTail(tmp_path)
+        seconds: list[LoadSecond] = []
+
+        def full_seen() -> LoadSecond | None:
+            gevent.sleep(0.05)
+            seconds.extend(tail.poll())
+            return next((s for s in seconds if GC_FULL in s.holds), None)
+
+        second = wait_until(full_seen, "a second holding the full collection")
+    finally:
+        self_measure.stop()
+    del heap
+    n, max_wall, max_cpu, _total, over = second.holds[GC_FULL]
+    print(f"\ngc.collect(): {wall * 1e3:.1f} ms wall, {cpu * 1e3:.1f} ms CPU; the guard: "
+          f"{second.holds[GC_FULL]}, gc_max_ms {second.gc_max_ms} -> {second.reasons()}")
+    assert n >= 1
+    # Timed from inside the collection: no more than around it, in wall and in CPU time.
+    assert 0.0 < second.gc_max_ms == max_wall <= wall * 1e3 + 0.01
+    assert 0.0 < max_cpu <= cpu * 1e3 + 0.01
+    # 500,000 containers take far more than 10 ms of CPU: the second says whose pause it was.
+    assert max_cpu > LIMIT_S * 1e3 and over >= 1, second.holds
+    assert any(r.startswith("its own garbage collector held the hub") for r in second.reasons())
+
+
+_CHILD = textwrap.dedent("""
+    import gc, json, weakref
+    import gevent
+    from streamquake.loadgen import collector
+
+    class Node:
+        def __init__(self):
+            self.me = self                       # a cycle: its reference count never drops
+            self.blob = bytearray(1 << 20)       # a megabyte of RSS
+
+    def full_collections():
+        return gc.get_stats()[2]["collections"]
+
+    def long_lived():
+        # Containers that stay: past a quarter of those tracked, the interpreter's own rule
+        # starts full collections.
+        before, keep = full_collections(), [[] for _ in range(300_000)]
+        del keep
+        return full_collections() - before
+
+    out = {"default": long_lived()}
+    collector.start(None)
+    out["deferred"] = long_lived()
+    collector.settle()
+    out["frozen"] = gc.get_freeze_count()
+
+    # Cycles in the oldest generation, more than the valve lets memory grow.
+    n = int(max(collector.GROWTH_MIN_MB, collector.GROWTH_SHARE * collector.peak_rss_mb())) + 16
+    nodes = [Node() for _ in range(n)]
+    gc.collect(1)                                # alive: promoted to generation 2
+    ref = weakref.ref(nodes[0])
+    del nodes
+    gc.collect(1)                                # a young collection does not reach them
+    out["after_young"] = ref() is not None
+    before = full_collections()
+    waited = 0.0
+    while ref() is not None and waited < HANG_S:
+        gevent.sleep(0.1)
+        waited += 0.1
+    out["valve_freed"] = ref() is None
+    out["valve_full"] = full_collections() - before
+    collector.stop()
+    out["restored"] = [gc.get_threshold(), gc.get_freeze_count()]
+    print(json.dumps(out))
+""")
+
+
+@pytest.mark.timeout(HANG_S * 3)
+def test_full_collections_wait_for_memory_yet_cycles_are_collected() -> None:
+    threshold = list(gc.get_threshold())
+    done = subprocess.run([sys.executable, "-c", f"HANG_S = {HANG_S}\n" + _CHILD], cwd=REPO,
+                          capture_output=True, text=True, timeout=HANG_S * 2)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    print("\n", out)
+    # Not vacuous: by default the interpreter starts full collections for this much.
+    assert out["default"] >= 1, out
+    assert out["deferred"] == 0, out
+    assert out["frozen"] > 0, out
+    # The cycles outlive every young collection; the memory they hold makes the valve run one
+    # full collection, which frees them.
+    assert out["after_young"] is True, out
+    assert out["valve_freed"] is True and out["valve_full"] >= 1, out
+    assert out["restored"] == [threshold, 0], out
