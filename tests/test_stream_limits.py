@@ -98,3 +98,18 @@ def test_ephemeral_ports_are_named_when_they_run_out_first() -> None:
         "net.ipv4.ip_local_port_range='1024 65535'`)"], (problems, soft, hard)
     assert sentence.endswith(f"the first to run out would be ephemeral ports, at about "
                              f"{ports:,} streams")
+
+
+def test_a_step_with_more_users_than_the_scenario_is_what_is_sized() -> None:
+    from streamquake.run.stream_limits import concurrent_streams
+    from streamquake.scenario import parse_scenario
+
+    scenario = parse_scenario("""
+name: steps-users
+target: {protocol: openai, embedded: {}}
+load: {users: 4}
+steps:
+  - {name: base, kind: baseline, duration: 3s}
+  - {name: crowd, kind: baseline, duration: 3s, load: {users: 400}}
+""", "s.yaml")
+    assert concurrent_streams(scenario) == 400

@@ -40,7 +40,10 @@ def concurrent_streams(scenario: Scenario) -> int:
         return load.trace.max_inflight
     if load.arrival is not None:
         return load.arrival.max_inflight
-    return load.users
+    # A closed loop: the most users any step runs (a step's own ``load.users``, else the
+    # scenario's).
+    return max([load.users, *(s.load.users for s in scenario.timeline
+                              if s.load is not None and s.load.users is not None)])
 
 
 def raise_nofile(need: int) -> tuple[int, int]:
