@@ -78,7 +78,7 @@ def test_capacity_is_where_the_queue_becomes_unstable_and_a_doubled_service_time
     out = tmp_path / "out"
     proc = subprocess.run(
         cli_cmd("capacity", str(spec), "--warmup", "10s", "--probe", "4s", "--precision", "10%",
-                "--max-probes", "10", "--budget", "15m", "--no-watchdog", "--out", str(out)),
+                "--max-probes", "14", "--budget", "15m", "--no-watchdog", "--out", str(out)),
         capture_output=True, text=True, timeout=1100, cwd=REPO,
         env=gpus.env(STREAMQUAKE_STATE_DIR=str(tmp_path / "state")))
     text = proc.stdout + proc.stderr

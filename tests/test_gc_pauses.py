@@ -88,7 +88,7 @@ _CHILD = textwrap.dedent("""
     out["frozen"] = gc.get_freeze_count()
 
     # Cycles in the oldest generation, more than the valve lets memory grow.
-    n = int(max(collector.GROWTH_MIN_MB, collector.GROWTH_SHARE * collector.peak_rss_mb())) + 16
+    n = int(max(collector.GROWTH_MIN_MB, collector.GROWTH_SHARE * collector.rss_mb())) + 16
     nodes = [Node() for _ in range(n)]
     gc.collect(1)                                # alive: promoted to generation 2
     ref = weakref.ref(nodes[0])

@@ -168,3 +168,12 @@ def test_launcher_imports_neither_locust_nor_gevent() -> None:
     done = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True,
                           text=True, timeout=30)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.mark.timeout(90)
+def test_a_request_timeout_in_fractions_of_a_second_starts_locust(fast_target: TargetProcess,
+                                                                  tmp_path: Path) -> None:
+    # Locust's --stop-timeout takes whole seconds: 1.5 s must not end the load process at once.
+    plan = make_plan(fast_target.url, tmp_path, 2.0, timeout_s=1.5)
+    _, samples, rc = run_to_end(plan, tmp_path)
+    assert rc == 0 and samples and all(s.error is None for s in samples)

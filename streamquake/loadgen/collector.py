@@ -14,7 +14,7 @@ that runs users (:func:`start`, from the locustfile):
 * each time Locust has spawned the users (``spawning_complete``), the young generations are
   collected and every object alive is frozen (``gc.freeze``: modules, Locust, the users and
   their clients), so that a later full collection walks only what came after;
-* once a second, should the process's peak RSS have grown by :data:`GROWTH_SHARE` (and at least
+* once a second, should the process's RSS have grown by :data:`GROWTH_SHARE` (and at least
   :data:`GROWTH_MIN_MB`) since the last full collection, one runs at once, over everything (the
   frozen objects are thawed first, so no cycle is kept for good): memory stays bounded, and the
   pause is measured like any other collection (``holds.py``, kind ``gc_full``).
@@ -23,7 +23,7 @@ that runs users (:func:`start`, from the locustfile):
 from __future__ import annotations
 
 import gc
-import resource
+import os
 from typing import Any
 
 CHECK_S = 1.0
@@ -33,21 +33,23 @@ _OUT_OF_REACH = 2**31 - 1       # gen-2 threshold: gen-1 collections between ful
 
 _saved: tuple[int, int, int] | None = None
 _greenlet: Any = None
-_peak_at_full_mb = 0.0
+_PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
+_rss_at_full_mb = 0.0
 
 
-def peak_rss_mb() -> float:
-    """This process's peak resident memory, MB (``ru_maxrss`` is in KB on Linux)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+def rss_mb() -> float:
+    """This process's resident memory now, MB (Linux: one read of ``/proc/self/statm``)."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * _PAGE_MB
 
 
 def collect_full() -> int:
     """One full collection over every object, frozen ones too; then freeze what is left."""
-    global _peak_at_full_mb
+    global _rss_at_full_mb
     gc.unfreeze()
     found = gc.collect()
     gc.freeze()
-    _peak_at_full_mb = peak_rss_mb()
+    _rss_at_full_mb = rss_mb()
     return found
 
 
@@ -59,8 +61,8 @@ def settle() -> None:
 
 def due() -> bool:
     """Has memory grown enough since the last full collection to need another?"""
-    grown = peak_rss_mb() - _peak_at_full_mb
-    return grown >= max(GROWTH_MIN_MB, GROWTH_SHARE * _peak_at_full_mb)
+    grown = rss_mb() - _rss_at_full_mb
+    return grown >= max(GROWTH_MIN_MB, GROWTH_SHARE * _rss_at_full_mb)
 
 
 def _valve() -> None:
@@ -74,7 +76,7 @@ def _valve() -> None:
 
 def start(runner: object) -> None:
     """Defer full collections in this load process (not a Locust master: it runs no users)."""
-    global _saved, _greenlet, _peak_at_full_mb
+    global _saved, _greenlet, _rss_at_full_mb
     import gevent
 
     if _saved is not None:
@@ -88,7 +90,7 @@ def start(runner: object) -> None:
             lambda **_: settle())
     _saved = gc.get_threshold()
     gc.set_threshold(_saved[0], _saved[1], _OUT_OF_REACH)
-    _peak_at_full_mb = peak_rss_mb()
+    _rss_at_full_mb = rss_mb()
     _greenlet = gevent.spawn(_valve)
 
 

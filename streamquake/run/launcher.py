@@ -146,7 +146,8 @@ def start_locust(
     samples_dir.mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "load-plan.json"
     plan_path.write_text(plan.model_dump_json(indent=2))
-    stop_timeout = plan.timeout_s if stop_timeout_s is None else stop_timeout_s
+    # Whole seconds: Locust's --stop-timeout takes no fraction (a 1.8 s timeout waits 2 s).
+    stop_timeout = math.ceil(plan.timeout_s if stop_timeout_s is None else stop_timeout_s)
     # The locustfile ends the run at the plan's end_at itself (gracefully, waiting for remote
     # workers' last records); Locust's own --run-time is only a backstop after that.
     run_time = max(1, math.ceil(run_time_s + stop_timeout + _RUN_TIME_BACKSTOP_S))

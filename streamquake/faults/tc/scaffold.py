@@ -31,7 +31,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field, replace
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
@@ -271,21 +271,23 @@ class _NetlinkThread:
     (ours, not the target's). A job that never returns leaves every later call to time out."""
 
     def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue[tuple[Callable[[], Any], Future[Any]] | None] = (
-            queue.SimpleQueue())
+        self._jobs: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         threading.Thread(target=self._loop, name="streamquake tc scaffold", daemon=True).start()
 
     def _loop(self) -> None:
         while (job := self._jobs.get()) is not None:
-            fn, done = job
+            job()
+
+    def call(self, fn: Callable[[], T], timeout_s: float, what: str) -> T:
+        done: Future[T] = Future()
+
+        def job() -> None:
             try:
                 done.set_result(fn())
             except BaseException as exc:  # handed to the caller's thread
                 done.set_exception(exc)
 
-    def call(self, fn: Callable[[], T], timeout_s: float, what: str) -> T:
-        done: Future[T] = Future()
-        self._jobs.put((fn, done))
+        self._jobs.put(job)
         try:
             return done.result(timeout_s)
         except TimeoutError:
