@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-UML_TIMEOUT_S = 1200     # for a hang: the run takes 2.5-5 min, more on a busy host
+UML_TIMEOUT_S = 1200     # for a hang: the run takes 5-6 min, more on a busy host
 MIN_INNER_TESTS = 16
 
 

@@ -33,7 +33,7 @@ def _namespaces() -> set[str]:
     return {ln.split()[0] for ln in out.splitlines() if ln.startswith("sq-")}
 
 
-@pytest.mark.timeout(400)     # 76 s of steps; the rest is for a hang (or UML on a busy host)
+@pytest.mark.timeout(400)     # 78 s of steps; the rest is for a hang (or UML on a busy host)
 def test_reference_chaos_plan(tmp_path: Path, state_dir: Path) -> None:
     gpus = FakeGpus(tmp_path / "nvml-state.txt", gpu_count=1)
     original = gpus.text()
