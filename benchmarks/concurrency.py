@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/concurrency.py [--streams 1000,2500,5000,10000] [--quick]
         [--itl-ms 300] [--tokens 100] [--seconds 15] [--json FILE] [--keep DIR]
+        [--gc streamquake,interpreter]
                                                     # --quick: 500 and 2,000 streams, 40 tokens
 
 The product path: per stream count N, `streamquake run` (the installed CLI, `--no-watchdog`, a
@@ -23,6 +24,13 @@ sent it. **CPU %** of the load process and the target over the window (100 = one
 **run-queue wait %** (`schedstat`: runnable but waiting for a core: other work on it).
 **saturated**: the run's own saturation guard for the baseline (`client_saturated`), with its
 client CPU max and hub lag p99.
+
+``--gc``: each N under each garbage-collection policy of the load process, in turn:
+``streamquake`` (``loadgen/collector.py``: no full collection unless memory asks) and
+``interpreter`` (``STREAMQUAKE_GC=interpreter``: the interpreter's own thresholds). A second
+table gives, for the baseline, the guard's figures (its longest GC pause, wall ms; the full
+collections and the longest one's CPU ms; the longest young one's CPU ms; every collection's
+CPU ms in all) and the load process's RSS growth from the window's first to last reading.
 """
 
 from __future__ import annotations
@@ -139,15 +147,19 @@ def memory(series: list[tuple[float, int, int, float, float]], n: int, a: float,
             "hwm_mb": max(x[1] for x in series) / 1024}
 
 
-def run_one(work: Path, n: int, itl_ms: float, tokens: int, seconds: float) -> dict[str, Any]:
-    row: dict[str, Any] = {"streams": n, "loadavg_start": os.getloadavg()[0]}
-    d = work / f"n{n}"
+def run_one(work: Path, n: int, itl_ms: float, tokens: int, seconds: float,
+            gc_policy: str = "streamquake") -> dict[str, Any]:
+    row: dict[str, Any] = {"streams": n, "gc_policy": gc_policy,
+                           "loadavg_start": os.getloadavg()[0]}
+    d = work / f"n{n}-{gc_policy}"
     d.mkdir(parents=True)
     send_log = d / "send-log.jsonl"
     spec = d / "scenario.yaml"
     spec.write_text(json.dumps(scenario(n, itl_ms, tokens, seconds, send_log), indent=1))
     out = d / "out"
     env = {**os.environ, "STREAMQUAKE_STATE_DIR": str(d / "state")}
+    if gc_policy == "interpreter":
+        env["STREAMQUAKE_GC"] = "interpreter"
     cmd = ["taskset", "-c", str(LOAD_CORE), *streamquake_cmd(), "run", str(spec), "--out",
            str(out), "--no-watchdog"]
     limit = 4.5 * stream_s(itl_ms, tokens) + seconds + 300
@@ -180,6 +192,15 @@ def run_one(work: Path, n: int, itl_ms: float, tokens: int, seconds: float) -> d
                 "saturated": stats.get("client_saturated"),
                 "client_cpu_max": client.get("cpu_pct_max"),
                 "hub_lag_p99_ms": client.get("hub_lag_p99_ms")})
+    own = client.get("own_holds") or {}
+    row["gc"] = {"pause_max_ms": client.get("gc_pause_max_ms"),
+                 "full": client.get("gc_full_collections"),
+                 "full_max_cpu_ms": (own.get("gc_full") or {}).get("max_cpu_ms"),
+                 "young_max_cpu_ms": (own.get("gc") or {}).get("max_cpu_ms"),
+                 "total_ms": sum((own.get(k) or {}).get("total_ms") or 0.0
+                                 for k in ("gc", "gc_full"))}
+    inside = [x for x in sampler.series.get("load", []) if a <= x[0] <= b]
+    row["gc"]["rss_growth_mb"] = (inside[-1][1] - inside[0][1]) / 1024 if inside else None
     samples = read_jsonl(sorted((out / "run" / "samples").glob("samples-*.jsonl")))
     joined = join(samples, list(read_jsonl([send_log])) if send_log.exists() else [], a, b)
     row.update({k: joined[k] for k in ("events_per_s", "arrival_ms", "joined")})
@@ -234,6 +255,23 @@ def table(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def gc_table(rows: list[dict[str, Any]]) -> str:
+    lines = ["| streams | GC policy | longest GC pause ms (wall) | full collections | longest "
+             "full ms CPU | longest young ms CPU | GC total ms (wall) | load RSS growth in "
+             "window MB | load avg |", "|---:|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        g = r.get("gc")
+        if g is None:
+            continue
+        lines.append(
+            f"| {r['streams']:,} | {r['gc_policy']} | {_f(g['pause_max_ms'], '.1f')} | "
+            f"{_f(g['full'])} | {_f(g['full_max_cpu_ms'], '.1f')} | "
+            f"{_f(g['young_max_cpu_ms'], '.1f')} | {_f(g['total_ms'])} | "
+            f"{_f(g['rss_growth_mb'], '+.1f')} | "
+            f"{r['loadavg_start']:.1f}-{r['loadavg_end']:.1f} |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--streams", default=None, help="stream counts (default 1000,2500,5000,10000)")
@@ -243,6 +281,8 @@ def main() -> None:
     p.add_argument("--seconds", type=float, default=None, help="the window (default 15)")
     p.add_argument("--json", type=Path)
     p.add_argument("--keep", type=Path, help="keep the runs' folders here")
+    p.add_argument("--gc", default="streamquake",
+                   help="the load process's GC policies, each N under each in turn")
     args = p.parse_args()
     streams = [int(s) for s in (args.streams or ("500,2000" if args.quick else
                                                  "1000,2500,5000,10000")).split(",")]
@@ -259,16 +299,19 @@ def main() -> None:
             if time.monotonic() - started > SWEEP_LIMIT_S:
                 print(f"# sweep time limit reached: {n:,} streams and above not run")
                 break
-            rows.append(run_one(work, n, args.itl_ms, tokens, seconds))
-            r = rows[-1]
-            print(f"# {n:,}: {r.get('capacity_line')}", flush=True)
-            print(table([r]).splitlines()[-1], flush=True)
+            for policy in args.gc.split(","):
+                rows.append(run_one(work, n, args.itl_ms, tokens, seconds, policy))
+                r = rows[-1]
+                print(f"# {n:,} ({policy} GC): {r.get('capacity_line')}", flush=True)
+                print(table([r]).splitlines()[-1], flush=True)
+                print(gc_table([r]).splitlines()[-1], flush=True)
     finally:
         if args.keep is None:
             import shutil
 
             shutil.rmtree(work, ignore_errors=True)
     print(table(rows))
+    print(gc_table(rows))
     if args.json:
         args.json.write_text(json.dumps(rows, indent=1, default=str))
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 import sys
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--child"]:
-    from gevent import monkey     # before anything imports socket: what Locust does
+    from gevent import monkey  # before anything imports socket: what Locust does
 
     monkey.patch_all()
 
@@ -190,8 +190,8 @@ def table(rows: list[dict[str, Any]]) -> str:
 
 def main() -> None:
     if sys.argv[1:2] == ["--child"]:
-        url, n, policy, seconds = sys.argv[2:6]
-        print(json.dumps(child(url, int(n), policy, float(seconds))), flush=True)
+        url, streams, policy, seconds = sys.argv[2:6]
+        print(json.dumps(child(url, int(streams), policy, float(seconds))), flush=True)
         return
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--streams", default="1000,2500")

@@ -29,7 +29,8 @@ from tests.timing import HANG_S, REPO, wait_until
 @pytest.mark.timeout(60)
 def test_a_full_collection_is_recorded_by_the_guard_as_the_load_process_own(
         tmp_path: Path) -> None:
-    heap = [[] for _ in range(500_000)]     # tracked containers: a full collection walks them
+    # Tracked containers: a full collection walks them all.
+    heap: list[list[int]] = [[] for _ in range(500_000)]
     guard = self_measure.start(None, tmp_path)
     assert guard is not None
     try:
@@ -46,6 +47,7 @@ def test_a_full_collection_is_recorded_by_the_guard_as_the_load_process_own(
             return next((s for s in seconds if GC_FULL in s.holds), None)
 
         second = wait_until(full_seen, "a second holding the full collection")
+        assert second is not None
     finally:
         self_measure.stop()
     del heap

@@ -13,11 +13,15 @@ that runs users (:func:`start`, from the locustfile):
   made since the last one), so cycles that die young are still freed at once;
 * each time Locust has spawned the users (``spawning_complete``), the young generations are
   collected and every object alive is frozen (``gc.freeze``: modules, Locust, the users and
-  their clients), so that a later full collection walks only what came after;
+  their clients), so that a later full collection walks only what came after; the memory the
+  users took counts from then on;
 * once a second, should the process's RSS have grown by :data:`GROWTH_SHARE` (and at least
   :data:`GROWTH_MIN_MB`) since the last full collection, one runs at once, over everything (the
   frozen objects are thawed first, so no cycle is kept for good): memory stays bounded, and the
   pause is measured like any other collection (``holds.py``, kind ``gc_full``).
+
+``STREAMQUAKE_GC=interpreter`` (benchmark-only, unset in use) leaves the interpreter's own
+policy, for an A/B in the product path (``benchmarks/concurrency.py --gc``).
 """
 
 from __future__ import annotations
@@ -30,11 +34,12 @@ CHECK_S = 1.0
 GROWTH_SHARE = 0.25
 GROWTH_MIN_MB = 32.0
 _OUT_OF_REACH = 2**31 - 1       # gen-2 threshold: gen-1 collections between full ones
+GC_ENV = "STREAMQUAKE_GC"
 
 _saved: tuple[int, int, int] | None = None
 _greenlet: Any = None
 _PAGE_MB = os.sysconf("SC_PAGE_SIZE") / 2**20
-_rss_at_full_mb = 0.0
+_rss_base_mb = 0.0
 
 
 def rss_mb() -> float:
@@ -45,24 +50,27 @@ def rss_mb() -> float:
 
 def collect_full() -> int:
     """One full collection over every object, frozen ones too; then freeze what is left."""
-    global _rss_at_full_mb
+    global _rss_base_mb
     gc.unfreeze()
     found = gc.collect()
     gc.freeze()
-    _rss_at_full_mb = rss_mb()
+    _rss_base_mb = rss_mb()
     return found
 
 
 def settle() -> None:
-    """The users are spawned: freeze what is alive, so no full collection walks it again."""
+    """The users are spawned: freeze what is alive, so no full collection walks it again; the
+    memory they took is no reason for one."""
+    global _rss_base_mb
     gc.collect(1)
     gc.freeze()
+    _rss_base_mb = rss_mb()
 
 
 def due() -> bool:
     """Has memory grown enough since the last full collection to need another?"""
-    grown = rss_mb() - _rss_at_full_mb
-    return grown >= max(GROWTH_MIN_MB, GROWTH_SHARE * _rss_at_full_mb)
+    grown = rss_mb() - _rss_base_mb
+    return grown >= max(GROWTH_MIN_MB, GROWTH_SHARE * _rss_base_mb)
 
 
 def _valve() -> None:
@@ -76,10 +84,10 @@ def _valve() -> None:
 
 def start(runner: object) -> None:
     """Defer full collections in this load process (not a Locust master: it runs no users)."""
-    global _saved, _greenlet, _rss_at_full_mb
+    global _saved, _greenlet, _rss_base_mb
     import gevent
 
-    if _saved is not None:
+    if _saved is not None or os.environ.get(GC_ENV) == "interpreter":
         return
     if runner is not None:
         from locust.runners import MasterRunner
@@ -90,7 +98,7 @@ def start(runner: object) -> None:
             lambda **_: settle())
     _saved = gc.get_threshold()
     gc.set_threshold(_saved[0], _saved[1], _OUT_OF_REACH)
-    _rss_at_full_mb = rss_mb()
+    _rss_base_mb = rss_mb()
     _greenlet = gevent.spawn(_valve)
 
 

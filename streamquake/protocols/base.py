@@ -4,7 +4,8 @@ One file per format, named as the protocol (``gemini.py``, ``openai.py``, ``anth
 ``sse.py``), holds all that is known of it, for the three parts that speak it: the load generator
 (which request to send, what each event of the answer carries), the embedded target (which
 requests to accept, how to encode its stream) and the fault proxy (which events carry generated
-text, so dropping one loses text and nothing else). Nothing in this module knows a particular format.
+text, so dropping one loses text and nothing else). Nothing in this module knows a particular
+format.
 """
 
 from __future__ import annotations

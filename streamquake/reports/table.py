@@ -41,6 +41,7 @@ SUMMARY_METRICS = (
     ("client hub lag p99 ms", "client", "hub_lag_p99_ms"),
     ("client hub held max ms", "client", "hub_lag_max_ms"),
     ("client own bookkeeping hold max ms", "client", "own_hold_max_ms"),
+    ("client own GC pause max ms", "client", "gc_pause_max_ms"),
     ("client kernel-to-seen p99 ms", "client", "seen_gap_p99_ms"),
 )
 

@@ -27,7 +27,6 @@ from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.scorecard import Scorecard
 from streamquake.result import Check, JudgedFault, PhaseResult, RunResult
 from streamquake.run import preflight, probe
-from streamquake.run.stream_limits import stream_limits_check
 from streamquake.run.events import Events, PhaseStarted, RunFinished, RunStarted, Tick
 from streamquake.run.flapping import Flapper, attribute_states
 from streamquake.run.launcher import LocustRun
@@ -40,6 +39,7 @@ from streamquake.run.saturation import SaturationGuard
 from streamquake.run.scoring import score
 from streamquake.run.series import cdfs, environment, per_second
 from streamquake.run.signals import Interrupted, Signals
+from streamquake.run.stream_limits import stream_limits_check
 from streamquake.run.timeline import STARTUP_LEAD_S, PhaseWindow, plan_windows, sleep_until
 from streamquake.run.verdicts import evaluate
 from streamquake.run.watch import Watch
