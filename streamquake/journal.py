@@ -123,8 +123,8 @@ def _locked_list(path: Path, read: Callable[[], list[JsonDict]],
         fcntl.flock(lf, fcntl.LOCK_EX)
         items = read()
         yield items
-        if not write():
-            return
+        if not write() and path.exists():
+            return          # only read: nothing to write (a missing file is made, as ever)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(items, indent=2))
         with open(tmp, "rb+") as fh:

@@ -1,6 +1,7 @@
 """The load process's garbage collector: its pauses are measured as its own (the saturation
-guard's ``gc_max_ms`` and ``gc_full`` holds), and a full collection runs only when memory asks
-for one (``loadgen/collector.py``), yet cycles are still collected.
+guard's ``gc_max_ms`` and ``gc_full`` holds), young collections run on a timer, and a full
+collection runs only when memory asks for one (``loadgen/collector.py``), yet cycles are still
+collected.
 
 The collector's policy changes the interpreter's global state, so it is exercised in a child
 process of its own; every comparison is within one process (a full collection by default vs
@@ -20,6 +21,7 @@ from pathlib import Path
 import gevent
 import pytest
 
+from streamquake.jsontypes import JsonDict
 from streamquake.loadgen import self_measure
 from streamquake.loadgen.holds import GC_FULL, LIMIT_S
 from streamquake.run.saturation import LoadSecond, SaturationTail
@@ -86,6 +88,19 @@ _CHILD = textwrap.dedent("""
     out = {"default": long_lived()}
     collector.start(None)
     out["deferred"] = long_lived()
+
+    # Too few for the interpreter's own gen-0 threshold (700): only the timer collects them.
+    young = [[] for _ in range(200)]
+    ids = {id(o) for o in young}
+
+    def in_young():
+        return any(id(o) in ids for g in (0, 1) for o in gc.get_objects(g))
+
+    waited = 0.0
+    while in_young() and waited < HANG_S:
+        gevent.sleep(collector.YOUNG_S)
+        waited += collector.YOUNG_S
+    out["young_collected"] = not in_young()
     collector.settle()
     out["frozen"] = gc.get_freeze_count()
 
@@ -121,9 +136,21 @@ def test_full_collections_wait_for_memory_yet_cycles_are_collected() -> None:
     # Not vacuous: by default the interpreter starts full collections for this much.
     assert out["default"] >= 1, out
     assert out["deferred"] == 0, out
+    assert out["young_collected"] is True, out       # moved on to the oldest generation
     assert out["frozen"] > 0, out
     # The cycles outlive every young collection; the memory they hold makes the valve run one
     # full collection, which frees them.
     assert out["after_young"] is True, out
     assert out["valve_freed"] is True and out["valve_full"] >= 1, out
     assert out["restored"] == [threshold, 0], out
+
+
+def test_a_long_hub_hold_says_how_much_of_it_was_the_collector() -> None:
+    line: JsonDict = {
+        "pid": 1, "start": 10.0, "end": 11.0, "cpu_pct": 20.0, "lag_ms": [0.5, 120.0],
+        "seen": {}, "seen_max_ms": 0.1, "kernel_reads": 0, "user_reads": 0,
+        "holds": {GC_FULL: [1, 110.0, 9.0, 110.0, 0]}, "gc_max_ms": 110.0}
+    by_gc = LoadSecond.from_dict(line).reasons()
+    other = LoadSecond.from_dict({**line, "holds": {}, "gc_max_ms": 0.0}).reasons()
+    assert "hub held 120 ms at once (its own garbage collector held it 110 ms)" in by_gc, by_gc
+    assert "hub held 120 ms at once" in other, other
