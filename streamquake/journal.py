@@ -108,9 +108,14 @@ def _int_or(raw: object, default: int | None) -> int | None:
 @contextlib.contextmanager
 def _locked_list(path: Path, read: Callable[[], list[JsonDict]],
                  write: Callable[[], bool] = lambda: True) -> Iterator[list[JsonDict]]:
-    """A JSON list file under an exclusive lock; written back (fsynced, then renamed into place)
-    when the block ends without an exception, unless ``write()`` says it only read (nothing
-    written, no fsync: a fault's apply reads its entry several times)."""
+    """A JSON list file under an exclusive lock; written back (to a temporary file renamed into
+    place, so a reader sees the old list or the new one, never half) when the block ends without
+    an exception, unless ``write()`` says it only read.
+
+    Not fsynced: the journal guards against a killed *process*, whose writes the kernel keeps;
+    everything it records (qdiscs, namespaces, GPU clock locks and power limits, proxy
+    processes) dies with the machine too, so a crash leaves nothing for it to undo. Three
+    fsyncs a fault were most of what applying one cost (benchmarks/tc_apply_revert.py)."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         lock = open(path.with_suffix(".lock"), "a+")  # noqa: SIM115 (closed by the with below)
@@ -127,8 +132,6 @@ def _locked_list(path: Path, read: Callable[[], list[JsonDict]],
             return          # only read: nothing to write (a missing file is made, as ever)
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(items, indent=2))
-        with open(tmp, "rb+") as fh:
-            os.fsync(fh.fileno())
         os.replace(tmp, path)
 
 

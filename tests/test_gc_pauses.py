@@ -24,7 +24,11 @@ import pytest
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen import self_measure
 from streamquake.loadgen.holds import GC_FULL, LIMIT_S
-from streamquake.run.saturation import LoadSecond, SaturationTail
+from streamquake.loadgen.self_measure import FILE_PREFIX
+from streamquake.result import PhaseResult
+from streamquake.run.events import Events
+from streamquake.run.saturation import LoadSecond, SaturationGuard, SaturationTail
+from streamquake.run.timeline import PhaseWindow
 from tests.timing import HANG_S, REPO, wait_until
 
 
@@ -154,3 +158,18 @@ def test_a_long_hub_hold_says_how_much_of_it_was_the_collector() -> None:
     other = LoadSecond.from_dict({**line, "holds": {}, "gc_max_ms": 0.0}).reasons()
     assert "hub held 120 ms at once (its own garbage collector held it 110 ms)" in by_gc, by_gc
     assert "hub held 120 ms at once" in other, other
+
+
+def test_a_phase_says_its_load_process_own_collector_held_the_hub(tmp_path: Path) -> None:
+    line = {"pid": 1, "start": 10.0, "end": 11.0, "cpu_pct": 20.0, "lag_ms": [0.5, 1.0],
+            "seen": {}, "seen_max_ms": 0.1, "kernel_reads": 0, "user_reads": 0,
+            "holds": {GC_FULL: [1, 110.0, 105.0, 110.0, 1]}, "gc_max_ms": 110.0}
+    (tmp_path / f"{FILE_PREFIX}1.jsonl").write_text(json.dumps(line) + "\n")
+    guard = SaturationGuard(tmp_path, [PhaseWindow("baseline", 9.0, 12.0)], Events())
+    phase = PhaseResult(name="baseline", start=9.0, end=12.0, stats={})
+    warnings, _checks = guard.mark([phase], {}, fail=False)
+    client = phase.stats["client"]
+    assert isinstance(client, dict)
+    assert client["gc_pause_max_ms"] == 110.0 and client["gc_full_collections"] == 1, client
+    assert len(warnings) == 1 and "its own garbage collector held the hub up to 110 ms" in \
+        warnings[0], warnings

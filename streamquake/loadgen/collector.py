@@ -14,8 +14,11 @@ that runs users (:func:`start`, from the locustfile):
   thresholds, so cycles that die young are still freed at once. By the thresholds alone a young
   collection can wait seconds: they count allocations net of deallocations, and each ended
   stream's freed objects cancel the new ones', while the young generation fills with every
-  object made since (each waiting read's, each new request's): 95 ms of CPU at 2,500 streams.
-  Every :data:`YOUNG_S` it holds only what that stretch made and kept;
+  object made since (each waiting read's, each new request's): about 100 ms of CPU at 2,500
+  streams. Every :data:`YOUNG_S` it holds only what that stretch made and kept (12 ms). The
+  price: every object that outlives YOUNG_S is walked once (a waiting read's do), so the
+  collector takes more CPU in all (8% of the load process's at 2,500 streams, from 2%);
+  collecting every 0.1 or 0.2 s took more CPU still, and longer;
 * each time Locust has spawned the users (``spawning_complete``), the young generations are
   collected and every object alive is frozen (``gc.freeze``: modules, Locust, the users and
   their clients), so that a later full collection walks only what came after; the memory the

@@ -321,8 +321,11 @@ def _warning(phase: str, f: JsonDict) -> str:
 
     cpu = f.get("cpu_pct_max")
     cpu_text = "-" if not isinstance(cpu, int | float) else f"{cpu:.0f}%"
+    gc_ms = f.get("gc_pause_max_ms")
+    gc_text = (f", its own garbage collector held the hub up to {gc_ms:.0f} ms"
+               if isinstance(gc_ms, int | float) and gc_ms >= FROZEN_LAG_MS else "")
     return (f"phase {phase}: the load generator was saturated for {f['saturated_s']} of "
             f"{f['seconds']} s (CPU up to {cpu_text} of a core, hub lag p99 "
-            f"{ms('hub_lag_p99_ms')}, kernel-to-seen p99 {ms('seen_gap_p99_ms')}): its "
+            f"{ms('hub_lag_p99_ms')}, kernel-to-seen p99 {ms('seen_gap_p99_ms')}{gc_text}): its "
             f"timings are distorted ({f['client_stalls']} stalls were its own and are not "
             "counted as the server's); give it more cores (load.workers) or fewer streams")
