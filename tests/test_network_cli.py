@@ -117,7 +117,9 @@ def test_sigkill_mid_fault_then_recover_leaves_no_namespace_link_or_qdisc(
     wait_until(lambda: not any(_running(c) for c in children), "the run's children to end")
 
     journal = json.loads((state_dir / "journal.json").read_text())
-    assert sorted(e["type"] for e in journal) == ["netns", "tbf"]
+    # The fault, the run's scaffold on the link (htb tree and filters, built once per run) and
+    # the namespace, each its own entry.
+    assert sorted(e["type"] for e in journal) == ["netns", "tbf", "tc_scaffold"]
     topology = next(e for e in journal if e["type"] == "netns")["state"]
     host_if = topology["host_ifname"]
     assert {topology["netns"], host_if} <= _left_behind(before), "the kill should leave them"
@@ -130,6 +132,6 @@ def test_sigkill_mid_fault_then_recover_leaves_no_namespace_link_or_qdisc(
 
     recovered = run_cli("recover")
     assert recovered.returncode == 0, recovered.stdout + recovered.stderr
-    assert recovered.stdout.count("recovered ") == 2
+    assert recovered.stdout.count("recovered ") == 3
     assert _left_behind(before) == set()
     assert json.loads((state_dir / "journal.json").read_text()) == []
