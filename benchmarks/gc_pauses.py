@@ -95,7 +95,7 @@ def child(url: str, streams: int, policy: str, seconds: float) -> dict[str, Any]
 
     gc.callbacks.append(on_gc)
     if policy == "streamquake":
-        collector.start(None)
+        collector.start(None, force=True)
     workdir = Path(tempfile.mkdtemp(prefix="sq-gc-"))
     plan = LoadPlan(base_url=url, protocol="openai", timeout_s=60.0,
                     classes=[RequestClassPlan(prompts=["Say something."], max_tokens=64)],

@@ -90,7 +90,7 @@ _CHILD = textwrap.dedent("""
         return full_collections() - before
 
     out = {"default": long_lived()}
-    collector.start(None)
+    collector.start(None, force=True)
     out["deferred"] = long_lived()
 
     # Too few for the interpreter's own gen-0 threshold (700): only the timer collects them.
