@@ -72,12 +72,10 @@ def test_reference_chaos_plan(tmp_path: Path, state_dir: Path) -> None:
     loss = {step: s["chunk_loss"] for step, s in stats.items() if s["requests"]}
     assert 0.09 <= loss["drop"] <= 0.22, loss
     assert all(v == 0 for step, v in loss.items() if step != "drop"), loss
-    # Errors within the scenario's own error SLO (1%, gating in every step) everywhere: one
-    # slow request in a UML step of ~25 is a timing of the emulated machine, not a fault's
-    # effect; what each fault does is the comparisons above.
+    # No errors in any step that had requests (a warm-up the load process started too late
+    # for has none, and no error rate: UML starts Locust slowly on a busy host).
     errors = {k: {kind: n for kind, n in s["errors"].items() if n} for k, s in stats.items()}
-    assert all(s["error_rate"] <= 0.01 or s["errors"].get("timeout", 0) <= 1
-               for s in stats.values()), errors
+    assert all(s["error_rate"] == 0 for s in stats.values() if s["requests"]), errors
 
     # Three verdicts: each fault step with its before and after, and recovery checks after it.
     judged = [(j["step"], j["faults"], j["before"], j["after"]) for j in report["judged"]]
