@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Literal, TypeVar
 
-from pydantic import AfterValidator, BaseModel, BeforeValidator
+from pydantic import AfterValidator, BaseModel, BeforeValidator, ConfigDict, model_validator
 
 _NUM = r"(?P<num>[0-9]+(?:\.[0-9]+)?)"
 _DURATION = re.compile(rf"^\s*{_NUM}\s*(?P<unit>us|ms|s|m|h)?\s*$")
@@ -202,6 +202,19 @@ def bools_as_text(model: type[BaseModel], data: object) -> object:
 
 
 _UNSEEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})   # controls, format (U+202E), line breaks
+
+
+class ScenarioModel(BaseModel):
+    """The base of every model a scenario file is read into: unknown keys refused, values
+    frozen, fields by name or alias, and a boolean never taken for a number
+    (:func:`bools_as_text`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_bool_numbers(cls, data: object) -> object:
+        return bools_as_text(cls, data)
 
 
 def plain_name(value: str) -> str:

@@ -14,9 +14,9 @@ import math
 import random
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator, model_validator
+from pydantic import BeforeValidator, Field, field_validator, model_validator
 
-from streamquake.units import DURATION, bools_as_text, parse_duration_s
+from streamquake.units import DURATION, ScenarioModel, parse_duration_s
 
 # The shortest state: the runner times edges with its sleep (run/timeline.py), to within a few
 # ms on a quiet host; a fault that cannot stay on this long is better given a probability.
@@ -34,16 +34,9 @@ def _duration_s(v: object) -> float:
 StateS = Annotated[float, DURATION, BeforeValidator(_duration_s)]
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, data: object) -> object:
-        return bools_as_text(cls, data)
 
 
-class Draw(_Model):
+class Draw(ScenarioModel):
     """A random state length: its mean, clamped to [min, max]."""
 
     mean_s: StateS = Field(alias="mean")
@@ -64,7 +57,7 @@ class Draw(_Model):
         return min(max(x, self.min_s), math.inf if self.max_s is None else self.max_s)
 
 
-class Flap(_Model):
+class Flap(ScenarioModel):
     on: Annotated[float | Draw, DURATION]   # the Unit tells the reference; _length converts
     off: Annotated[float | Draw, DURATION]
     start: Literal["on", "off"] = "on"

@@ -5,21 +5,14 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import field_validator, model_validator
 
 from streamquake.faults.tc.profiles import get_profile
-from streamquake.units import bools_as_text
+from streamquake.units import ScenarioModel
 
 
-class NetworkConfig(BaseModel):
+class NetworkConfig(ScenarioModel):
     """The scenario's ``network:`` section: where the target lives and where tc faults land."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, data: object) -> object:
-        return bools_as_text(cls, data)
 
     mode: Literal["host", "namespace"] = "host"
     # host mode: the interface to shape; default: the one the kernel routes the target through.

@@ -9,7 +9,6 @@ import typing
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
-    BaseModel,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -35,9 +34,9 @@ from streamquake.units import (
     PlainName,
     RateOrBytes,
     RequestRate,
+    ScenarioModel,
     SizeOrBytes,
     Unit,
-    bools_as_text,
     format_duration,
     format_ms,
     format_percent,
@@ -77,16 +76,9 @@ HIGHER_IS_BETTER: frozenset[str] = frozenset({"output_tokens_per_s"})
 # One value per judged fault (run/recovery_time.py), in seconds; "never came back" breaks it.
 RECOVERY_TIME = "recovery_time_s"
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, data: object) -> object:
-        return bools_as_text(cls, data)
 
 
-class TargetSpec(_Model):
+class TargetSpec(ScenarioModel):
     protocol: Protocol
     model: PlainName = "sim-1"
     url: str | None = None
@@ -137,7 +129,7 @@ class TargetSpec(_Model):
         return self
 
 
-class ThinkTime(_Model):
+class ThinkTime(ScenarioModel):
     min_s: DurationS = Field(default=0.0, alias="min", ge=0)
     max_s: DurationS = Field(default=0.0, alias="max", ge=0)
 
@@ -148,13 +140,13 @@ class ThinkTime(_Model):
         return self
 
 
-class Arrival(_Model):
+class Arrival(ScenarioModel):
     rate_per_s: RequestRate = Field(alias="rate", gt=0)
     process: Literal["constant", "poisson"] = "poisson"
     max_inflight: int = Field(default=1000, ge=1)
 
 
-class TraceSpec(_Model):
+class TraceSpec(ScenarioModel):
     """Replay a recorded trace (loadgen/trace.py reads Mooncake and Azure shapes): each row is
     sent at its own time from the start of the run, with its own prompt and output lengths."""
 
@@ -191,7 +183,7 @@ Threshold = Annotated[float, Unit(PERCENTAGE.kinds + DURATION.kinds),
                       BeforeValidator(_threshold_value)]
 
 
-class AbortCondition(_Model):
+class AbortCondition(ScenarioModel):
     """``{metric: error_rate, above: 50%, for: 10s}``: stop the damage when it holds.
 
     Evaluated every half second over the requests that ended in the trailing ``for`` window
@@ -221,7 +213,7 @@ class AbortCondition(_Model):
                 f"{format_duration(self.for_s)}")
 
 
-class VerdictSpec(_Model):
+class VerdictSpec(ScenarioModel):
     """How sure a verdict must be. Every percentile and rate comes with a ``confidence``
     interval (order statistics; Wilson for rates; widened by batch means over time, so it
     holds for requests that queue behind each other); a check whose interval straddles its
@@ -237,7 +229,7 @@ class VerdictSpec(_Model):
     unmeasurable: Literal["warn", "fail", "pass"] = "warn"
 
 
-class SLOSpec(_Model):
+class SLOSpec(ScenarioModel):
     metric: Metric
     percentile: float | None = Field(default=None, gt=0, le=100)
     max: Threshold | None = None
@@ -279,7 +271,7 @@ class SLOSpec(_Model):
         return f"{what} {op} {threshold_text(self.metric, limit or 0.0)}"
 
 
-class ReadSpec(_Model):
+class ReadSpec(ScenarioModel):
     """A slow consumer: the class reads its streams at most ``rate`` body bytes a second
     (``2kB/s``, ``16kbit``), and/or pauses ``pause`` after every ``every`` events, on
     connections of its own whose receive buffer is ``receive_buffer`` (SO_RCVBUF, before the
@@ -309,7 +301,7 @@ class ReadSpec(_Model):
         return self
 
 
-class RequestClass(_Model):
+class RequestClass(ScenarioModel):
     name: PlainName = "default"
     weight: float = Field(default=1.0, gt=0)
     prompt: str | None = None
@@ -335,7 +327,7 @@ class RequestClass(_Model):
         return [self.prompt or "Say something."]
 
 
-class StreamLimits(_Model):
+class StreamLimits(ScenarioModel):
     """How much one stream may make the load generator hold (loadgen/sse_parser.py has the reasons
     for the defaults); a stream that breaks one fails as error kind ``limit``."""
 
@@ -344,7 +336,7 @@ class StreamLimits(_Model):
     data_lines: int = Field(default=65_536, ge=16)
 
 
-class LoadSpec(_Model):
+class LoadSpec(ScenarioModel):
     users: int = Field(default=1, ge=1)
     spawn_rate: float = Field(default=0.0, ge=0, description="users started per second; 0 = all")
     think_time: ThinkTime | None = None
@@ -387,7 +379,7 @@ class LoadSpec(_Model):
         return self
 
 
-class PhasesSpec(_Model):
+class PhasesSpec(ScenarioModel):
     warmup_s: DurationS = Field(default=0.0, alias="warmup", ge=0)
     baseline_s: DurationS = Field(alias="baseline", gt=0)
     fault_s: DurationS = Field(alias="fault", ge=0)
@@ -401,7 +393,7 @@ class PhasesSpec(_Model):
         return sum(self.duration_s(p) for p in PHASE_ORDER)
 
 
-class RecoverySpec(_Model):
+class RecoverySpec(ScenarioModel):
     """Recovery must come back to within ``tolerance`` of baseline (plus an absolute slack)."""
 
     tolerance: Fraction = 0.10
@@ -427,7 +419,7 @@ else:
     FaultModel = _fault_union()
 
 
-class Scenario(_Model):
+class Scenario(ScenarioModel):
     # Exactly one of the two timelines; editors reading the JSON schema see it too.
     model_config = ConfigDict(json_schema_extra={
         "oneOf": [{"required": ["phases"]}, {"required": ["steps"]}]})

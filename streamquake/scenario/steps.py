@@ -22,31 +22,24 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-from streamquake.units import DurationS, PlainName, RequestRate, bools_as_text
+from streamquake.units import DurationS, PlainName, RequestRate, ScenarioModel
 
 StepKind = Literal["warmup", "baseline", "fault", "recovery"]
 STEP_KINDS: tuple[StepKind, ...] = ("warmup", "baseline", "fault", "recovery")
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, data: object) -> object:
-        return bools_as_text(cls, data)
 
 
-class Ramp(_Model):
+class Ramp(ScenarioModel):
     """A rate that changes linearly over the step: ``{from: 5, to: 20}`` (requests/s)."""
 
     start: RequestRate = Field(alias="from", ge=0)
     end: RequestRate = Field(alias="to", ge=0)
 
 
-class Spike(_Model):
+class Spike(ScenarioModel):
     """Within the step, the rate is ``rate`` from ``at`` for ``for``: ``{rate: 80, at: 10s,
     for: 5s}``."""
 
@@ -55,7 +48,7 @@ class Spike(_Model):
     for_s: DurationS = Field(alias="for", gt=0)
 
 
-class StepLoad(_Model):
+class StepLoad(ScenarioModel):
     """A step's own load: ``users: 40`` (closed loop), or ``rate: 10`` / ``rate: {from: 5,
     to: 20}`` (open loop; requests/s), with an optional ``spike`` (open loop)."""
 
@@ -84,7 +77,7 @@ class StepLoad(_Model):
         return float(self.rate)
 
 
-class StepSpec(_Model):
+class StepSpec(ScenarioModel):
     name: PlainName
     kind: StepKind
     duration_s: DurationS = Field(alias="duration", gt=0)
