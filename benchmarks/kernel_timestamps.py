@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 import gevent.socket
 
-from streamquake.loadgen.client import Arrival, enable_kernel_timestamps
+from streamquake.loadgen.stamps import Arrival, enable_kernel_timestamps
 
 EVENT = (b'id: 7\ndata: {"id":"chatcmpl-0123456789abcdef","object":"chat.completion.chunk",'
          b'"created":1700000000,"model":"sim-1","choices":[{"index":0,"delta":{"content":'

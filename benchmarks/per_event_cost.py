@@ -38,10 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from geventhttpclient.response import HTTPResponse  # noqa: E402
 
-from streamquake.loadgen import client as c  # noqa: E402
+from streamquake.loadgen.client import MAX_EVENTS  # noqa: E402
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan  # noqa: E402
 from streamquake.loadgen.samples import RequestSample  # noqa: E402
 from streamquake.loadgen.sse_parser import SSEParser  # noqa: E402
+from streamquake.loadgen.stamps import _BLOCK, Arrival, enable_kernel_timestamps  # noqa: E402
+from streamquake.loadgen.tally import _Tally  # noqa: E402
 from streamquake.protocols import get  # noqa: E402
 from streamquake.protocols.base import STAMP_SLOT, Completion, GenRequest  # noqa: E402
 
@@ -100,7 +102,7 @@ def main() -> None:
 
     def tally(own: bool = True) -> int:
         for _ in range(repeat):
-            t = c._Tally(RequestSample(cls="c", sent=0.0), plan, 0.0, c.MAX_EVENTS)
+            t = _Tally(RequestSample(cls="c", sent=0.0), plan, 0.0, MAX_EVENTS)
             if own:
                 t._decode = lambda ev: known[id(ev)]   # decoded already: the tally's own cost
             now = 1.0
@@ -144,8 +146,8 @@ def main() -> None:
             r = socket.create_connection(ls.getsockname())
             w, _ = ls.accept()
             w.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            c.enable_kernel_timestamps(r)
-            pairs.append((r, w, c.Arrival(r, 0.0)))
+            enable_kernel_timestamps(r)
+            pairs.append((r, w, Arrival(r, 0.0)))
         event = events[1]
 
         def read_cost() -> float:
@@ -158,7 +160,7 @@ def main() -> None:
                         w.sendall(event)
                     t0 = time.process_time()
                     for r, _w, arrival in pairs:
-                        arrival.recv(r, c._BLOCK)
+                        arrival.recv(r, _BLOCK)
                     spent += time.process_time() - t0
                 out = min(out, spent / (10 * len(pairs)))
             return out

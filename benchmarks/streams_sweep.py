@@ -184,6 +184,7 @@ def run_streamquake(url: str, streams: int, warm_s: float, seconds: float) -> di
     from streamquake.loadgen import client as client_mod
     from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
     from streamquake.loadgen.sse_parser import SSEParser
+    from streamquake.loadgen.tally import _Tally
 
     rec = Recorder(warm_s, seconds)
     handed: list[int] = []      # the stamps of the events the last feed() returned, in order
@@ -208,7 +209,7 @@ def run_streamquake(url: str, streams: int, warm_s: float, seconds: float) -> di
             taken[0] = 0
             return events
 
-    original_add = client_mod._Tally.add
+    original_add = _Tally.add
 
     def add(self: Any, event: Any, now: float, *rest: Any, **kwargs: Any) -> None:
         # ``now``: the event's arrival as the client records it (its TTFT and ITL come from
@@ -228,7 +229,7 @@ def run_streamquake(url: str, streams: int, warm_s: float, seconds: float) -> di
                 rec.seen_ns.append(rec.ns(seen) - stamp)
 
     setattr(client_mod, "SSEParser", StampedParser)  # noqa: B010 - the benchmark's hook
-    setattr(client_mod._Tally, "add", add)  # noqa: B010
+    setattr(_Tally, "add", add)  # noqa: B010
 
     workdir = Path(tempfile.mkdtemp(prefix="sq-sweep-"))
     plan = LoadPlan(base_url=url, protocol="openai", model=MODEL, timeout_s=60.0,

@@ -6,7 +6,9 @@ import contextlib
 import functools
 import inspect
 import io
+import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
@@ -16,6 +18,7 @@ from rich.console import Console
 from typer.core import TyperCommand, TyperGroup, TyperOption
 
 from streamquake.errors import ScenarioError, StreamquakeError
+from streamquake.journal import state_dir
 
 if TYPE_CHECKING:
     from typer._click import Context, Parameter
@@ -27,8 +30,17 @@ Exit codes: 0 all SLOs met; 1 an SLO broken; 2 scenario or usage error;
 a fault could not be applied); 4 a fault could not be reverted (run
 `streamquake recover`); 5 aborted: an abort condition held or the watchdog
 lease lapsed (faults reverted early, the rest measured without them);
-130/143 interrupted by Ctrl-C/SIGTERM (faults reverted, partial report
-written).
+6 not judged: nothing broke, but a gating timing check was not judged as
+the load generator was saturated in its step (verdicts.saturated: fail
+makes that 1, warn 0); 130/143 interrupted by Ctrl-C/SIGTERM (faults
+reverted, partial report written).
+"""
+
+CAPACITY_EXIT_CODES_HELP = """\
+Exit codes: 0 the search ran (the capacity is its result, not a verdict);
+2 scenario or usage error; 3 environment/preflight error; 4 a fault could
+not be reverted (the search stops; run `streamquake recover`); 130/143
+interrupted by Ctrl-C/SIGTERM (the probes so far are reported).
 """
 
 F = TypeVar("F", bound=Callable[..., object])
@@ -165,6 +177,12 @@ def run(
         bool, typer.Option("--json", help="Print the verdicts as one JSON document on stdout "
                            "(everything for people goes to stderr).")
     ] = False,
+    otlp: Annotated[
+        str | None, typer.Option("--otlp", help="After the run, send a span per request and "
+                                 "the GenAI client metrics per step to this OpenTelemetry "
+                                 "OTLP/HTTP endpoint, e.g. http://127.0.0.1:4318 (/v1/traces "
+                                 "and /v1/metrics are added); a failed export is a warning.")
+    ] = None,
 ) -> None:
     """Run a scenario: baseline, fault, recovery; print verdicts; write reports."""
     # Bad flags and an unreadable file are usage errors: one sentence, exit 2, nothing written.
@@ -174,6 +192,10 @@ def run(
         _port_option("--metrics-port", metrics_port)
     if metrics_file is not None:
         _metrics_file_option(metrics_file)
+    if otlp is not None:
+        from streamquake.reports.otlp import otlp_endpoint
+
+        otlp = otlp_endpoint(otlp)
     text = _read_scenario(scenario_file)
     overrides = [*(overrides or []), *flags]
     if dry_run:
@@ -186,7 +208,7 @@ def run(
     request = RunRequest(scenario_file=scenario_file, text=text, overrides=overrides, out=out,
                          lease_s=lease_s, history=history, metrics_port=metrics_port,
                          metrics_host=metrics_host, metrics_file=metrics_file,
-                         as_json=as_json)
+                         as_json=as_json, otlp=otlp)
     raise typer.Exit(run_and_report(request, _console, err_console, _print_problems))
 
 
@@ -274,18 +296,56 @@ def _check_out_dir(out: Path) -> None:
             probe.unlink(missing_ok=True)
 
 
-@app.command(epilog="Exit codes: 0 no regression; 1 a metric is worse beyond the tolerance; "
-             "2 usage error (a report that cannot be read, or runs of different scenarios "
-             "without --different-scenarios).")
+# ``compare A1 A2 -- B1 B2``: click takes ``--`` for the end of the options and drops it, so the
+# sides would be lost; it is swapped for this marker first. A NUL cannot be in an argument, so
+# no path is ever taken for it.
+_B_SIDE = "\0--"
+
+
+class _SidesCommand(_Command):
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
+        return super().parse_args(ctx, [_B_SIDE if arg == "--" else arg for arg in args])
+
+
+def _sides(runs: list[str]) -> tuple[list[Path], list[Path]]:
+    """The runs of A and of B: ``A B``, or ``A1 A2 -- B1 B2``."""
+    marks = runs.count(_B_SIDE)
+    a: list[Path] = []
+    b: list[Path] = []
+    if marks == 1:
+        at = runs.index(_B_SIDE)
+        a, b = [Path(r) for r in runs[:at]], [Path(r) for r in runs[at + 1:]]
+    elif marks == 0 and len(runs) == 2:
+        a, b = [Path(runs[0])], [Path(runs[1])]
+    if not a or not b:
+        raise ScenarioError(f"compare got {len(runs) - marks} run(s)"
+                            f"{f' and {marks} --' if marks else ''}; give run A and run B "
+                            "(compare A B), or the runs of A, then --, then the runs of B "
+                            "(compare A1 A2 A3 -- B1 B2)")
+    return a, b
+
+
+@app.command(cls=_SidesCommand,
+             epilog="Exit codes: 0 no regression, or not judged (too few runs of A to know the "
+             "variation between runs; said); 1 a metric is worse beyond the margin; 2 usage "
+             "error (a report that cannot be read, or runs of different scenarios without "
+             "--different-scenarios).")
 def compare(
-    a: Annotated[Path, typer.Argument(help="Run A (the reference): an --out directory or its "
-                                      "report.json.")],
-    b: Annotated[Path, typer.Argument(help="Run B (the candidate).")],
+    runs: Annotated[list[str], typer.Argument(
+        help="A B: run A (the reference) and run B (the candidate), each an --out directory or "
+        "its report.json; or several runs a side: A1 A2 A3 -- B1 B2.", show_default=False,
+        metavar="A... [--] B...")],
     tolerance: Annotated[
         str, typer.Option(help="Changes within this share of A are 'same' (e.g. 10%).")
     ] = "10%",
-    confidence: Annotated[float, typer.Option(help="Confidence of the intervals.")] = 0.95,
-    resamples: Annotated[int, typer.Option(help="Bootstrap resamples.")] = 1000,
+    min_runs: Annotated[
+        int, typer.Option(help="Judge only with at least this many runs of A (the variation "
+                          "between runs needs several); 1 judges one run a side by the "
+                          "requests within the two runs.")
+    ] = 3,
+    confidence: Annotated[float, typer.Option(help="Confidence of the intervals (one run a "
+                                              "side).")] = 0.95,
+    resamples: Annotated[int, typer.Option(help="Bootstrap resamples (one run a side).")] = 1000,
     markdown: Annotated[
         Path | None, typer.Option("--markdown", help="Also write the comparison as Markdown "
                                   "(for a merge-request comment).")
@@ -298,27 +358,41 @@ def compare(
                            "(names or file hashes differ); refused without it.")
     ] = False,
 ) -> None:
-    """Compare two runs per phase and metric: B - A with a bootstrap confidence interval and a
-    verdict better / same / worse beyond a tolerance. Exits 1 on a regression."""
+    """Compare runs per phase and metric. Several runs a side (A1 A2 A3 -- B1 B2): the median
+    of B against the median of A beyond the variation between runs. One run a side (A B): B - A
+    with a bootstrap interval over the requests, shown but not judged unless --min-runs 1.
+    Exits 1 on a regression."""
     import json
 
     from streamquake.errors import ScenarioError
-    from streamquake.reports.compare import compare as compare_runs
+    from streamquake.reports.compare import compare_runs, to_json
     from streamquake.reports.compare import different_scenarios as differ
     from streamquake.reports.compare import markdown as compare_markdown
-    from streamquake.reports.compare import to_json
     from streamquake.reports.compare_terminal import print_comparison
     from streamquake.reports.saved_run import load_run
 
     tol = _share(tolerance, "--tolerance")
     if not 0 < confidence < 1:
         raise ScenarioError("--confidence must be between 0 and 1, e.g. 0.95")
-    run_a, run_b = load_run(a), load_run(b)
-    if not different_scenarios and (why := differ(run_a, run_b)) is not None:
-        raise ScenarioError(f"{why}, so a difference may be the scenario's, not the "
-                            "target's; --different-scenarios compares them anyway")
-    comparison = compare_runs(run_a, run_b, tolerance=tol, confidence=confidence,
-                              resamples=max(0, resamples))
+    if min_runs < 1:
+        raise ScenarioError(f"--min-runs {min_runs}: give 1 or more")
+    if not 0 <= resamples <= 100_000:
+        raise ScenarioError(f"--resamples {resamples}: give 0 (no intervals) to 100000; the "
+                            "default 1000 bounds a 95% interval well")
+    for option, out, eg in (("--markdown", markdown, "md"), ("--json", json_out, "json")):
+        if out is not None and (out.is_dir() or not out.parent.is_dir()):
+            raise ScenarioError(f"{option} '{out}': give a file to write in a folder that "
+                                f"exists, e.g. {option} compare.{eg}")
+    a_paths, b_paths = _sides(runs)
+    runs_a, runs_b = [load_run(p) for p in a_paths], [load_run(p) for p in b_paths]
+    for other in [*runs_a[1:], *runs_b]:
+        if not different_scenarios and (why := differ(runs_a[0], other)) is not None:
+            if len(runs_a) + len(runs_b) > 2:
+                why = f"{why} ({runs_a[0].path} and {other.path})"
+            raise ScenarioError(f"{why}, so a difference may be the scenario's, not the "
+                                "target's; --different-scenarios compares them anyway")
+    comparison = compare_runs(runs_a, runs_b, tolerance=tol, confidence=confidence,
+                              resamples=resamples, min_runs=min_runs)
     print_comparison(comparison, console)
     if markdown is not None:
         markdown.write_text(compare_markdown(comparison))
@@ -329,9 +403,9 @@ def compare(
     raise typer.Exit(1 if comparison.worse else 0)
 
 
-@app.command("history", epilog="Exit codes: 0 no regression in the latest runs; 1 a latest "
-             "run regressed against its rolling baseline; 2 usage error; 3 the store cannot be "
-             "read.")
+@app.command("history", epilog="Exit codes: 0 no regression in the latest runs, or not "
+             "judged (not enough history; said); 1 a latest run regressed beyond the variation "
+             "between the runs before it; 2 usage error; 3 the store cannot be read.")
 def history_cmd(
     store: Annotated[Path, typer.Argument(help="The SQLite file given to `run --history`.")],
     scenario: Annotated[
@@ -339,17 +413,19 @@ def history_cmd(
     ] = None,
     window: Annotated[
         int, typer.Option(help="The baseline: this many runs before the latest that ran to the "
-                          "end, their requests pooled (as compare's A).")
-    ] = 5,
+                          "end; their figures' median and spread.")
+    ] = 10,
     min_runs: Annotated[
         int, typer.Option(help="Judge the latest run only with at least this many earlier "
-                          "runs that ran to the end.")
-    ] = 3,
-    tolerance: Annotated[str, typer.Option(help="Allowed change against the baseline.")] = "10%",
+                          "runs that ran to the end (fewer: not enough history to know the "
+                          "variation between runs).")
+    ] = 5,
+    tolerance: Annotated[str, typer.Option(help="Changes within this share of the baseline "
+                                           "are no regression.")] = "10%",
     last: Annotated[int, typer.Option(help="Runs to show per scenario.")] = 10,
 ) -> None:
     """Trends per scenario from the history store; flags a latest run that regressed against
-    the runs before it, by compare's interval test."""
+    the runs before it, beyond the variation between them."""
     from streamquake.reports.history import read_runs
     from streamquake.reports.history_terminal import print_history
 
@@ -391,7 +467,8 @@ def probe(
     url: Annotated[str | None, typer.Option("--url", help="The server to probe (instead of, "
                                              "or over, the scenario's target.url).")] = None,
     protocol: Annotated[str, typer.Option("--protocol", help="Without a scenario: openai, "
-                                          "gemini, anthropic or sse.")] = "openai",
+                                          "openai_responses, gemini, anthropic, llama_cpp or "
+                                          "sse.")] = "openai",
     model: Annotated[str | None, typer.Option("--model", help="Without a scenario: the model "
                                               "to ask for.")] = None,
     path: Annotated[str | None, typer.Option("--path", help="Without a scenario: the request "
@@ -400,18 +477,24 @@ def probe(
         list[str] | None, typer.Option("--header", help="Without a scenario: 'Name: value' "
                                        "(repeatable; ${VAR} is read from the environment).")
     ] = None,
+    timeout: Annotated[str | None, typer.Option("--timeout", help="Each request's whole "
+                                                "time (default: the scenario's target.timeout,"
+                                                " else 60s), e.g. 10s.")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="One JSON document on stdout: the "
+                                          "URL asked and each class's outcome.")] = False,
 ) -> None:
     """Send one real streaming request per request class and print what came back: the check
-    `run` makes before any load, alone. Exits 3 when a class cannot stream (a 401, a 404, an
-    HTML page, no token), 0 when every class can."""
+    `run` makes before any load, alone (an embedded target is started for it). Exits 3 when a
+    class cannot stream (a 401, a 404, an HTML page, no token), 0 when every class can."""
     import json as json_module
     import tempfile
 
     from streamquake.run.probe import probe as probe_target
     from streamquake.scenario import load_scenario, parse_scenario
 
+    sets = [f"target.timeout={timeout}"] if timeout else []
     if scenario_file is not None:
-        scenario = load_scenario(scenario_file, [f"target.url={url}"] if url else [])
+        scenario = load_scenario(scenario_file, [*([f"target.url={url}"] if url else []), *sets])
     elif url is None:
         raise ScenarioError("give a scenario file, or --url (with --protocol, --model, "
                             "--path and --header as needed)")
@@ -423,20 +506,43 @@ def probe(
         target = {"protocol": protocol, "url": url,
                   "headers": {k.strip(): v.strip() for k, v in named.items()},
                   **({"model": model} if model else {}), **({"path": path} if path else {})}
+        if timeout:
+            target["timeout"] = timeout
         scenario = parse_scenario(json_module.dumps({
             "name": "probe", "target": target,
             "phases": {"warmup": 0, "baseline": 1, "fault": 0, "recovery": 0},
             "load": {"classes": [{"name": "probe", "prompt": "Say hello.",
                                   "max_tokens": 16}]}}), "the command line")
-    base = scenario.target.url
-    if base is None:
-        raise ScenarioError(f"{scenario_file}: the target is embedded, and `run` probes it "
-                            "itself; give --url to probe a server")
-    with tempfile.TemporaryDirectory(prefix="sq-probe-") as work:
+    with contextlib.ExitStack() as stack:
+        base = scenario.target.url
+        if base is None:
+            # The embedded target, started as `run` starts it (and stopped after).
+            from streamquake.target.process import start_target
+            assert scenario.target.embedded is not None
+            base = stack.enter_context(start_target(scenario.target.embedded)).url
+        work = stack.enter_context(tempfile.TemporaryDirectory(prefix="sq-probe-"))
+        from streamquake import protocols
+        where = base.rstrip("/") + (scenario.target.path or protocols.get(
+            scenario.target.protocol).path(scenario.target.model))
+        if not as_json:
+            console.print(f"probing {where} ({scenario.target.protocol}, timeout "
+                          f"{scenario.target.timeout_s:g} s)", markup=False, highlight=False,
+                          soft_wrap=True)
         probed = probe_target(scenario, base, Path(work))
-    for p in probed:
-        console.print(("ok   " if p.problem is None else "FAIL ") + p.line(), markup=False,
-                      highlight=False, soft_wrap=True)
+    if as_json:
+        _print_json({"url": where, "protocol": scenario.target.protocol,
+                     "ok": all(p.problem is None for p in probed),
+                     "classes": [{"class": p.cls, "ok": p.problem is None,
+                                  "problem": p.problem, "status": p.sample.status,
+                                  "ttfb_ms": p.sample.ttfb_ms, "ttft_ms": p.sample.ttft_ms,
+                                  "content_events": p.sample.content_events,
+                                  "usage_tokens": p.sample.usage_tokens,
+                                  "finish_reason": p.sample.finish_reason,
+                                  "model": p.sample.model} for p in probed]})
+    else:
+        for p in probed:
+            console.print(("ok   " if p.problem is None else "FAIL ") + p.line(), markup=False,
+                          highlight=False, soft_wrap=True)
     if any(p.problem is not None for p in probed):
         raise typer.Exit(3)
 
@@ -542,6 +648,9 @@ def target_serve(
 
     unknown = [p for p in protocol or [] if p not in names()]
     _port_option("--port", port)
+    if not host.strip() or host != host.strip():
+        raise ScenarioError(f"--host {host!r}: give an address to bind, e.g. 127.0.0.1 (0.0.0.0 "
+                            "for every interface, said outright)")
     if unknown:
         raise ScenarioError(f"--protocol {unknown[0]}: the embedded target serves "
                             f"{', '.join(names())}")
@@ -846,7 +955,7 @@ def schema_cmd() -> None:
     print(json.dumps(schema, indent=2))
 
 
-@app.command(epilog=EXIT_CODES_HELP)
+@app.command(epilog=CAPACITY_EXIT_CODES_HELP)
 def capacity(
     scenario_file: Annotated[Path, typer.Argument(help="Scenario YAML file (its target, load, "
                                                   "faults and SLOs).")],
@@ -866,8 +975,9 @@ def capacity(
                                         "queue builds up in it).")] = "5s",
     probe_time: Annotated[str, typer.Option("--probe", help="Each probe's measured step.")
                           ] = "20s",
-    out: Annotated[Path, typer.Option("--out", help="Directory for capacity.json, report.html "
-                                      "and each probe's run.")] = Path("out-capacity"),
+    out: Annotated[Path, typer.Option("--out", help="Directory for capacity.json, summary.md, "
+                                      "report.html and each probe's run.")
+                   ] = Path("out-capacity"),
     overrides: Annotated[list[str] | None, typer.Option("--set", help="Override one scenario "
                                                         "field first (repeatable).")] = None,
     lease: Annotated[str, typer.Option("--lease", help="The watchdog's lease (as in run).")
@@ -876,8 +986,9 @@ def capacity(
                                               "local agent's lease (as in run).")] = False,
 ) -> None:
     """Find the highest arrival rate at which the scenario's SLOs hold: with no fault, then
-    with each fault held alone; print each capacity with its bracket and the share of the
-    no-fault capacity each fault leaves; write capacity.json and report.html."""
+    with each fault held alone; print each capacity with its bracket, the share of the
+    no-fault capacity each fault leaves, and each probe's goodput (the requests that met every
+    SLO) with each condition's knee; write capacity.json, summary.md and report.html."""
     from streamquake.reports.capacity_report import search_and_report
     from streamquake.run.capacity_search import SearchPlan
 
@@ -896,12 +1007,66 @@ def capacity(
                                        _console))
 
 
+class _ReaderGone:
+    """stdout or stderr that outlives its reader: ``run ... | tee log`` and Ctrl-C stops tee
+    with the run (one process group), and the run's next line then raised BrokenPipeError, so
+    an interrupted run wrote no report and exited 1. Once the reader is gone, the command goes
+    on, and what this stream would show goes to ``KEPT_OUTPUT`` in the state directory (its
+    descriptor points there; /dev/null where that cannot be opened): the end of a run whose
+    reader left, an error included, can still be read."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def _lost(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            kept = _kept_output()
+            os.dup2(kept, self._stream.fileno())    # a later flush of its buffer lands here
+            os.close(kept)
+
+    def write(self, text: str) -> int:
+        try:
+            return int(self._stream.write(text))
+        except BrokenPipeError:
+            self._lost()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._lost()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+KEPT_OUTPUT = "output-after-its-reader-left.log"
+
+
+def _kept_output() -> int:
+    """A descriptor appending to ``KEPT_OUTPUT`` (headed by this process and the time), or to
+    /dev/null where the state directory cannot take it."""
+    try:
+        directory = state_dir()
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fd = os.open(directory / KEPT_OUTPUT, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError:
+        return os.open(os.devnull, os.O_WRONLY)
+    os.write(fd, f"--- {time.strftime('%Y-%m-%d %H:%M:%S')} pid {os.getpid()}: "
+                 f"{' '.join(sys.argv[1:3])}: the reader of its output went away; what it "
+                 "showed after that follows\n".encode())
+    return fd
+
+
 def main() -> None:
     # Arguments that are not UTF-8 arrive as surrogates (PEP 383); echoing one must not end
     # the command in a traceback.
     for stream in (sys.stdout, sys.stderr):
         if isinstance(stream, io.TextIOWrapper):
             stream.reconfigure(errors="backslashreplace")
+    sys.stdout = _ReaderGone(sys.stdout)
+    sys.stderr = _ReaderGone(sys.stderr)
     try:
         app()
     except StreamquakeError as exc:

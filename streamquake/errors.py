@@ -18,6 +18,8 @@ EXIT_SCENARIO = 2
 EXIT_ENVIRONMENT = 3
 EXIT_REVERT_FAILED = 4
 EXIT_ABORTED = 5          # an abort condition held: faults reverted early, recovery measured
+EXIT_NOT_JUDGED = 6       # nothing broke, but a gating timing check was not judged: the load
+                          #   generator was saturated in its step (run/saturation.py)
 
 
 class StreamquakeError(Exception):

@@ -255,8 +255,8 @@ class Journal:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return []
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            data = None
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError):
+            data = None     # RecursionError: nested past the parser's depth (hand-made, hostile)
         if not isinstance(data, list):
             aside = self._aside("corrupt")
             self.path.rename(aside)
@@ -359,7 +359,7 @@ class Claims:
             data = json.loads(self.path.read_text())
         except FileNotFoundError:
             return []
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             # Dropping what it lists could let a second fault overwrite an unrestored original.
             raise InjectorError(
                 f"the fault claims file {self.path} cannot be read ({exc}): no fault is applied "
@@ -395,6 +395,26 @@ class Claims:
                            "per_owner": per_owner, "since": time.time()}
                           for thing, what in things.items() if thing not in have)
 
+    def prune(self) -> list[str]:
+        """Drop the claims whose journal entry is gone (their holder died between reverting and
+        freeing, e.g. SIGKILL at a step edge); returns what each named. A claim whose journal
+        cannot be read is kept: its fault may still be in place."""
+        if not self.path.exists():
+            return []
+        dropped: list[str] = []
+
+        def gone(c: JsonDict) -> bool:
+            try:
+                return _holder(c) is None
+            except InjectorError:
+                return False
+
+        with _locked_list(self.path, self._read, lambda: bool(dropped)) as claims:
+            keep = [c for c in claims if not gone(c)]
+            dropped = [str(c.get("what") or c["thing"]) for c in claims if c not in keep]
+            claims[:] = keep
+        return dropped
+
     def release(self, journal: Path, entry_id: str) -> None:
         """Free what the entry ``entry_id`` of ``journal`` holds."""
         if not self.path.exists():
@@ -416,7 +436,7 @@ def _holder(claim: JsonDict) -> JournalRecord | None:
             raise ValueError("not a list of entries")
     except FileNotFoundError:
         return None
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RecursionError) as exc:
         raise InjectorError(
             f"{claim.get('what') or claim['thing']} is claimed by entry {claim['entry']} of the "
             f"journal {path}, which cannot be read ({exc}): check that journal by hand"

@@ -69,28 +69,29 @@ def load_model(path: str | Path, model: type[M], what: str, shape: str) -> M:
 # --------------------------------------------------------------------------- the file
 
 
-def read_file(path: Path, what: str) -> bytes:
-    """The file's bytes, refusing anything that is not a regular file of at most
-    MAX_FILE_BYTES before opening it for reading (a FIFO would block the open, or the read,
-    forever; a device would never end)."""
+def read_file(path: Path, what: str, limit: int = MAX_FILE_BYTES,
+              hint: str = "give the path of a YAML file") -> bytes:
+    """The file's bytes, refusing anything that is not a regular file of at most ``limit``
+    bytes before opening it for reading (a FIFO would block the open, or the read, forever;
+    a device would never end). ``hint`` says what to give instead of a FIFO or device."""
     try:
         st = os.stat(path)
     except FileNotFoundError:
         raise ScenarioError(f"{path}: cannot read the {what}: no such file") from None
     except (OSError, ValueError) as exc:
         raise ScenarioError(f"{path}: cannot read the {what}: {_os_reason(exc)}") from None
-    _check_regular(path, st, what)
+    _check_regular(path, st, what, limit, hint)
     try:
         # O_NONBLOCK: if the path was swapped for a FIFO since the stat, opening cannot hang.
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise ScenarioError(f"{path}: cannot read the {what}: {_os_reason(exc)}") from None
     try:
-        _check_regular(path, os.fstat(fd), what)
+        _check_regular(path, os.fstat(fd), what, limit, hint)
         chunks: list[bytes] = []
         size = 0
-        while size <= MAX_FILE_BYTES:
-            chunk = os.read(fd, MAX_FILE_BYTES + 1 - size)
+        while size <= limit:
+            chunk = os.read(fd, min(limit + 1 - size, 1 << 24))
             if not chunk:
                 break
             chunks.append(chunk)
@@ -99,12 +100,13 @@ def read_file(path: Path, what: str) -> bytes:
         raise ScenarioError(f"{path}: cannot read the {what}: {_os_reason(exc)}") from None
     finally:
         os.close(fd)
-    if size > MAX_FILE_BYTES:
-        raise ScenarioError(_too_big(path, what, size))
+    if size > limit:
+        raise ScenarioError(_too_big(path, what, size, limit))
     return b"".join(chunks)
 
 
-def _check_regular(path: Path, st: os.stat_result, what: str) -> None:
+def _check_regular(path: Path, st: os.stat_result, what: str, limit: int = MAX_FILE_BYTES,
+                   hint: str = "give the path of a YAML file") -> None:
     mode = st.st_mode
     if stat.S_ISDIR(mode):
         raise ScenarioError(f"{path}: is a directory, not a {what}")
@@ -113,15 +115,19 @@ def _check_regular(path: Path, st: os.stat_result, what: str) -> None:
                 "a socket" if stat.S_ISSOCK(mode) else
                 "a character device" if stat.S_ISCHR(mode) else
                 "a block device" if stat.S_ISBLK(mode) else "not a regular file")
-        raise ScenarioError(f"{path}: is {kind}, not a {what}: give the path of a YAML file")
-    if st.st_size > MAX_FILE_BYTES:
-        raise ScenarioError(_too_big(path, what, st.st_size))
+        raise ScenarioError(f"{path}: is {kind}, not a {what}: {hint}")
+    if st.st_size > limit:
+        raise ScenarioError(_too_big(path, what, st.st_size, limit))
 
 
-def _too_big(path: Path, what: str, size: int) -> str:
-    shown = f"{size:,} bytes" if size <= MAX_FILE_BYTES * 4 else "more than 4 MiB"
-    return (f"{path}: the {what} is {shown}; the limit is 1 MiB ({MAX_FILE_BYTES:,} bytes): "
+def _too_big(path: Path, what: str, size: int, limit: int = MAX_FILE_BYTES) -> str:
+    shown = f"{size:,} bytes" if size <= limit * 4 else f"more than {_mib(limit * 4)}"
+    return (f"{path}: the {what} is {shown}; the limit is {_mib(limit)} ({limit:,} bytes): "
             "is this the right file?")
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB"
 
 
 def _os_reason(exc: BaseException) -> str:
@@ -611,6 +617,12 @@ def _format_errors(exc: ValidationError, pos: Pos, filename: str,
     problems = []
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
+        msg = validation_message(err)
+        if (named := _named_place(msg, model)) is not None:
+            # A check across fields that names where it found the problem ("slos.0.phases.1:
+            # ..."): located there, not at the top of the file.
+            extra, msg = named
+            loc = (*loc, *extra)
         line, col, path, source = _locate(pos, loc)
         field_path = ".".join(path) or "(top level)"
         kind = err["type"]
@@ -622,13 +634,34 @@ def _format_errors(exc: ValidationError, pos: Pos, filename: str,
         elif kind == "extra_forbidden":
             msg = "unknown field"
             hint = _spelling_hint(model, loc)
+        elif kind == "union_tag_invalid":
+            ctx = err.get("ctx") or {}
+            tag, key = str(ctx.get("tag", "")), str(ctx.get("discriminator", "type")).strip("'")
+            expected = [t.strip(" '") for t in str(ctx.get("expected_tags", "")).split(",")]
+            close = difflib.get_close_matches(tag, expected, n=1)
+            line, col, path, source = _locate(pos, (*loc, key))
+            field_path = ".".join(path)
+            msg = f"'{tag}' is not a {key} known here"
+            hint = (f"did you mean '{close[0]}'? " if close else "") + \
+                f"one of: {', '.join(expected)}"
         else:
-            msg = validation_message(err)
             hint = _HINTS.get(kind, "")
+            if kind in ("float_parsing", "int_parsing") and isinstance(err.get("input"), str) \
+                    and (digits := re.search(r"\d+(\.\d+)?", err["input"])) and path:
+                hint += f", e.g. {path[-1]}: {digits.group(0)}"
         suffix = f" (hint: {hint})" if hint else ""
         where = f"{filename} ({source})" if source else f"{filename}:{line}:{col}"
         problems.append(f"{where}: {field_path}: {msg}{suffix}")
     return problems
+
+
+def _named_place(msg: str, model: type[BaseModel]) -> tuple[tuple[int | str, ...], str] | None:
+    """``("slos", 0, "phases", 1), "rest"`` from ``"slos.0.phases.1: rest"`` when the dotted
+    path starts at one of ``model``'s fields; else None."""
+    m = re.match(r"([A-Za-z_]\w*(?:\.\w+)*): (.+)", msg, re.S)
+    if m is None or m.group(1).split(".")[0] not in _field_names(model):
+        return None
+    return tuple(int(p) if p.isdigit() else p for p in m.group(1).split(".")), m.group(2)
 
 
 def _spelling_hint(root: type[BaseModel], loc: tuple[int | str, ...]) -> str:

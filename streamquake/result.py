@@ -38,6 +38,12 @@ class Check:
                                    #   why); it gates as the scenario's verdicts.unmeasurable
     judges: str | None = None      # a recovery check: the fault step it judges (steps: each
                                    #   fault step against its baseline before, recovery after)
+    not_judged: str | None = None  # a timing check in a step whose timings the saturation
+                                   #   guard marked distorted: why ("the load generator was
+                                   #   saturated (...)"); neither met nor broken by its value,
+                                   #   it gates as verdicts.saturated (run/saturation.py)
+    at_least: bool = False         # ``observed`` is a lower bound: requests whose timeout cut
+                                   #   the measurement off could move the percentile
 
 
 @dataclass
@@ -102,35 +108,64 @@ class JudgedFault:
 
 @dataclass
 class RecoveryTime:
-    """How long after a fault step's revert the service came back (run/recovery_time.py): from
-    the revert to the start of the first ``window_s`` window of requests (by when they were due)
-    from which every later window in the recovery step keeps each recovery metric's percentile
-    within tolerance of the baseline step's."""
+    """How long after a fault step's revert the service came back (run/recovery_time.py), from
+    windows of requests that each hold enough of them to bound the percentile: ``time_s``, the
+    start of the first window from which every later window's percentile is within tolerance of
+    the baseline step's (None: no such window), between ``earliest_s`` and ``latest_s``, the
+    times the windows' confidence intervals allow."""
 
     step: str                      # the fault step (with ``phases:``, "fault")
     after: str                     # the recovery step it was measured in
     reverted_at: float             # epoch s the step's faults were reverted
-    recovered: bool
-    time_s: float | None           # revert -> the start of that window; None: not recovered
+    recovered: bool                # time_s is known
+    time_s: float | None           # revert -> the start of that window; None: not recovered, or
+                                   #   unknown (``not_recovered`` says which)
     within_s: float                # revert -> the recovery step's end: how long it had
-    window_s: float                # each window's length
-    resolution_s: float            # the step between window starts: time_s is this precise
-    requests: int | None           # requests due in the window it came back at
+    window_s: float                # each window's shortest length (recovery.window)
+    resolution_s: float            # the step between window starts
+    requests: int | None           # requests behind the window it came back at
     metrics: list[str] = field(default_factory=list)
     percentile: float | None = None
     limits: dict[str, float | None] = field(default_factory=dict)  # metric -> the limit (the
                                    #   before-level plus tolerance and slack)
     detail: str = ""               # why it could not be measured, when it could not
+    earliest_s: float | None = None  # the earliest time the windows' intervals allow (after
+                                   #   the last window whose percentile is over the limit
+                                   #   with that confidence); None: not recovered, not measured
+    latest_s: float | None = None  # the latest: from it on every window's percentile is within
+                                   #   the limit with that confidence; None: no such window
+    confidence: float = 0.95       # of those intervals (the scenario's verdicts.confidence)
+    not_recovered: bool = False    # the evidence says so: the last window's percentile is over
+                                   #   the limit with that confidence
+    why: str = ""                  # not recovered: the last window's evidence; neither back
+                                   #   nor not recovered: why nothing more can be said
+    needed: int | None = None      # requests a window needs to bound its percentile
+    span_s: float | None = None    # the length of the window it came back at (longer than
+                                   #   window_s where that holds too few requests)
+    carried: int = 0               # requests due in the fault step still open after the revert
+    carried_until_s: float | None = None  # revert -> when the last of them ended
+    dependence: dict[str, float] = field(default_factory=dict)  # metric -> the recovery step's
+                                   #   design effect: its requests count as this many times
+                                   #   fewer independent ones in the windows' intervals
 
     @property
     def text(self) -> str:
-        """``came back after 4.2 s (window 2 s, 38 requests)`` or ``not recovered within 30 s``."""
+        """``came back after 3.1 s (2.6-3.4 s at 95%; window of 72 requests, 12.0 s)``, ``not
+        recovered within 4.0 s (...)``, ``unknown: too few requests (...)``."""
         if self.detail:
             return f"not measured: {self.detail}"
+        conf = f"{self.confidence * 100:g}%"
+        if self.not_recovered:
+            return f"not recovered within {self.within_s:.1f} s" + (
+                f" ({self.why})" if self.why else "")
+        low = "?" if self.earliest_s is None else f"{self.earliest_s:.1f}"
         if not self.recovered or self.time_s is None:
-            return f"not recovered within {self.within_s:.1f} s"
-        return (f"came back after {self.time_s:.1f} s (window {self.window_s:g} s, "
-                f"{self.requests} requests, ±{self.resolution_s:g} s)")
+            return f"unknown: {self.why} (at least {low} s at {conf})"
+        high = (f"-{self.latest_s:.1f} s" if self.latest_s is not None else
+                " s to unknown: too few requests to show it back")
+        span = "" if self.span_s is None else f", {self.span_s:.1f} s"
+        return (f"came back after {self.time_s:.1f} s ({low}{high} at {conf}; window of "
+                f"{self.requests} requests{span})")
 
 
 @dataclass
@@ -204,6 +239,13 @@ class RunResult:
     def broken(self) -> list[Check]:
         """Gating checks that ran and failed; a check whose phase never ran is not broken."""
         return [c for c in self.checks if c.gating and c.ran and not c.passed]
+
+    @property
+    def not_judged(self) -> list[Check]:
+        """Gating checks left unjudged, the load generator being saturated, that the scenario
+        neither fails nor lets pass (``verdicts.saturated``'s default): exit code 6 when
+        nothing broke."""
+        return [c for c in self.checks if c.gating and c.ran and c.passed and c.not_judged]
 
     def to_dict(self) -> JsonDict:
         return asdict(self)

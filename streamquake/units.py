@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import re
 import time
 import types
@@ -37,6 +38,46 @@ _SIZE_SCALE = {"b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1 << 20, "mb": 1
                "mib": 1 << 20}
 
 
+# A finite range per unit (issue 37): a quantity past these is a mistake (a 400-digit size, a
+# delay of 10^400 ms), refused where it is parsed, never left to overflow an int, turn a delay
+# into NaN or a socket option into an OverflowError later.
+MAX_NUMBER = 2**63 - 1          # any number in a scenario (as located_yaml holds plain ones)
+DURATION_MAX_S = 366 * 86400.0  # a year: no run, step, timeout or delay is longer
+SIZE_MAX = 2**31 - 1            # bytes: a socket option's int, tc's u32 fields, one read
+RATE_MAX = 1e12                 # bytes/s (8 Tbit/s): past any link
+REQUEST_RATE_MAX = 1e7          # requests/s: past any load generator
+MAX_USERS = 1_000_000           # concurrent users: past any run's sockets
+# A step, phase or time-to-recovery window shorter than this holds no request's worth of time:
+# a 1 us fault step measures nothing, a 1 us window is always "not recovered".
+SHORTEST_S = 0.1
+
+
+def _short(value: object, limit: int = 40) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _finite(value: object, number: float | int | str) -> float:
+    """``number`` as a float, or a ValueError naming ``value`` if it is not finite or is past
+    MAX_NUMBER (``"inf"``, ``"nan"``, a 400-digit number: float() would overflow or give inf)."""
+    try:
+        x = float(number)
+    except OverflowError:
+        x = math.inf
+    if math.isnan(x):
+        raise ValueError(f"{_short(value)} is not a number: write a finite number")
+    if not math.isfinite(x) or abs(x) > MAX_NUMBER:
+        raise ValueError(f"the number {_short(value)} is too large: numbers in a scenario "
+                         "must be finite and no larger than 2^63-1 (9.2e18)")
+    return x
+
+
+def _within(value: object, x: float, limit: float, shown: str) -> float:
+    if x > limit:
+        raise ValueError(f"must be at most {shown}, got {_short(value)}")
+    return x
+
+
 def _compound_s(text: str) -> float | None:
     """``"1m30s"`` -> 90.0; None unless ``text`` is two or more number+unit parts in order."""
     compact = text.replace(" ", "")
@@ -47,7 +88,7 @@ def _compound_s(text: str) -> float | None:
     if ranks != sorted(set(ranks)):
         raise ValueError(f"expected {_DURATION_HELP}: write the units largest first, each "
                          f"once (e.g. '1h30m', '1m30s'), got {text!r}")
-    return sum(float(n) * _DURATION_SCALE_S[u] for n, u in parts)
+    return sum(_finite(text, n) * _DURATION_SCALE_S[u] for n, u in parts)
 
 
 def parse_duration_s(value: object) -> float:
@@ -55,28 +96,32 @@ def parse_duration_s(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected {_DURATION_HELP}, got {value!r}")
     if isinstance(value, int | float):
-        if value < 0:
+        x = _finite(value, value)
+        if x < 0:
             raise ValueError(f"a duration cannot be negative, got {value!r}")
-        return float(value)
+        return _within(value, x, DURATION_MAX_S, "a year (366d)")
     text = str(value)
     m = _DURATION.match(text)
     if m:
-        return float(m["num"]) * _DURATION_SCALE_S[m["unit"] or "s"]
+        x = _finite(value, m["num"]) * _DURATION_SCALE_S[m["unit"] or "s"]
+        return _within(value, x, DURATION_MAX_S, "a year (366d)")
     compound = _compound_s(text.strip())
     if compound is None:
-        raise ValueError(f"expected {_DURATION_HELP}, got {value!r}")
-    return compound
+        raise ValueError(f"expected {_DURATION_HELP}, got {_short(value)}")
+    return _within(value, compound, DURATION_MAX_S, "a year (366d)")
 
 
 def parse_duration_ms(value: object) -> float:
     """``"1.5s"`` -> 1500.0, ``"1m30s"`` -> 90000.0. A bare number is milliseconds."""
     if isinstance(value, int | float) and not isinstance(value, bool):
-        if value < 0:
+        x = _finite(value, value)
+        if x < 0:
             raise ValueError(f"a duration cannot be negative, got {value!r}")
-        return float(value)
+        return _within(value, x, DURATION_MAX_S * 1000.0, "a year (366d)")
     m = _DURATION.match(value) if isinstance(value, str) else None
     if m is not None and not m["unit"]:
-        return float(m["num"])
+        return _within(value, _finite(value, m["num"]), DURATION_MAX_S * 1000.0,
+                       "a year (366d)")
     return parse_duration_s(value) * 1000.0
 
 
@@ -90,6 +135,22 @@ def format_duration(seconds: float) -> str:
     hours, rest = divmod(whole, 3600)
     minutes, secs = divmod(rest, 60)
     return "".join(f"{n}{u}" for n, u in ((hours, "h"), (minutes, "m"), (secs, "s")) if n) or "0s"
+
+
+def not_shorter_than(minimum_s: float, what: str, *, zero_leaves_out: bool = False) -> object:
+    """A validator for a duration that is 0 (where ``zero_leaves_out``) or at least
+    ``minimum_s``: anything between is too short to measure, refused with one sentence."""
+
+    def check(value: float) -> float:
+        if 0 < value < minimum_s or (value == 0 and not zero_leaves_out):
+            fix = f"give at least {format_duration(minimum_s)}"
+            if zero_leaves_out:
+                fix += " (or 0 to leave it out)"
+            raise ValueError(f"{value * 1000:g}ms is too short for {what}, which must hold "
+                             f"requests to measure: {fix}")
+        return value
+
+    return AfterValidator(check)
 
 
 def format_clock(epoch: float) -> str:
@@ -132,20 +193,20 @@ def parse_fraction(value: object) -> float:
     if isinstance(value, bool):
         raise ValueError(f"expected a percentage like '15%' or a fraction like 0.15, got {value!r}")
     if isinstance(value, int | float):
-        frac = float(value)
+        frac = _finite(value, value)
     elif not isinstance(value, str):
         raise ValueError(f"expected a percentage like '15%' or a fraction like 0.15, got {value!r}")
     else:
         m = _PERCENT.match(value)
         if not m:
             try:
-                frac = float(value)
+                frac = _finite(value, float(value))
             except ValueError:
                 raise ValueError(
                     f"expected a percentage like '15%' or a fraction like 0.15, got {value!r}"
                 ) from None
         else:
-            frac = float(m["num"]) / 100.0
+            frac = _finite(value, m["num"]) / 100.0
     if not 0.0 <= frac <= 1.0:
         raise ValueError(f"must be between 0% and 100%, got {value!r}")
     return frac
@@ -159,17 +220,19 @@ def parse_rate_bytes_per_s(value: object) -> float:
     m = _RATE.match(str(value))
     if not m:
         raise ValueError(f"expected a rate like '8mbit' or '500kbit', got {value!r}")
-    return float(m["num"]) * _RATE_SCALE_BYTES[m["unit"].lower()]
+    x = _finite(value, m["num"]) * _RATE_SCALE_BYTES[m["unit"].lower()]
+    return _within(value, x, RATE_MAX, "1e12 bytes/s (8000gbit)")
 
 
 def parse_size_bytes(value: object) -> int:
     """``"32kb"`` -> 32768. A bare number is bytes."""
     if isinstance(value, int) and not isinstance(value, bool):
-        return value
+        return int(_within(value, _finite(value, value), SIZE_MAX, "2^31-1 bytes (2 GiB)"))
     m = _SIZE.match(str(value))
     if not m:
-        raise ValueError(f"expected a size like '32kb' or 1500, got {value!r}")
-    return int(float(m["num"]) * _SIZE_SCALE[(m["unit"] or "b").lower()])
+        raise ValueError(f"expected a size like '32kb' or 1500, got {_short(value)}")
+    x = _finite(value, m["num"]) * _SIZE_SCALE[(m["unit"] or "b").lower()]
+    return int(_within(value, x, SIZE_MAX, "2^31-1 bytes (2 GiB)"))
 
 
 def _numeric(annotation: object) -> bool:
@@ -198,7 +261,22 @@ def bools_as_text(model: type[BaseModel], data: object) -> object:
             if isinstance(value, bool) and _numeric(field.annotation):
                 out = out if out is not None else dict(data)
                 out[key] = str(value).lower()
+            elif isinstance(value, str) and _numeric(field.annotation):
+                _number_text(key, value)
     return data if out is None else out
+
+
+def _number_text(key: str, text: str) -> None:
+    """A number given as text (``"inf"``, ``"nan"``, 400 quoted digits) to a numeric field:
+    refused here, naming the field, as located_yaml refuses the same number unquoted."""
+    try:
+        x = float(text.replace("_", ""))
+    except (ValueError, OverflowError):
+        return              # not a number: the field's own parser says what it expected
+    try:
+        _finite(text, x)
+    except ValueError as exc:
+        raise ValueError(f"{key}: {exc}") from None
 
 
 _UNSEEN = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})   # controls, format (U+202E), line breaks
@@ -209,7 +287,8 @@ class ScenarioModel(BaseModel):
     frozen, fields by name or alias, and a boolean never taken for a number
     (:func:`bools_as_text`)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -273,11 +352,15 @@ Fraction = Annotated[float, PERCENTAGE, BeforeValidator(parse_fraction)]
 """0.15 for ``15%`` or ``0.15``."""
 Rate = Annotated[float, RATE, BeforeValidator(parse_rate_bytes_per_s)]
 """Bytes/s from ``8mbit`` or ``1MB/s``; a bare number is refused (bits or bytes?)."""
-RateOrBytes = Annotated[float, RATE, BeforeValidator(text_only(parse_rate_bytes_per_s))]
+RateOrBytes = Annotated[float, RATE, BeforeValidator(text_only(parse_rate_bytes_per_s)),
+                        AfterValidator(lambda v: _within(v, _finite(v, v), RATE_MAX,
+                                                         "1e12 bytes/s (8000gbit)"))]
 """Bytes/s from ``2kB/s``; a bare number is bytes/s."""
 Size = Annotated[int, SIZE, BeforeValidator(parse_size_bytes)]
 """Bytes from ``32kb`` or a number."""
-SizeOrBytes = Annotated[int, SIZE, BeforeValidator(text_only(parse_size_bytes))]
+SizeOrBytes = Annotated[int, SIZE, BeforeValidator(text_only(parse_size_bytes)),
+                        AfterValidator(lambda v: int(_within(v, _finite(v, v), SIZE_MAX,
+                                                             "2^31-1 bytes (2 GiB)")))]
 """Bytes from ``32kb``; a number must be a whole number of bytes."""
 PlainName = Annotated[str, AfterValidator(plain_name)]
 """A name as reports print it (``plain_name``)."""
@@ -290,11 +373,18 @@ def parse_request_rate(value: object) -> object:
         m = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*/\s*(s|m|min)\s*$", value)
         if not m:
             raise ValueError(f"expected a rate like '10/s' or '600/m', got {value!r}")
-        return float(m[1]) / (1.0 if m[2] == "s" else 60.0)
+        x = _finite(value, m[1]) / (1.0 if m[2] == "s" else 60.0)
+        return _within(value, x, REQUEST_RATE_MAX, "10,000,000/s")
     return value
 
 
-RequestRate = Annotated[float, BeforeValidator(parse_request_rate)]
+def _request_rate_bound(value: float) -> float:
+    return _within(value, _finite(value, value), REQUEST_RATE_MAX, "10,000,000/s")
+
+
+
+RequestRate = Annotated[float, BeforeValidator(parse_request_rate),
+                        AfterValidator(_request_rate_bound)]
 """Requests per second from ``10/s`` or ``600/m``; a bare number is per second."""
 
 

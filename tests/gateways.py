@@ -15,6 +15,13 @@ of the test's own (not the system service), in a folder of its own.
 
 One process (``master_process off``): nothing to orphan, and it dies with the test process
 (procs.spawn); what it proxies is the same code as a worker's.
+
+``haproxy(upstream, flavour, root)`` does the same with Debian's HAProxy (2.6), in the
+foreground (``-db``), with the ``defaults`` of Debian's own ``/etc/haproxy/haproxy.cfg``:
+
+* ``default``: as Debian ships it: HAProxy holds small writes back to fill its sends, so a
+  stream arrives in lumps (about a dozen events each here, the headers with the first).
+* ``no-delay``: plus ``option http-no-delay``, HAProxy's switch for interactive traffic.
 """
 
 from __future__ import annotations
@@ -36,7 +43,9 @@ from tests.conftest import free_port
 from tests.timing import wait_until
 
 Flavour = Literal["streaming", "buffered", "gzip"]
+HAProxyFlavour = Literal["default", "no-delay"]
 NGINX = shutil.which("nginx") or "/usr/sbin/nginx"
+HAPROXY = shutil.which("haproxy") or "/usr/sbin/haproxy"
 _BIND_TRIES = 3
 
 _STREAMING = """
@@ -87,7 +96,7 @@ http {{
 @dataclass(frozen=True)
 class Gateway:
     url: str            # http://127.0.0.1:<port>, to use as a scenario's target.url
-    flavour: Flavour
+    flavour: Flavour | HAProxyFlavour
     root: Path          # its prefix: nginx.conf, error.log, access.log, nginx.pid, tmp/
 
     @property
@@ -137,3 +146,52 @@ def nginx(upstream: str, flavour: Flavour, root: Path) -> Iterator[Gateway]:
         if "Address already in use" not in log:
             pytest.fail(f"nginx exited with code {proc.returncode}:\n{log}")
     pytest.fail(f"nginx found no free port in {_BIND_TRIES} tries")
+
+
+# Debian's defaults (/etc/haproxy/haproxy.cfg of the haproxy package), less logging.
+_HAPROXY_CONF = """
+global
+  maxconn 1024
+defaults
+  mode http
+  option dontlognull
+  timeout connect 5000
+  timeout client 50000
+  timeout server 50000{flavour}
+frontend llm
+  bind 127.0.0.1:{port}
+  default_backend upstream
+backend upstream
+  server up {upstream_host}
+"""
+_HAPROXY_FLAVOURS: dict[str, str] = {"default": "", "no-delay": "\n  option http-no-delay"}
+
+
+@contextmanager
+def haproxy(upstream: str, flavour: HAProxyFlavour, root: Path) -> Iterator[Gateway]:
+    """HAProxy on a free loopback port in front of ``upstream`` (an http:// URL with no path),
+    configured as ``flavour``; stopped after."""
+    if not Path(HAPROXY).exists():     # fail, never skip
+        pytest.fail("haproxy is not installed: scripts/setup --tests installs Debian's package")
+    parts = urlsplit(upstream)
+    assert parts.scheme == "http" and parts.path in ("", "/"), upstream
+    root.mkdir(parents=True, exist_ok=True)
+    for _ in range(_BIND_TRIES):
+        port = free_port()     # free a moment ago: another process may take it (retried)
+        conf = root / "haproxy.cfg"
+        conf.write_text(_HAPROXY_CONF.format(port=port, upstream_host=parts.netloc,
+                                             flavour=_HAPROXY_FLAVOURS[flavour]))
+        log = root / "haproxy.log"
+        with open(log, "wb") as out:
+            proc = spawn([HAPROXY, "-db", "-f", str(conf)], stdout=out,
+                         stderr=subprocess.STDOUT)
+        try:
+            if _listening(proc, port):
+                yield Gateway(f"http://127.0.0.1:{port}", flavour, root)
+                return
+        finally:
+            stop(proc)
+        said = log.read_text(errors="replace")
+        if "Address already in use" not in said and "cannot bind" not in said:
+            pytest.fail(f"haproxy exited with code {proc.returncode}:\n{said}")
+    pytest.fail(f"haproxy found no free port in {_BIND_TRIES} tries")

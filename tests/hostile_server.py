@@ -12,6 +12,7 @@ protocol: ``{"text": ...}`` events and a final ``{"done": true}``.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
 import itertools
@@ -22,6 +23,7 @@ import struct
 import sys
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from urllib.parse import parse_qs, urlsplit
 
@@ -229,6 +231,43 @@ def echo_key_redirect(req: Request) -> None:
              b"Connection: close\r\n\r\n")
 
 
+# What the endless heads send before they give up (a client without a bound on a response's
+# head holds all of it; the old one grew without end): far past any sane head, yet bounded.
+HEAD_FLOOD_BYTES = 16 << 20
+
+
+def endless_headers(req: Request) -> None:
+    """A status line, then 1 KB header lines as fast as the socket takes them, never a blank."""
+    req.send(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\n")
+    line = b"X-Filler: " + b"f" * 1012 + b"\r\n"
+    block = line * 64
+    for _ in range(HEAD_FLOOD_BYTES // len(block)):
+        req.send(block)
+
+
+def endless_header_line(req: Request) -> None:
+    """A status line, then one header line that never ends."""
+    req.send(b"HTTP/1.1 200 OK\r\nX-Endless: ")
+    block = b"e" * 65536
+    for _ in range(HEAD_FLOOD_BYTES // len(block)):
+        req.send(block)
+
+
+def echo_key_part(req: Request) -> None:
+    """A 401 that quotes the caller's key in part or transformed, as real APIs do (OpenAI:
+    ``Incorrect API key provided: sk-abc123def4********wxyz``): ``how`` says which."""
+    key = req.headers.get("authorization", "").removeprefix("Bearer ")
+    how = req.query.get("how", "prefix").partition("?")[0]
+    quoted = {"prefix": key[:12] + "********" + key[-4:], "upper": key.upper(),
+              "reversed": key[::-1], "base64": base64.b64encode(key.encode()).decode(),
+              "percent": urllib.parse.quote(key, safe=""),
+              "middle": "..." + key[4:14] + "..."}[how]
+    body = json.dumps({"error": {"message": f"Incorrect API key provided: {quoted}"}}).encode()
+    req.send(b"HTTP/1.1 401 Unauthorized\r\nContent-Type: application/json\r\n"
+             b"Connection: close\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n"
+             + body)
+
+
 def _openai(chunks: list[dict[str, object]], done: bool = True) -> bytes:
     body = b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
     return body + (b"data: [DONE]\n\n" if done else b"")
@@ -359,6 +398,8 @@ ROUTES: dict[str, Callable[[Request], None]] = {
     "/chunk-extension-forever": chunk_extension_forever, "/redirect": redirect,
     "/echo-key": echo_key, "/echo-key-event": echo_key_event,
     "/echo-key-redirect": echo_key_redirect, "/echo-key-id": echo_key_id,
+    "/echo-key-part": echo_key_part, "/endless-headers": endless_headers,
+    "/endless-header-line": endless_header_line,
 }
 # /mixed: what a whole run meets, in turn (paced and silent streams end at the timeout).
 MIXED = ["/ok", "/data-forever", "/endless-line", "/big-event", "/bad-json", "/html",
@@ -366,6 +407,10 @@ MIXED = ["/ok", "/data-forever", "/endless-line", "/big-event", "/bad-json", "/h
          "/echo-key-redirect"]
 # /echo-mixed: credentials echoed in every way a target can, between normal streams.
 ECHO_MIXED = ["/ok", "/echo-key", "/echo-key-event", "/echo-key-redirect", "/echo-key-id"]
+# /echo-part-mixed: the key quoted in part or transformed, in turn, between normal streams.
+PART_MIXED = ["/ok", "/echo-key-part?how=prefix", "/echo-key-part?how=upper",
+              "/echo-key-part?how=reversed", "/echo-key-part?how=base64",
+              "/echo-key-part?how=percent", "/echo-key-part?how=middle"]
 _turns = itertools.count()
 _lock = threading.Lock()
 
@@ -380,10 +425,12 @@ def handle(conn: socket.socket, tls: ssl.SSLContext | None) -> None:
         if req.path == "/close":
             return                                 # read the request, answer nothing, close
         path = req.path
-        if path in ("/mixed", "/echo-mixed"):
-            turns = MIXED if path == "/mixed" else ECHO_MIXED
+        if path in ("/mixed", "/echo-mixed", "/echo-part-mixed"):
+            turns = {"/mixed": MIXED, "/echo-mixed": ECHO_MIXED}.get(path, PART_MIXED)
             with _lock:
                 path = turns[next(_turns) % len(turns)]
+            path, _, query = path.partition("?")
+            req.query.update({k: v[-1] for k, v in parse_qs(query).items()})
         ROUTES.get(path, ok)(req)
     except (OSError, ssl.SSLError):
         pass                                       # the client gave up: that is its right

@@ -54,7 +54,7 @@ faults:
   - {{type: sse_proxy, name: chunk-drop, phase: fault, drop: 20%, first_event_delay: 300ms,
       abort: {{status: 503, probability: 10%}}, seed: 3}}
 slos:
-  - {{metric: ttft_ms, percentile: 95, max: 250, phases: [baseline, recovery]}}
+  - {{metric: ttft_ms, percentile: 95, max: 250, phases: [{ttft_phases}]}}
   - {{metric: chunk_loss, max: 2%, phases: [baseline, recovery]}}
   - {{metric: error_rate, max: 1%, phases: [baseline, recovery]}}
 recovery: {{tolerance: 50%, metrics: [ttft_ms], percentile: 95, slack: 20ms}}
@@ -180,8 +180,12 @@ def report_runs() -> Runs:
     history = root / "history.sqlite"
     files = {"fast": root / "quick.yaml", "slow": root / "quick-slow.yaml",
              "remote": root / "remote.yaml", "broken": root / "broken.yaml"}
-    files["fast"].write_text(SCENARIO.format(ttft=80))
-    files["slow"].write_text(SCENARIO.format(ttft=320))
+    # The fast scenario gates TTFT in recovery only: a baseline request still waiting for its
+    # first event when the fault begins gets the fault's 300 ms delay and is judged in baseline
+    # (it was due there); the four users start together, so up to four such requests of ~54
+    # can make baseline's p95 (CI saw 385 ms). The slow one breaks it in baseline on purpose.
+    files["fast"].write_text(SCENARIO.format(ttft=80, ttft_phases="recovery"))
+    files["slow"].write_text(SCENARIO.format(ttft=320, ttft_phases="baseline, recovery"))
     files["remote"].write_text(UNREACHABLE.format(port=_closed_port()))
     files["broken"].write_text(BROKEN)
     gpus = FakeGpus(root / "fake-gpu-state.txt", gpu_count=1)

@@ -313,6 +313,9 @@ def test_api_refuses_wrong_tokens_and_outside_the_allowlist_and_holds_leases(
     assert shown["name"] == "m1" and 90 - since_s - 0.05 <= shown["remaining_s"] <= 90, \
         (shown, since_s)
     assert shown["owner"].endswith(")") and "inject" in shown["owner"]
+    # For people: the parameters too, as the scenario or inject writes them.
+    table = run_cli("status", "--at", url, env={**env, "COLUMNS": "200"})
+    assert "settings" in table.stdout and f"path={flag}" in table.stdout, table.stdout
     reverted = run_cli("revert", "m1", "--at", url, env=env)
     assert reverted.returncode == 0 and "reverted m1 (marker_file)" in reverted.stdout
     assert not flag.exists()

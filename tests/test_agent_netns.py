@@ -21,6 +21,7 @@ import pytest
 
 from streamquake.faults.tc.netns import NamespaceTopology
 from tests.conftest import REPO, cli_cmd
+from tests.helpers import assert_run_ok
 from tests.test_agent import FAMILY_ENV, TOKEN, Agent, start_agent, stop_agent, wait_gone
 
 pytestmark = pytest.mark.netns
@@ -182,7 +183,7 @@ def test_partition_from_one_agent_makes_it_revert_on_lease_expiry(
     assert LEASE_S / 3 < gone_s < LEASE_S * 1.5, gone_s      # as above
     assert a2.flag.exists()                   # renewed across its own link all along
     rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, rest
+    assert_run_ok(proc, said=rest)
     assert not a2.flag.exists()
 
     report = json.loads((out / "report.json").read_text())

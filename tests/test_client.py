@@ -20,9 +20,10 @@ from pathlib import Path
 import pytest
 
 from streamquake.errors import ScenarioError
-from streamquake.loadgen.client import StreamClient, expand_headers
+from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.templates import expand_headers
 from tests.conftest import listening
 
 SERVER_SRC = textwrap.dedent(
@@ -185,7 +186,10 @@ def test_refused_port_is_a_connect_error() -> None:
 def test_silent_server_times_out_within_the_bound(server: str) -> None:
     s = measure(plan_for(server, "/s?hang=1", timeout_s=1.0))
     assert s.error == "timeout" and "no response headers" in (s.error_detail or "")
-    assert s.e2e_ms is not None and 990 <= s.e2e_ms < 2000, s.e2e_ms
+    # The deadline runs from the attempt's start, e2e from the write (tally.dated): on a busy
+    # machine the connect and write took 17 ms, and e2e alone came to 982.6 ms.
+    assert s.e2e_ms is not None and s.e2e_ms < 2000, s.e2e_ms
+    assert (s.send_ms or 0.0) + s.e2e_ms >= 990, (s.send_ms, s.e2e_ms)
 
 
 @pytest.mark.timeout(30)
@@ -193,7 +197,10 @@ def test_stream_that_stalls_past_the_bound_times_out(server: str) -> None:
     # The stall is 5 s: a timeout that restarted with each event would end at ~5 s.
     s = measure(plan_for(server, "/s?n=3&stall=2:5000", timeout_s=1.0))
     assert s.error == "timeout" and s.content_events == 1 and s.ttfb_ms is not None
-    assert s.e2e_ms is not None and 990 <= s.e2e_ms < 2000, s.e2e_ms
+    # The deadline runs from the attempt's start, e2e from the write (tally.dated): on a busy
+    # machine the connect and write took 17 ms, and e2e alone came to 982.6 ms.
+    assert s.e2e_ms is not None and s.e2e_ms < 2000, s.e2e_ms
+    assert (s.send_ms or 0.0) + s.e2e_ms >= 990, (s.send_ms, s.e2e_ms)
 
 
 @pytest.mark.timeout(30)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from streamquake.loadgen.samples import RequestSample
-from streamquake.reports.table import error_rows
+from streamquake.reports.table import error_rows, summary_rows
 from streamquake.result import PhaseResult, RunResult
 from streamquake.run.scoring import score_samples
 from streamquake.run.timeline import PhaseWindow
@@ -110,20 +110,29 @@ def test_a_line_break_in_an_expanded_header_is_refused_before_anything_starts(
     assert not (tmp_path / "o" / "run" / "locust.log").exists()
 
 
-def test_requests_that_failed_after_their_phase_are_shown_not_only_counted() -> None:
+def test_requests_that_failed_after_their_phase_are_its_errors_and_shown_so() -> None:
     scenario = parse_scenario(QUICK, "q.yaml")
     now = time.time()
     windows = [PhaseWindow("baseline", now, now + 5)]
-    # Sent in the baseline, timed out 20 s later: after the phase, so no phase's error.
+    # Sent in the baseline, timed out 20 s later, after the phase: the phase's errors all the
+    # same (every request is judged in the step it was due in), cut off before any token.
     late = [RequestSample(cls="chat", sent=now + 1, e2e_ms=20_000.0, error="timeout",
                           error_detail="no complete stream within 20 s") for _ in range(6)]
     ok = RequestSample(cls="chat", sent=now + 1, ttft_ms=100.0, e2e_ms=500.0)
     scored = score_samples(scenario, windows, [*late, ok])
-    assert scored.stats["baseline"].errors["timeout"] == 0
+    stats = scored.stats["baseline"]
+    assert stats.errors["timeout"] == 6 and stats.value("error_rate") == pytest.approx(6 / 7)
+    assert stats.ended_after["e2e_ms"] == 6 and stats.censored_count("ttft_ms") == 6
     result = RunResult(scenario_name="q", scenario_file="q.yaml", scenario_echo={},
                        tool_version="t", started_at=now, finished_at=now + 5, interrupted=None,
                        phases=[PhaseResult(name="baseline", start=now, end=now + 5,
-                                           stats=scored.stats["baseline"].to_dict())],
+                                           stats=stats.to_dict())],
                        checks=[], faults=[], target={})
     rows = dict(error_rows(result))
-    assert rows["timeout, ended after its phase"]["baseline"] == "6"
+    assert rows["timeout"]["baseline"] == "6" and "timeout, ended after its phase" not in rows
+    summary = dict(summary_rows(result))
+    assert summary["ended after its step: TTFT/end"]["baseline"] == "0/6"
+    assert summary["cut off by the timeout: TTFT/end"]["baseline"] == "6/6"
+    # Six of seven TTFTs are known only as at least 20 s: the p95 is a lower bound, shown so.
+    p95 = summary["TTFT p95 ms"]["baseline"]
+    assert p95.startswith("≥") and float(p95[1:]) == pytest.approx(20_000.0, rel=1e-3)

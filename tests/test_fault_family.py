@@ -21,6 +21,7 @@ import pytest
 from streamquake.faults import catalog
 from streamquake.journal import Journal
 from tests.conftest import REPO, cli_cmd, run_cli
+from tests.helpers import assert_run_ok
 from tests.test_agent import call, start_agent, stop_agent
 
 FAMILY_ENV = {"STREAMQUAKE_FAULT_FAMILIES": "tests.example_family"}
@@ -93,7 +94,7 @@ def test_example_family_is_found_and_validated(tmp_path: Path) -> None:
     good = _scenario(tmp_path, tmp_path / "flag")
     unknown = run_cli("validate", str(good))
     assert unknown.returncode == 2
-    assert "'marker_file' found using 'type' does not match any of the expected tags" in \
+    assert "faults.0.type: 'marker_file' is not a type known here (hint: one of: " in \
         unknown.stderr
 
     ok = run_cli("validate", str(good), env=FAMILY_ENV)
@@ -114,7 +115,7 @@ def test_example_family_runs_and_reverts(tmp_path: Path, state_dir: Path) -> Non
     assert flag.read_text() == "fault on"          # the fault is real while its phase lasts
     assert stat.S_IMODE(flag.stat().st_mode) == 0o600      # its own scenario option, `mode`
     rest, _ = proc.communicate(timeout=60)
-    assert proc.returncode == 0, rest
+    assert_run_ok(proc, out, said=rest)
     assert not flag.exists()
     report = json.loads((out / "report.json").read_text())
     (record,) = report["faults"]

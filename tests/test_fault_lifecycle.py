@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, cli_cmd
+from tests.helpers import assert_run_ok, assert_verdict
 from tests.nvml_shim import FakeGpus
 from tests.timing import cli_start_s, recover_bound_s, wait_until
 
@@ -70,7 +71,7 @@ def test_success_path_reverts_and_records_telemetry(gpus: FakeGpus, tmp_path: Pa
     state_dir, out = tmp_path / "state", tmp_path / "out"
     original = gpus.text()
     proc = _run(["run", str(_scenario(tmp_path)), "--out", str(out)], _env(gpus, state_dir))
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_run_ok(proc, out)
     assert _unlocked(gpus, original), gpus.text()
     assert _journal(state_dir) == []
     report = json.loads((out / "report.json").read_text())
@@ -90,12 +91,13 @@ def test_shipped_gpu_downclock_scenario_breaks_only_in_the_fault_phase(
     original = gpus.text()
     proc = _run(["run", "scenarios/gpu-downclock.yaml", "--out", str(out)],
                 _env(gpus, state_dir), timeout=110)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
+    # A saturated fault step leaves its itl_ms check unjudged: exit 6, nothing broken.
+    judged = assert_verdict(proc, 1, out, deciding={"itl_ms"})
     assert _unlocked(gpus, original)
     report = json.loads((out / "report.json").read_text())
     broken = {(c["metric"], c["phase"])
               for c in report["checks"] if c["gating"] and not c["passed"]}
-    assert broken == {("itl_ms", "fault")}, report["checks"]
+    assert broken == ({("itl_ms", "fault")} if judged else set()), report["checks"]
     itl = {p["name"]: p["stats"]["itl_ms"]["p50"] for p in report["phases"]}
     assert itl["fault"] > 2.0 * itl["baseline"]      # 1980 MHz -> 800 MHz: ~2.5x slower
     assert itl["recovery"] < 1.2 * itl["baseline"]

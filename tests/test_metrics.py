@@ -54,7 +54,7 @@ def test_which_samples_feed_which_metric() -> None:
     assert stats.requests == 4 and stats.successes == 2
     assert stats.errors == {"connect": 1, "timeout": 0, "http_status": 0, "protocol": 0,
                             "truncated": 1, "tls": 0, "content_type": 0,
-                            "unsupported_encoding": 0, "limit": 0}
+                            "unsupported_encoding": 0, "limit": 0, "tool_call": 0}
     assert stats.count("ttfb_ms") == 3                        # connect failure had no response
     assert stats.count("ttft_ms") == 3                        # the truncated stream's TTFT counts
     assert stats.max("ttft_ms") == pytest.approx(300.0, abs=0.1)
@@ -90,7 +90,8 @@ def test_empty_stats_say_nothing_rather_than_zero() -> None:
     assert all(stats.value(m) is None for m in RATE_METRICS)
     d = stats.to_dict()
     assert d["requests"] == 0 and d["ttft_ms"] == {
-        "count": 0, "mean": None, "p50": None, "p90": None, "p95": None, "p99": None, "max": None}
+        "count": 0, "censored": 0, "mean": None, "p50": None, "p90": None, "p95": None,
+        "p99": None, "max": None, "at_least": []}
 
 
 @pytest.mark.timeout(10)

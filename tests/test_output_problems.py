@@ -20,7 +20,7 @@ target:
   protocol: openai
   embedded: {ttft: 20ms, itl: 5ms, output_tokens: {min: 5, max: 5}}
 load: {users: 2, think_time: {min: 50ms, max: 100ms}}
-phases: {warmup: 0.5s, baseline: 2s, fault: 1s, recovery: 1s}
+phases: {warmup: 4s, baseline: 2s, fault: 1s, recovery: 1s}
 faults:
   - {type: sse_proxy, name: slow, phase: fault, delay: 5ms}
 slos:

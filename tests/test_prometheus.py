@@ -17,6 +17,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import REPO
+from tests.helpers import assert_run_ok
 from tests.report_runs import Runs, report_runs
 
 DASHBOARD = REPO / "dashboards" / "streamquake.json"
@@ -43,7 +44,7 @@ def _sum(samples: dict, name: str, **labels: str) -> float:
 @pytest.mark.timeout(240)
 def test_metrics_are_served_on_loopback_while_the_run_lasts(runs: Runs) -> None:
     run = runs["a"]
-    assert run.returncode == 0, run.stdout
+    assert_run_ok(run, run.out, said=run.stdout)
     assert run.metrics_url is not None and run.metrics_url.startswith("http://127.0.0.1:")
     assert run.listening_on == ["127.0.0.1"]
     parsed = [_samples(text) for _, text in run.scrapes]
@@ -97,7 +98,7 @@ def test_metrics_are_served_on_loopback_while_the_run_lasts(runs: Runs) -> None:
 @pytest.mark.timeout(240)
 def test_metrics_file_keeps_the_reports_final_figures(runs: Runs) -> None:
     run = runs["a"]
-    assert run.returncode == 0, run.stdout
+    assert_run_ok(run, run.out, said=run.stdout)
     prom = runs.root / "a.prom"
     assert f"wrote {prom}" in run.stdout
     assert not [p for p in prom.parent.iterdir() if p.name.startswith("a.prom.")]  # no temp
@@ -118,11 +119,15 @@ def _same_figures(final: dict, phase: str, stats: dict) -> None:
             **{f"{m}_ms": got(f"{m}_seconds_count") for m in ("ttfb", "ttft", "itl", "e2e")},
             **{f"errors.{k}": got("request_errors_total", kind=k) for k in stats["errors"]},
             **{f"unattributed.{m}": got("unattributed_total", metric=m)
-               for m in stats["unattributed"]}}
+               for m in stats["unattributed"]},
+            **{f"censored.{m}_ms": got("censored_total", metric=f"{m}_ms")
+               for m in ("ttfb", "ttft", "itl", "e2e")}}
     want = {"requests": stats["requests"], "sent": stats["sent"],
             **{f"{m}_ms": stats[f"{m}_ms"]["count"] for m in ("ttfb", "ttft", "itl", "e2e")},
             **{f"errors.{k}": n for k, n in stats["errors"].items()},
-            **{f"unattributed.{m}": n for m, n in stats["unattributed"].items()}}
+            **{f"unattributed.{m}": n for m, n in stats["unattributed"].items()},
+            **{f"censored.{m}_ms": stats[f"{m}_ms"]["censored"]
+               for m in ("ttfb", "ttft", "itl", "e2e")}}
     assert seen == want, (phase, seen, want)
     missing, expected = got("chunks_missing_total"), got("chunks_expected_total")
     assert (missing / expected if expected else None) == pytest.approx(stats["chunk_loss"])

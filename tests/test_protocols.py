@@ -18,7 +18,8 @@ import pytest
 from streamquake import protocols
 from streamquake.faults.proxy import framing
 from streamquake.loadgen.sse_parser import SSEEvent, SSEParser
-from streamquake.protocols import Completion, Protocol, ProtocolError
+from streamquake.protocols import Completion, Protocol, ProtocolError, openai
+from streamquake.target.formats import TOKEN_JSON, tool_piece
 
 NAMES = typing.get_args(Protocol)
 # Words as the target sends them, plus what a real model may send: non-ASCII (escaped by JSON),
@@ -113,9 +114,18 @@ REAL_EVENTS: list[tuple[str, str, object, bool, bool]] = [
      True, True),
     ("openai", "message", {"choices": [{"delta": {"content": "end"}, "finish_reason": "stop",
                                         "stop_reason": None}]}, False, False),
+    # A tool call's argument delta is generated text the client counts (as Anthropic's and
+    # the Responses API's are); sniffing does not know `arguments`, so a proxy that does not
+    # know the format leaves it alone. The delta that opens the call (its name) never is.
     ("openai", "message", {"choices": [{"delta": {"tool_calls": [
         {"index": 0, "function": {"arguments": "{\"a\""}}]}, "finish_reason": None}]},
+     True, False),
+    ("openai", "message", {"choices": [{"delta": {"tool_calls": [
+        {"index": 0, "id": "call_1", "type": "function",
+         "function": {"name": "search", "arguments": ""}}]}, "finish_reason": None}]},
      False, False),
+    ("openai", "message", {"choices": [{"delta": {"reasoning": "hmm"},
+                                        "finish_reason": None}]}, True, False),
     ("openai", "message", {"error": {"message": "overloaded", "type": "server_error"}},
      False, False),
     ("anthropic", "content_block_delta", {"type": "content_block_delta", "index": 0,
@@ -138,6 +148,41 @@ REAL_EVENTS: list[tuple[str, str, object, bool, bool]] = [
     ("gemini", "message", {"promptFeedback": {"blockReason": "SAFETY"}}, False, False),
     ("gemini", "message", {"error": {"code": 429, "message": "Resource exhausted"}},
      False, False),
+    # Legacy completions (/v1/completions), read under openai: the choice's own text.
+    ("openai", "message", {"object": "text_completion", "choices": [
+        {"text": "hi", "index": 0, "logprobs": None, "finish_reason": None}]}, True, True),
+    ("openai", "message", {"object": "text_completion", "choices": [
+        {"text": "", "index": 0, "logprobs": None, "finish_reason": "length"}],
+        "usage": {"completion_tokens": 16}}, False, False),
+    # The Responses API: every string delta is text; the .done events and response.completed
+    # repeat the text whole and end the stream, so they never are.
+    ("openai_responses", "response.output_text.delta", {
+        "type": "response.output_text.delta", "item_id": "msg_1", "output_index": 0,
+        "content_index": 0, "delta": "Hi", "sequence_number": 4}, True, True),
+    ("openai_responses", "response.function_call_arguments.delta", {
+        "type": "response.function_call_arguments.delta", "item_id": "fc_1",
+        "output_index": 0, "delta": "{\"a\"", "sequence_number": 5}, True, True),
+    ("openai_responses", "response.output_text.done", {
+        "type": "response.output_text.done", "item_id": "msg_1", "output_index": 0,
+        "content_index": 0, "text": "Hi there", "sequence_number": 9}, False, False),
+    ("openai_responses", "response.completed", {
+        "type": "response.completed", "sequence_number": 12, "response": {
+            "id": "resp_1", "status": "completed", "output": [{"type": "message", "content": [
+                {"type": "output_text", "text": "Hi there", "annotations": []}]}],
+            "usage": {"input_tokens": 3, "output_tokens": 2, "total_tokens": 5}}},
+     False, False),
+    ("openai_responses", "error", {"type": "error", "code": "rate_limit_exceeded",
+                                   "message": "Slow down", "param": None}, False, False),
+    # llama.cpp's native /completion: the stop event ends the stream, with its settings.
+    ("llama_cpp", "message", {"index": 0, "content": "hi", "tokens": [42], "stop": False,
+                              "id_slot": 0, "tokens_predicted": 1}, True, True),
+    ("llama_cpp", "message", {"index": 0, "content": "", "tokens": [], "stop": True,
+                              "model": "tiny", "tokens_predicted": 16, "stop_type": "limit",
+                              "prompt": "Tell me a story", "stopping_word": "",
+                              "generation_settings": {"n_predict": 16, "stop": ["</s>"]},
+                              "timings": {"prompt_n": 5, "predicted_n": 16}}, False, False),
+    ("llama_cpp", "message", {"error": {"code": 500, "message": "slot unavailable",
+                                        "type": "server_error"}}, False, False),
     ("sse", "message", {"text": "w ", "usage": {"output_tokens": 3}}, True, True),
     ("sse", "message", "[DONE]", False, False),
     # Sniffing does not know the generic format's "done" key; the format's rule does.
@@ -191,3 +236,108 @@ def test_what_the_load_generator_sends_the_target_accepts(name: str) -> None:
 def test_proxy_releases_a_crlf_event_as_soon_as_it_is_complete() -> None:
     event = _stream("gemini", ids=False, truncated=False).split(b"\r\n\r\n")[0] + b"\r\n\r\n"
     assert framing.SSEFramer().feed(event) == [event]
+
+
+# --- the formats a protocol reads beyond its own target's ---------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_legacy_completions_read_back_under_openai_and_the_rules_agree() -> None:
+    wire, legacy = protocols.get("openai"), openai.COMPLETIONS
+    body = wire.body_for("/v1/completions", "m-1", "a short prompt", 64)
+    assert body["prompt"] == "a short prompt" and "messages" not in body
+    assert wire.body_for("/v1/chat/completions", "m-1", "x", 5)["messages"]
+    enc = legacy.encoder(legacy.parse(body, None), ids=False)
+    raw = b"".join(enc.token(json.dumps(t).encode()) for t in TOKENS) + enc.closing(
+        Completion(len(TOKENS), truncated=True))
+    events, proxy = _client_events(raw), _proxy_events(raw)
+    decoded = [wire.decode(e) for e in events]
+    assert [d.text for d in decoded if d.text] == list(TOKENS)
+    assert [d.finish for d in decoded if d.finish] == ["length"]
+    assert decoded[-1].done and decoded[-2].usage_output_tokens == len(TOKENS)
+    for c, p in zip(events, proxy, strict=True):
+        assert framing.is_content_event(p) is wire.is_content_event(c) is bool(
+            wire.decode(c).text), c.data
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", NAMES)
+def test_every_format_says_where_its_text_is(name: str) -> None:
+    # For the sentence of a protocol mismatch (run/probe.py, run/mismatch.py).
+    assert protocols.get(name).text_is
+
+
+@pytest.mark.timeout(10)
+def test_events_are_described_by_shape_and_the_formats_that_read_them_are_named() -> None:
+    raw = _stream("llama_cpp", ids=False, truncated=False)
+    events = _client_events(raw)
+    text = protocols.describe(events)
+    assert text.startswith('event 1 of 10: {"index": number, "content": string, "tokens": [], '
+                           '"stop": false')
+    assert "event 10: " in text and '"stop": true' in text and "quick" not in text
+    others = [protocols.get(n) for n in NAMES if n != "llama_cpp"]
+    assert protocols.readers(events, others) == []
+    assert protocols.readers(events, [protocols.get("llama_cpp")]) == ["llama_cpp"]
+    openai_events = _client_events(_stream("openai", ids=False, truncated=False))
+    assert protocols.readers(openai_events, others) == ["openai"]
+
+
+# --- reasoning and tool calls ------------------------------------------------------------------
+
+# The formats that stream reasoning and tool-call arguments as parts of their own; the others
+# send them as text.
+PARTS = {"openai", "anthropic", "gemini", "openai_responses"}
+
+
+def _parts_stream(name: str, *, truncated: bool) -> bytes:
+    """The target's answer of 3 reasoning tokens, then a tool call `search` whose arguments
+    stream over 5 tokens (closing only when the answer is not cut short)."""
+    wire = protocols.get(name)
+    enc = wire.encoder(wire.parse(wire.body("m-1", "a short prompt", 64), "m-1"), False)
+    enc.reasoning_first, enc.tool_name = True, "search"
+    raw = enc.opening()
+    for i, word in enumerate(range(8)):
+        if i < 3:
+            raw += enc.reasoning(TOKEN_JSON[word])
+        else:
+            last = i == 7 and not truncated
+            raw += enc.tool_args(tool_piece(word, i == 3, last), i == 3, last)
+    return raw + enc.closing(Completion(8, truncated))
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("truncated", [False, True])
+def test_reasoning_and_tool_call_arguments_read_back_as_parts_of_their_own(
+        name: str, truncated: bool) -> None:
+    wire = protocols.get(name)
+    events = _client_events(_parts_stream(name, truncated=truncated))
+    decoded = [wire.decode(e) for e in events]
+    # The content rule holds for these events too: content is what the client counts.
+    for e, d in zip(events, decoded, strict=True):
+        assert wire.is_content_event(e) is (d.generated and not d.done and not d.finish), e
+    assert decoded[-1].done and not any(d.done for d in decoded[:-1])
+    if name not in PARTS:
+        assert [bool(d.text) for d in decoded].count(True) == 8
+        assert not any(d.reasoning or d.tools for d in decoded)
+        return
+    assert [d.reasoning for d in decoded if d.reasoning] == ["the ", "quick ", "brown "]
+    pieces: dict[str, list[str]] = {}
+    names = set()
+    for d in decoded:
+        for t in d.tools:
+            pieces.setdefault(t.key, []).append(t.piece)
+            names.add(t.name)
+    assert not any(d.text for d in decoded)
+    if name == "gemini":
+        # A call goes whole, once complete: none at all when the answer was cut inside it.
+        assert sum(d.tool_args for d in decoded) == (0 if truncated else 1)
+        if not truncated:
+            assert json.loads(pieces[""][0]) == {"query": "fox jumps over a lazy "}
+        return
+    (key,) = pieces
+    args = "".join(pieces[key])
+    assert sum(d.tool_args for d in decoded) == 5 and names == {"search", None}
+    assert args == '{"query": "fox jumps over a lazy ' + ('' if truncated else '"}')
+    if not truncated:
+        assert json.loads(args) == {"query": "fox jumps over a lazy "}

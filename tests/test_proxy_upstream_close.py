@@ -20,6 +20,7 @@ import pytest
 
 from streamquake.faults.proxy.server import ProxyProcess, start_proxy
 from tests.conftest import run_cli
+from tests.helpers import assert_run_ok
 from tests.test_sse_proxy import Seen, chat, control, fetch
 
 TOKENS = 8
@@ -242,7 +243,7 @@ def test_a_run_through_the_proxy_has_no_errors_outside_the_fault(
     scenario.write_text(SCENARIO.format(url=upstream.url))
     out = tmp_path / "out"
     proc = run_cli("run", str(scenario), "--out", str(out), timeout=140)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_run_ok(proc, out)
     report = json.loads((out / "report.json").read_text())
     phases = {p["name"]: p["stats"] for p in report["phases"]}
     for name in ("baseline", "fault", "recovery"):

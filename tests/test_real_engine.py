@@ -20,6 +20,7 @@ from tests.conftest import run_cli
 from tests.engines.llama_server import ENV_BINARY, EXACT_LENGTH, LlamaServer, binary, llama_server
 from tests.engines.model import CHAT_TEMPLATE, ModelShape, vocabulary, write_model
 from tests.engines.tap import Exchange, Tap, read
+from tests.helpers import assert_run_ended
 
 __all__ = ["llama_server"]   # the session fixture
 
@@ -53,7 +54,7 @@ slos:
 def _run(tmp_path: Path, scenario: Path) -> tuple[dict[str, Any], list[RequestSample]]:
     out = tmp_path / "out"
     proc = run_cli("run", str(scenario), "--out", str(out), timeout=150)
-    assert proc.returncode in (0, 1), proc.stdout + proc.stderr
+    assert_run_ended(proc)
     report = json.loads((out / "report.json").read_text())
     return report, list(iter_samples(out / "run" / "samples"))
 
@@ -153,15 +154,19 @@ def test_figures_agree_with_engine_timings_and_the_wire(
                 == w.timings["predicted_n"] == len(w.content_t) == s.content_events
                 == MAX_TOKENS), (s, w.usage, w.timings)
         # TTFT holds the engine's prompt processing; E2E holds it and the whole generation.
+        # Both count from the write's end; the engine may start as the bytes arrive, before the
+        # client's write returns (on a busy machine E2E came 2 ms under the engine's own time):
+        # with the write (send_ms) they hold it.
         assert s.ttft_ms is not None and s.e2e_ms is not None
-        assert s.ttft_ms > w.timings["prompt_ms"]
-        assert s.e2e_ms > w.timings["prompt_ms"] + w.timings["predicted_ms"]
+        send = s.send_ms or 0.0
+        assert send + s.ttft_ms > w.timings["prompt_ms"]
+        assert send + s.e2e_ms > w.timings["prompt_ms"] + w.timings["predicted_ms"]
     # ITL: the engine's predicted_ms spans its first token to its last, as the gaps do.
     gaps = sum(sum(s.itl_ms) for s in scored)
     engine_ms = sum(wires[s.response_id or ""].timings["predicted_ms"] for s in scored)
     wire_ms = sum(wires[s.response_id or ""].span_ms for s in scored)
     assert gaps == pytest.approx(engine_ms, rel=0.05), (gaps, engine_ms)
-    assert gaps == pytest.approx(wire_ms, rel=0.03), (gaps, wire_ms)
+    assert gaps == pytest.approx(wire_ms, rel=0.03), (gaps, wire_ms, tap.lag_max_s)
     per_token = statistics.mean(wires[s.response_id or ""].timings["predicted_per_token_ms"]
                                 for s in scored)
     # predicted_per_token_ms divides by all n tokens; there are n - 1 gaps.
@@ -211,7 +216,11 @@ def test_chunk_drop_through_the_proxy_shows_only_in_the_fault_phase(
     # What the report can say instead: usage counted more tokens than events arrived, by about
     # the share the proxy says it dropped, and only in the fault phase.
     deficit = {n: _phase(report, n)["stats"]["usage_deficit"] for n in PHASES}
-    assert deficit["baseline"] == deficit["recovery"] == 0, deficit
+    # In baseline only through its requests that ended in the fault phase (a request counts
+    # where it was due, whenever it ends: issue 30).
+    base = _phase(report, "baseline")["stats"]
+    assert deficit["baseline"] == 0 or base["ended_after"].get("e2e_ms"), (deficit, base)
+    assert deficit["recovery"] == 0, deficit
     dropped = fault["reverted"]["stats"]
     assert deficit["fault"] == pytest.approx(
         dropped["events_dropped"] / dropped["content_events"], rel=0.25), (deficit, dropped)
@@ -275,7 +284,10 @@ def test_the_engine_behind_nginx_measures_what_the_engine_sent_and_no_stream_is_
                        f"{gaps / wire_ms:.3f}, bunched {base['bunching']['bunched']} of "
                        f"{base['bunching']['streams']}")
         if flavour == "streaming":
-            assert gaps == pytest.approx(wire_ms, rel=0.05), (gaps, wire_ms)
+            # In CI (2 cores, beside two other test workers) the client's gaps once summed to
+            # 7.6 s against 26.6 s on the wire: the relay's lag says whether the tap passed the
+            # events on late, in bursts.
+            assert gaps == pytest.approx(wire_ms, rel=0.05), (gaps, wire_ms, tap.lag_max_s)
             assert base["bunching"]["bunched"] == 0, base["bunching"]
             assert not [e for e in report["errors"] if "arrived in bursts" in e]
     print("\nnginx in front of llama-server: " + "; ".join(figures))

@@ -168,7 +168,7 @@ load:
   users: 2
   think_time: {{min: 20ms, max: 50ms}}
   classes: [{{name: chat, prompt: hi, max_tokens: 10}}]
-phases: {{warmup: 1s, baseline: 3s, fault: 0s, recovery: 0s}}
+phases: {{warmup: 4s, baseline: 3s, fault: 0s, recovery: 0s}}
 slos:
   - {{metric: chunk_loss, max: 1%, phases: [baseline]}}
   - {{metric: error_rate, max: 1%, phases: [baseline]}}

@@ -27,6 +27,7 @@ from streamquake.run.series import per_second
 from streamquake.run.timeline import PhaseWindow
 from streamquake.scenario.loader import load_scenario
 from tests.conftest import REPO, cli_cmd, free_port
+from tests.helpers import assert_run_ok
 from tests.netns_fixtures import client_ns  # noqa: F401 - a fixture
 from tests.timing import wait_until
 
@@ -104,7 +105,7 @@ def test_two_remote_workers_lose_nothing_and_merge_exactly(tmp_path: Path,
     output, _ = run.communicate(timeout=100)
     for w in workers:
         w.wait(timeout=30)
-    assert run.returncode == 0, output[-3000:]
+    assert_run_ok(run, out, said=output)
     assert [w.returncode for w in workers] == [0, 0], [
         (tmp_path / f"w{i}.log").read_text()[-2000:] for i in (1, 2)]
 
@@ -121,10 +122,10 @@ def test_two_remote_workers_lose_nothing_and_merge_exactly(tmp_path: Path,
     assert all(abs(p["clock_skew_s"]) < 0.1 for p in procs)
     baseline = next(p for p in report["phases"] if p["name"] == "baseline")
     window = (baseline["start"], baseline["end"])
+    # Every request sent in the step counts there, however late its first token came.
     ttft = [float(s["ttft_ms"]) for s in everything  # type: ignore[arg-type]
             if window[0] <= float(s["sent"]) < window[1]  # type: ignore[arg-type]
-            and s["ttft_ms"] is not None
-            and float(s["sent"]) + float(s["ttft_ms"]) / 1000 <= window[1]]  # type: ignore[arg-type]
+            and s["ttft_ms"] is not None]
     stats = baseline["stats"]
     assert stats["ttft_ms"]["count"] == len(ttft)
     # The report comes from the workers' scorecards (sent as custom messages), not the lines:
@@ -181,7 +182,7 @@ def test_a_worker_in_another_namespace_joins_over_veth(
             assert target.stdout is not None
             target.stdout.close()
             stop(target)
-        assert run.returncode == 0, output[-3000:] + (tmp_path / "worker.log").read_text()
+        assert_run_ok(run, out, said=output + (tmp_path / "worker.log").read_text())
         report = json.loads((out / "report.json").read_text())
         (proc,) = report["load_processes"]
         assert proc["remote"] and proc["users"] == 6
@@ -217,7 +218,7 @@ def test_a_worker_killed_mid_run_is_reported(tmp_path: Path, env: dict[str, str]
         run.stdout.close()
     output = "".join(lines)
     workers[1].wait(timeout=30)
-    assert run.returncode == 0, output[-3000:]
+    assert_run_ok(run, out, said=output)
     report = json.loads((out / "report.json").read_text())
     missing = [p for p in report["load_processes"] if p["missing_at"] is not None]
     assert len(missing) == 1 and missing[0]["missing_at"] >= killed_at

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import xmlschema
 
+from tests.helpers import assert_verdict
 from tests.report_runs import Runs, report_runs
 
 XSD = Path(__file__).with_name("junit") / "jenkins-junit.xsd"
@@ -33,12 +34,21 @@ def _cases(runs: Runs, name: str) -> list[ET.Element]:
     return list(ET.parse(runs[name].out / "junit.xml").getroot().iter("testcase"))
 
 
+def _not_judged(runs: Runs, name: str, metric: str, phase: str) -> str | None:
+    """Why run ``name``'s ``metric`` check in ``phase`` was not judged (its step's load
+    generator saturated, on a busy machine), or None: judged."""
+    report = _report(runs, name)
+    check = next(c for c in report["checks"] if c["metric"] == metric and c["phase"] == phase)
+    return check.get("not_judged")
+
+
 @pytest.mark.timeout(240)
 def test_every_exit_path_leaves_valid_junit_summary_json_and_html(runs: Runs) -> None:
     schema = xmlschema.XMLSchema(XSD)
     for name, code in EXPECTED_EXIT.items():
         run = runs[name]
-        assert run.returncode == code, f"run {name}: {run.stdout}"
+        # A verdict, or the one issue 30 gives a saturated step: not judged (6).
+        assert_verdict(run, code, run.out, said=f"run {name}: {run.stdout}")
         for file in ("report.json", "junit.xml", "summary.md", "report.html", "timeline.csv"):
             assert (run.out / file).is_file(), f"run {name} left no {file}"
         schema.validate(run.out / "junit.xml")        # raises with the offending element
@@ -48,12 +58,19 @@ def test_every_exit_path_leaves_valid_junit_summary_json_and_html(runs: Runs) ->
         assert suite.get("tests") == str(len(cases))
         for kind, attr in (("failure", "failures"), ("error", "errors"), ("skipped", "skipped")):
             assert suite.get(attr) == str(sum(1 for c in cases if c.find(kind) is not None))
-        assert _report(runs, name)["exit_code"] == code
+        assert _report(runs, name)["exit_code"] == run.returncode
 
 
 @pytest.mark.timeout(240)
 def test_junit_failure_states_the_observation_against_the_limit(runs: Runs) -> None:
     report = _report(runs, "b")
+    if why := _not_judged(runs, "b", "ttft_ms", "baseline"):
+        # A saturated baseline: its TTFT is not judged, a skipped case that says why.
+        (case,) = [c for c in _cases(runs, "b") if "ttft_ms p95" in c.get("name", "")
+                   and c.get("classname", "").endswith(".baseline")]
+        assert case.find("failure") is None and case.find("skipped") is not None
+        assert "the load generator was saturated" in (case.findtext("skipped") or ""), why
+        return
     broken = [c for c in report["checks"] if c["gating"] and not c["passed"]]
     assert any(c["metric"] == "ttft_ms" for c in broken)
     failures = {case.get("classname", "").rsplit(".", 1)[-1]: case.find("failure")
@@ -74,9 +91,14 @@ def test_junit_failure_states_the_observation_against_the_limit(runs: Runs) -> N
 def test_non_gating_checks_pass_with_the_measurement_not_skipped(runs: Runs) -> None:
     cases = [c for c in _cases(runs, "a") if c.get("classname", "").endswith(".fault")
              and "ttft_ms" in c.get("name", "")]
-    assert cases and all(c.find("skipped") is None and c.find("failure") is None for c in cases)
     (case,) = cases
     assert case.get("name", "").endswith("(not gating)")
+    if why := _not_judged(runs, "a", "ttft_ms", "fault"):
+        # A saturated fault step: not judged, a skipped case with the guard's reason.
+        assert case.find("failure") is None, ET.tostring(case).decode()
+        assert "the load generator was saturated" in (case.findtext("skipped") or ""), why
+        return
+    assert all(c.find("skipped") is None and c.find("failure") is None for c in cases)
     out = case.findtext("system-out") or ""
     assert out.startswith("not gating in fault (broken): ttft_ms p95 was"), out
 
@@ -130,8 +152,25 @@ def test_ci_log_keeps_fault_readback_and_table_cells_whole(runs: Runs) -> None:
                 "stats.aborts_by_status.503="):
         assert key in reverted[0], reverted[0]
     assert "..." not in reverted[0] and "{" not in reverted[0]
+    # Its settings as the scenario wrote them, never the proxy's echo in its own units.
+    assert "fault reverted chunk-drop (drop=20%, first_event_delay=300ms" in reverted[0]
+    assert "fault.drop=" not in reverted[0] and "first_event_delay_ms" not in reverted[0]
+    # One time base: the log's stamps count from the first phase, as the reports' times do.
+    report = json.loads((runs["a"].out / "report.json").read_text())
+    t0 = report["phases"][0]["start"]
+    (fault,) = [f for f in report["faults"] if f["name"] == "chunk-drop"]
+    (applied,) = [line for line in out.splitlines() if "fault applied chunk-drop" in line]
+    stamp = re.match(r"\s*([+-]\d+\.\d)s fault applied", applied)
+    assert stamp is not None, applied
+    # (within a second: the line is printed once the apply is done; the lead alone is 6 s)
+    assert abs(float(stamp.group(1)) - (fault["applied_at"] - t0)) <= 1.0, (applied, fault)
+    assert "these times count from it, as the reports' do" in out
     ttft_rows = [line for line in out.splitlines() if line.startswith("│ ttft_ms p95 <= 250")]
-    assert len(ttft_rows) == 1 and "(broken, not gating)" in ttft_rows[0], out
+    assert len(ttft_rows) == 1, out
+    if _not_judged(runs, "a", "ttft_ms", "fault"):  # a saturated step: "(22.7 ms not judged)"
+        assert "broken" not in ttft_rows[0] and re.search(r"\([\d.]+ ms[^)]*\)", ttft_rows[0]), out
+    else:
+        assert "(broken, not gating)" in ttft_rows[0], out
     assert not re.search(r"^│\s+│.*gating\)", out, re.M), "a cell wrapped onto a second line"
 
 
@@ -139,9 +178,13 @@ def test_ci_log_keeps_fault_readback_and_table_cells_whole(runs: Runs) -> None:
 def test_summary_md_says_when_how_long_against_what_with_which_faults(runs: Runs) -> None:
     summary = (runs["a"].out / "summary.md").read_text()
     head = summary.splitlines()[2]
-    assert re.match(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d UTC, \d+\.\d s, exit code 0; ", head), head
+    code = runs["a"].returncode         # 0, or 6 where a saturated step was not judged
+    assert re.match(rf"\d{{4}}-\d\d-\d\d \d\d:\d\d:\d\d UTC, \d+\.\d s, exit code {code}; ",
+                    head), head
     assert "embedded openai target at http://127.0.0.1:" in head and "sha256" in head
-    assert "| chunk-drop | sse_proxy | fault | `drop=0.2 first_event_delay_ms=300 " in summary
+    # Its settings as the scenario writes them (issue 34: it said drop=0.2 first_event_delay_ms
+    # =300 where the terminal says drop=20%).
+    assert "| chunk-drop | sse_proxy | fault | `drop=20%, first_event_delay=300ms" in summary
     assert "stats.events_dropped=" in summary
     # The error breakdown: the proxy aborted some fault-phase streams with 503.
     rows = dict(re.findall(r"^\| (\w+) \| (.*) \|$", summary, re.M))
@@ -187,8 +230,9 @@ def test_csv_files_agree_with_the_report(runs: Runs) -> None:
         scored = [s for s in samples if s["phase"] == phase["name"] and s["scored"] == "yes"]
         ended_after = [s for s in samples if s["phase"] == phase["name"]
                        and s["scored"] == "ended_after"]
-        assert len(scored) == phase["stats"]["requests"], phase["name"]
-        assert len(ended_after) == phase["stats"]["unattributed"]["e2e_ms"], phase["name"]
+        # Every request due in a phase is judged there, however late it ended.
+        assert len(scored) + len(ended_after) == phase["stats"]["requests"], phase["name"]
+        assert len(ended_after) == phase["stats"]["ended_after"].get("e2e_ms", 0), phase["name"]
         assert len(scored) + len(ended_after) == phase["stats"]["sent"], phase["name"]
     errors = sum(1 for s in samples if s["error"] == "http_status" and s["status"] == "503")
     assert errors >= sum(p["stats"]["errors"]["http_status"] for p in report["phases"])

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from streamquake.errors import ScenarioError
-from streamquake.loadgen import client as client_mod
+from streamquake.loadgen import stamps
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
@@ -83,7 +83,7 @@ def test_a_host_name_is_resolved_an_address_is_not(server: str) -> None:
 
 @pytest.mark.timeout(60)
 def test_a_held_write_shows_in_write_ms(server: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(client_mod, "_WRITE_HOLD_S", HOLD_S)
+    monkeypatch.setattr(stamps, "_WRITE_HOLD_S", HOLD_S)
     new, reused = _twice(plan_for(server, "/s?n=2"))
     # The hold comes after the connection is ready: a sleep is never shorter than asked.
     for s in (new, reused):

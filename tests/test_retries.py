@@ -13,6 +13,7 @@ import pytest
 from streamquake.loadgen.retry import retry_delay
 from streamquake.loadgen.samples import RequestSample
 from tests.conftest import run_cli
+from tests.helpers import assert_run_ok
 
 
 def _failed(error: str, status: int | None = None, attempt: int = 1,
@@ -54,7 +55,7 @@ def test_retried_attempts_are_counted_apart(tmp_path: Path) -> None:
         scenario, out = tmp_path / f"{policy}.yaml", tmp_path / policy
         scenario.write_text(SCENARIO.format(retries=policy))
         proc = run_cli("run", str(scenario), "--out", str(out), timeout=100)
-        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        assert_run_ok(proc, out)
         report = json.loads((out / "report.json").read_text())
         stats[policy] = next(p for p in report["phases"] if p["name"] == "baseline")["stats"]
         samples = [json.loads(line) for f in (out / "run" / "samples").glob("*.jsonl")

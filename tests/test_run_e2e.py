@@ -13,7 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from streamquake.cli import KEPT_OUTPUT
 from tests.conftest import REPO, cli_cmd, how_ended, reap, run_cli
+from tests.helpers import assert_verdict
 from tests.timing import wait_until
 
 SHORT = """
@@ -36,14 +38,21 @@ faults:
   - {{type: sse_proxy, name: chunk-drop, phase: fault, drop: 20%, first_event_delay: 300ms,
       seed: 3}}
 slos:
-  - {{metric: ttft_ms, percentile: 95, max: {ttft_max}, phases: [baseline, recovery]}}
-  - {{metric: chunk_loss, max: 2%, phases: [baseline, recovery]}}
+  - {{metric: ttft_ms, percentile: 95, max: {ttft_max}, phases: [{ttft_phases}]}}
+  - {{metric: chunk_loss, max: 2%, phases: [recovery]}}
   - {{metric: error_rate, max: 1%}}
 """
+# chunk_loss and (in the passing run) ttft_ms gate in recovery only: a baseline request still
+# streaming when the drop fault begins loses chunks, and one still waiting for its first event
+# gets the fault's 300 ms first-event delay; both count in baseline, where they were sent (every
+# request is judged in its step). With ~36 baseline requests, two such make the p95 (seen in CI:
+# baseline p95 382.5 ms against 87.7 ms in recovery). The baseline's loss is checked below to
+# come from such requests alone.
 
 
 def _scenario(tmp_path: Path, **kw: object) -> Path:
-    params = {"name": "short", "protocol": "openai", "ttft_max": 250, **kw}
+    params = {"name": "short", "protocol": "openai", "ttft_max": 250, "ttft_phases": "recovery",
+              **kw}
     path = tmp_path / f"{params['name']}.yaml"
     path.write_text(SHORT.format(**params))
     return path
@@ -61,14 +70,23 @@ def _phase(report: dict, name: str) -> dict:
 def test_run_passes_shows_fault_damage_and_writes_reports(tmp_path: Path, state_dir: Path) -> None:
     out = tmp_path / "out"
     proc = run_cli("run", str(_scenario(tmp_path)), "--out", str(out), timeout=80)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "ALL SLOs MET" in proc.stdout
+    # Met, or not judged (exit 6, "NOT JUDGED") where a saturated step left its timings out.
+    judged = assert_verdict(proc, 0, out)
+    word = "ALL SLOs MET" if judged else "NOT JUDGED"
+    assert word in proc.stdout
     report = _report(out)
-    assert report["passed"] is True and report["interrupted"] is None
+    assert report["passed"] is judged and report["interrupted"] is None
     base, fault, rec = (_phase(report, p) for p in ("baseline", "fault", "recovery"))
     assert base["stats"]["requests"] >= 10
-    # The fault is visible where it lived, and only there.
-    assert base["stats"]["chunk_loss"] == 0.0 and rec["stats"]["chunk_loss"] == 0.0
+    # The fault is visible where it lived, and only there: in baseline only through requests
+    # due there that ended in the fault step (each request counts where it was due, issue 30).
+    assert base["stats"]["chunk_loss"] == 0.0 or base["stats"]["ended_after"].get("e2e_ms"), \
+        base["stats"]
+    assert rec["stats"]["chunk_loss"] == 0.0
+    # Likewise the baseline's TTFT is the target's 80 ms, but for requests whose first event
+    # came in the fault step (where judged: a saturated step's timings are not).
+    assert not judged or base["stats"]["ttft_ms"]["p95"] <= 250 or \
+        base["stats"]["ended_after"].get("ttft_ms"), base["stats"]
     assert 0.12 <= fault["stats"]["chunk_loss"] <= 0.28
     assert fault["stats"]["ttft_ms"]["p50"] >= base["stats"]["ttft_ms"]["p50"] + 250
     # Injected next to observed: the proxy's own counters come back in the fault timeline.
@@ -82,18 +100,22 @@ def test_run_passes_shows_fault_damage_and_writes_reports(tmp_path: Path, state_
     suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("failures") == "0"
     assert len(suite.findall("testcase")) == len(report["checks"])
-    assert (out / "summary.md").read_text().startswith("## streamquake: short: ALL SLOs MET")
+    assert (out / "summary.md").read_text().startswith(f"## streamquake: short: {word}")
 
 
 @pytest.mark.timeout(90)
 def test_broken_slo_exits_1_and_junit_names_the_failure(tmp_path: Path, state_dir: Path) -> None:
     out = tmp_path / "out"
-    scenario = _scenario(tmp_path, name="strict", protocol="gemini", ttft_max=20)
+    scenario = _scenario(tmp_path, name="strict", protocol="gemini", ttft_max=20,
+                         ttft_phases="baseline, recovery")
     proc = run_cli("run", str(scenario), "--out", str(out), timeout=80)
-    assert proc.returncode == 1, proc.stdout + proc.stderr
-    assert "SLO BROKEN" in proc.stdout
+    # Broken, or (issue 30) not judged where a saturated step left its TTFT check unjudged.
+    judged = assert_verdict(proc, 1, out, deciding={"ttft_ms"})
     report = _report(out)
-    assert report["passed"] is False and report["exit_code"] == 1
+    assert report["passed"] is False and report["exit_code"] == proc.returncode
+    if not judged:
+        return
+    assert "SLO BROKEN" in proc.stdout
     failures = ET.parse(out / "junit.xml").getroot().iter("failure")
     assert any("ttft_ms" in (f.get("message") or "") for f in failures)
 
@@ -112,12 +134,10 @@ def _children_of(pid: int) -> list[int]:
     return kids
 
 
-@pytest.mark.timeout(90)
-@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
-def test_signal_during_fault_reverts_stops_children_and_reports_interrupted(
-    tmp_path: Path, state_dir: Path, sig: signal.Signals, reaper: None
-) -> None:
-    out = tmp_path / "out"
+def _run_into_the_fault(tmp_path: Path, out: Path,
+                        state_dir: Path) -> tuple[subprocess.Popen[str], list[str]]:
+    """A run of the short scenario, read until its fault is applied: the process and the lines
+    it printed so far."""
     proc = subprocess.Popen(
         cli_cmd("run", str(_scenario(tmp_path)), "--out", str(out)),
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO,
@@ -130,10 +150,18 @@ def test_signal_during_fault_reverts_stops_children_and_reports_interrupted(
         line = proc.stdout.readline()
         seen.append(line)
         if "fault applied" in line:
-            break
-    else:
-        proc.kill()
-        pytest.fail("never reached the fault phase:\n" + "".join(seen))
+            return proc, seen
+    proc.kill()
+    pytest.fail("never reached the fault phase:\n" + "".join(seen))
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_signal_during_fault_reverts_stops_children_and_reports_interrupted(
+    tmp_path: Path, state_dir: Path, sig: signal.Signals, reaper: None
+) -> None:
+    out = tmp_path / "out"
+    proc, seen = _run_into_the_fault(tmp_path, out, state_dir)
     children = _children_of(proc.pid)
     assert children, "the run should have a target, a proxy and Locust running"
     proc.send_signal(sig)
@@ -149,5 +177,31 @@ def test_signal_during_fault_reverts_stops_children_and_reports_interrupted(
     report = _report(out)
     assert report["interrupted"] == sig.name and report["passed"] is False
     assert report["faults"][0]["reverted_at"] is not None
+    assert not list(state_dir.glob("journal.json")) or json.loads(
+        (state_dir / "journal.json").read_text()) == []
+
+
+@pytest.mark.timeout(90)
+def test_ctrl_c_after_its_reader_is_gone_still_reverts_and_reports(
+        tmp_path: Path, state_dir: Path, reaper: None) -> None:
+    """``run ... 2>&1 | tee log`` and Ctrl-C: tee dies with the run (one process group), so the
+    run's next line meets a closed pipe. It used to end there, exit 1 with no report; now what
+    it would print is dropped and it reverts, reports and exits 130 as without the pipe."""
+    out = tmp_path / "out"
+    proc, _ = _run_into_the_fault(tmp_path, out, state_dir)
+    assert proc.stdout is not None
+    proc.stdout.close()                  # the reader is gone: the next write meets EPIPE
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=60)
+    # What it showed after its reader left is kept in the state directory, errors included.
+    kept = state_dir / KEPT_OUTPUT
+    shown = kept.read_text() if kept.exists() else "(nothing kept)"
+    assert code == 130, shown
+    assert "the reader of its output went away" in shown, shown
+    assert "interrupted by SIGINT: faults reverted, writing a partial report" in shown, shown
+    report = _report(out)
+    assert report["interrupted"] == "SIGINT"
+    assert report["faults"][0]["reverted_at"] is not None
+    assert {"report.html", "junit.xml", "summary.md"} <= {p.name for p in out.iterdir()}
     assert not list(state_dir.glob("journal.json")) or json.loads(
         (state_dir / "journal.json").read_text()) == []

@@ -5,6 +5,7 @@ and an unsaturated one, both real, side by side."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import time
 from pathlib import Path
@@ -140,3 +141,146 @@ def test_a_saturated_run_is_marked_so_and_an_unsaturated_one_not(tmp_path: Path)
     assert "was saturated" not in summary
     assert 'name="client_saturated.baseline" value="saturated=no' in \
         (ok_out / "junit.xml").read_text()
+
+
+# The harness's own trouble is never the service's. A load process frozen on purpose (the
+# test-only hook: its hub held 150 ms every second, a wall-clock spin, so every second of a
+# measured phase is saturated however busy the machine is) in front of a healthy target. The
+# TTFT SLO cannot hold (1 ms against a fixed 20 ms) so that, judged, it would certainly break:
+# what decides each run below is only whether a saturated step's timings are judged.
+STARVED = """
+name: starved
+target:
+  protocol: openai
+  probe: false
+  timeout: 10s
+  embedded: {{ttft: {{dist: fixed, value: 20ms}}, itl: {{dist: fixed, value: 5ms}},
+             output_tokens: {{min: 10, max: 10}}, error_rate: {error_rate}}}
+load: {{users: 4, spawn_rate: 100, think_time: {{min: 20ms, max: 50ms}}}}
+phases: {{warmup: 1s, baseline: 3s, fault: 1s, recovery: 3s}}
+slos:
+  - {{metric: ttft_ms, percentile: 95, max: 1ms, phases: [baseline, recovery]}}
+  - {{metric: error_rate, max: 1%}}
+recovery: {{tolerance: 10%, metrics: [ttft_ms], percentile: 95}}
+{verdicts}
+"""
+FREEZE = "150/1"
+
+
+def _starved(tmp_path: Path, error_rate: str = "0%", saturated: str | None = None
+             ) -> tuple[subprocess.CompletedProcess[str], Path, dict[str, object]]:
+    from streamquake.loadgen.holds import FREEZE_ENV
+
+    scenario = tmp_path / "starved.yaml"
+    scenario.write_text(STARVED.format(
+        error_rate=error_rate,
+        verdicts=f"verdicts: {{saturated: {saturated}}}" if saturated else ""))
+    out = tmp_path / "out"
+    done = run_cli("run", str(scenario), "--out", str(out), env={FREEZE_ENV: FREEZE},
+                   timeout=150)
+    assert (out / "report.json").exists(), done.stdout[-3000:] + done.stderr[-3000:]
+    report = json.loads((out / "report.json").read_text())
+    assert isinstance(report, dict)
+    return done, out, report
+
+
+def _checks(report: dict[str, object], metric: str) -> list[dict[str, object]]:
+    checks = report["checks"]
+    assert isinstance(checks, list)
+    return [c for c in checks if c["metric"] == metric and c["kind"] in ("slo", "recovery")]
+
+
+def _verdict_line(stdout: str) -> str:
+    """The run's verdict: the line before the list of reports written."""
+    lines = stdout.strip().splitlines()
+    return lines[next(i for i, line in enumerate(lines) if line.startswith("wrote ")) - 1]
+
+
+def _saturated_steps(report: dict[str, object]) -> set[str]:
+    phases = report["phases"]
+    assert isinstance(phases, list)
+    return {p["name"] for p in phases if p["stats"].get("client_saturated")}
+
+
+@pytest.mark.timeout(200)
+def test_a_starved_load_generator_leaves_timings_not_judged_and_exits_6(tmp_path: Path) -> None:
+    done, out, report = _starved(tmp_path)
+    said = done.stdout + done.stderr
+    assert {"baseline", "recovery"} <= _saturated_steps(report), report["errors"]
+    assert done.returncode == 6, said[-4000:]
+    last = _verdict_line(done.stdout)
+    assert last.startswith("NOT JUDGED: the load generator was saturated"), last
+    assert "SLO BROKEN" not in done.stdout and "ALL SLOs MET" not in done.stdout
+    # Each gating TTFT check and the recovery comparison: not judged, with the guard's reason.
+    ttft = [c for c in _checks(report, "ttft_ms") if c["gating"]]
+    assert {(c["kind"], c["phase"]) for c in ttft} == {
+        ("slo", "baseline"), ("slo", "recovery"), ("recovery", "recovery")}, ttft
+    for c in ttft:
+        reason = c["not_judged"]
+        assert isinstance(reason, str) and reason.startswith(
+            "the load generator was saturated ("), c
+        assert "hub held" in reason and c["passed"] is True, c
+        assert isinstance(c["observed"], float) and c["observed"] > 1.0   # judged: broken
+    # Errors are still judged, and met: the service was healthy.
+    errors = _checks(report, "error_rate")
+    assert errors and all(c["not_judged"] is None and c["passed"] for c in errors), errors
+    assert report["exit_code"] == 6
+    # Every output says so.
+    assert "not judged, the load generator being saturated" in done.stdout
+    assert "The run exits 6 unless something broke" in done.stdout
+    summary = (out / "summary.md").read_text()
+    assert "NOT JUDGED: the load generator was saturated" in summary.splitlines()[0]
+    # The summary names each saturated step as the report's checks do (how many of its seconds
+    # and the first saturated second's reasons: a busy machine may add CPU or lag to the hold).
+    steps = {s for c in ttft
+             for s in str(c["not_judged"]).partition(" (")[2].removesuffix(")").split("; ")}
+    saturated = next(line for line in summary.splitlines() if "Saturated: " in line)
+    assert "not judged ⏸️" in summary and all(s in saturated for s in steps), (steps, saturated)
+    assert re.search(r"Saturated: baseline \d+ of \d+ s: [^;]*hub held", summary), summary
+    junit = (out / "junit.xml").read_text()
+    assert re.search(r"<skipped>not judged: the load generator was saturated \(baseline \d+ of",
+                     junit), junit
+    assert 'failures="0"' in junit
+    html = (out / "report.html").read_text()
+    assert "not judged: the load generator was saturated" in html
+    assert '<span class="v warn">NOT JUDGED' in html
+
+
+@pytest.mark.timeout(200)
+def test_verdicts_saturated_fail_makes_a_timing_not_judged_a_failure(tmp_path: Path) -> None:
+    done, out, report = _starved(tmp_path, saturated="fail")
+    assert "baseline" in _saturated_steps(report), report["errors"]
+    assert done.returncode == 1, (done.stdout + done.stderr)[-4000:]
+    assert _verdict_line(done.stdout).startswith(
+        "NOT JUDGED, FAILED: the load generator was saturated")
+    base = next(c for c in _checks(report, "ttft_ms")
+                if c["phase"] == "baseline" and c["kind"] == "slo")
+    assert base["not_judged"] and base["passed"] is False and base["gating"] is True, base
+    assert all(c["passed"] for c in _checks(report, "error_rate"))
+    assert 'type="NotJudged"' in (out / "junit.xml").read_text()
+
+
+@pytest.mark.timeout(200)
+def test_verdicts_saturated_warn_shows_them_and_does_not_gate(tmp_path: Path) -> None:
+    done, _out, report = _starved(tmp_path, saturated="warn")
+    assert "baseline" in _saturated_steps(report), report["errors"]
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    assert _verdict_line(done.stdout).startswith("ALL JUDGED SLOs MET"), done.stdout[-2000:]
+    base = next(c for c in _checks(report, "ttft_ms")
+                if c["phase"] == "baseline" and c["kind"] == "slo")
+    assert base["not_judged"] and base["gating"] is False, base
+
+
+@pytest.mark.timeout(200)
+def test_errors_still_break_a_run_whose_timings_are_not_judged(tmp_path: Path) -> None:
+    # The target fails 30% of requests: the load generator's lateness cannot make that up.
+    done, _out, report = _starved(tmp_path, error_rate="30%")
+    assert "baseline" in _saturated_steps(report), report["errors"]
+    assert done.returncode == 1, (done.stdout + done.stderr)[-4000:]
+    last = _verdict_line(done.stdout)
+    assert last.startswith("SLO BROKEN") and "not judged" in last, last
+    broken = [c for c in _checks(report, "error_rate") if c["phase"] == "baseline"]
+    assert broken and broken[0]["not_judged"] is None and broken[0]["passed"] is False, broken
+    base = next(c for c in _checks(report, "ttft_ms")
+                if c["phase"] == "baseline" and c["kind"] == "slo")
+    assert base["not_judged"], base

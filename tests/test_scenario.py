@@ -28,9 +28,8 @@ EXPECTED = {
         "6:3: phases.baseline: expected a duration like '100ms' or '30s', got '10 sec'"
     ],
     "unknown_fault_type.yaml": [
-        "7:5: faults.0: Input tag 'chaos_monkey' found using 'type' does not match any of the "
-        "expected tags: 'gpu_clocks', 'netem', 'sse_proxy', 'tbf' (hint: use one of the values "
-        "listed)"
+        "7:5: faults.0.type: 'chaos_monkey' is not a type known here (hint: one of: gpu_clocks, "
+        "netem, sse_proxy, tbf)"
     ],
     "percentile_missing.yaml": [
         "7:5: slos.0: 'ttft_ms' is a distribution: add 'percentile', e.g. 95"
@@ -99,17 +98,17 @@ EXPECTED = {
         "4:7: the tag !!set is not supported in a scenario (remove it)",
     ],
     "many_problems.yaml": [
-        "3:3: target.protocol: Input should be 'gemini', 'openai', 'anthropic' or 'sse' "
-        "(hint: use one of the values listed)",
-        "5:5: target.embedded.ttft: Input tag 'gamma' found using 'dist' does not match any of "
-        "the expected tags: 'fixed', 'normal', 'lognormal' (hint: use one of the values listed)",
+        "3:3: target.protocol: Input should be 'gemini', 'openai', 'anthropic', 'sse', "
+        "'openai_responses' or 'llama_cpp' (hint: use one of the values listed)",
+        "5:12: target.embedded.ttft.dist: 'gamma' is not a dist known here (hint: one of: fixed, "
+        "normal, lognormal)",
         "7:3: load.users: Input should be greater than or equal to 1 (hint: use a bigger value)",
         "15:5: faults.0.drop: must be between 0% and 100%, got '150%'",
         "17:6: slos.0.metric: Input should be 'ttfb_ms', 'ttft_ms', 'itl_ms', 'e2e_ms', "
         "'output_tokens_per_s', 'queue_delay_ms', 'ttft_scheduled_ms', 'e2e_scheduled_ms', "
-        "'send_ms', 'dns_ms', 'connect_ms', 'tls_ms', 'write_ms', 'error_rate', 'stall_rate', "
-        "'chunk_loss', 'not_sent_rate', 'usage_deficit' or 'recovery_time_s' (hint: use one of "
-        "the values listed)",
+        "'send_ms', 'dns_ms', 'connect_ms', 'tls_ms', 'write_ms', 'ttfa_ms', 'error_rate', "
+        "'stall_rate', 'chunk_loss', 'not_sent_rate', 'usage_deficit' or 'recovery_time_s' "
+        "(hint: use one of the values listed)",
     ],
 }
 
@@ -191,6 +190,31 @@ phases: {{baseline: 1s, fault: 0s, recovery: 0s}}
 """
     with pytest.raises(ScenarioError, match=complaint):
         parse_scenario(text)
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(
+    ("slo", "complaint"),
+    [
+        ("{metric: error_rate, max: 1}", "max: 1 is read as a fraction, 100% of requests, "
+                                         "which never breaks: write 1% for 1 percent"),
+        ("{metric: chunk_loss, max: 5}", "max: 5 is read as a fraction, 500%"),
+        ("{metric: error_rate, max: 350 ms}", "'error_rate' is a rate: write a percentage"),
+        ("{metric: ttft_ms, percentile: 95, max: 5%}", "'ttft_ms' is a time: write a duration"),
+    ],
+)
+def test_a_threshold_in_the_wrong_unit_is_refused_with_the_fix(slo: str, complaint: str) -> None:
+    """A rate's bare number is a fraction: ``max: 1`` was 100%, an SLO that could never
+    break, and ``max: 350 ms`` on a rate or a percentage on a time passed unremarked."""
+    problems = _problems(MINIMAL + f"slos:\n  - {slo}\n")
+    assert any(complaint in p and p.startswith("f.yaml:5:") for p in problems), problems
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("limit", ["0.01", "1%", "100%", "0"])
+def test_a_rate_threshold_as_a_fraction_or_a_percentage_is_read(limit: str) -> None:
+    sc = parse_scenario(MINIMAL + f"slos:\n  - {{metric: error_rate, max: {limit}}}\n")
+    assert sc.slos[0].max == {"0.01": 0.01, "1%": 0.01, "100%": 1.0, "0": 0.0}[limit]
 
 
 @pytest.mark.timeout(10)
@@ -357,9 +381,8 @@ def test_target_serve_config_errors_are_located_with_exit_2(tmp_path: Path) -> N
     fifo = tmp_path / "fifo.yaml"
     os.mkfifo(fifo)
     cases = {
-        bad: [f"Error: {bad}:1:1: ttft: Input tag 'gamma' found using 'dist' does not match any "
-              "of the expected tags: 'fixed', 'normal', 'lognormal' (hint: use one of the values "
-              "listed)",
+        bad: [f"Error: {bad}:1:8: ttft.dist: 'gamma' is not a dist known here (hint: one of: "
+              "fixed, normal, lognormal)",
               f"Error: {bad}:2:1: itl: expected a duration like '100ms' or '30s', got "
               "'5 parsecs'"],
         fifo: [f"Error: {fifo}: is a FIFO (named pipe), not a target configuration: give the "
@@ -390,3 +413,50 @@ def test_target_serve_starts_with_a_good_config(tmp_path: Path) -> None:
         stop(proc)
         if proc.stdout is not None:
             proc.stdout.close()
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("short", "long"), [
+    ("ttft_ms p95 < 350ms", {"metric": "ttft_ms", "percentile": 95.0, "max": 350.0}),
+    ("ttft_ms: p(95)<350ms", {"metric": "ttft_ms", "percentile": 95.0, "max": 350.0}),
+    ("itl_ms p99.9 <= 1s", {"metric": "itl_ms", "percentile": 99.9, "max": 1000.0}),
+    ("error_rate < 1%", {"metric": "error_rate", "max": 0.01}),
+    ("output_tokens_per_s p50 > 20", {"metric": "output_tokens_per_s", "percentile": 50.0,
+                                      "min": 20.0}),
+])
+def test_a_k6_style_threshold_string_is_a_short_slo(short: str, long: dict[str, object]) -> None:
+    """Issue 34: k6's `"p(95)<350ms"` style got "Input should be a valid dictionary"."""
+    sc = parse_scenario(MINIMAL + f'slos:\n  - "{short}"\n')
+    got = sc.slos[0].model_dump(include={"metric", "percentile", "max", "min"},
+                                exclude_none=True)
+    assert got == pytest.approx(long)   # "350ms" is 350.00000000000006 in the long form too
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize(("short", "complaint"), [
+    ("fast please", "write an SLO as a mapping, e.g. {metric: ttft_ms, percentile: 95, max: "
+                    "350ms}, or in short as \"ttft_ms p95 < 350ms\""),
+    ("error_rate < 1", "'error_rate' is a rate: write a percentage"),
+    ("ttft_ms < 350ms", "'ttft_ms' is a distribution: add 'percentile'"),
+])
+def test_a_short_slo_that_cannot_be_read_says_the_form(short: str, complaint: str) -> None:
+    problems = _problems(MINIMAL + f'slos:\n  - "{short}"\n')
+    assert any(complaint in p and p.startswith("f.yaml:5:") for p in problems), problems
+
+
+@pytest.mark.timeout(10)
+def test_set_names_a_list_item_by_its_name() -> None:
+    """Issue 34: `--set faults.d.drop=...` could not address a fault by name, only by index."""
+    from streamquake.located_yaml import parse_yaml
+    from streamquake.scenario.overrides import apply_overrides
+
+    text = MINIMAL.replace("fault: 0s", "fault: 1s") + (
+        "faults:\n  - {type: sse_proxy, name: d, phase: fault, drop: 10%}\n"
+        "  - {type: sse_proxy, phase: fault, delay: 5ms}\n")
+    doc = apply_overrides(parse_yaml(text, "f.yaml"), ["faults.d.drop=20%",
+                                                       "faults.sse_proxy.delay=9ms"])
+    assert doc.value["faults"][0]["drop"] == "20%"            # type: ignore[index,call-overload]
+    assert doc.value["faults"][1]["delay"] == "9ms"           # type: ignore[index,call-overload]
+    with pytest.raises(ScenarioError, match=r"faults has no item named 'e' \(named: d, "
+                                            r"sse_proxy\); write a name or an index from 0 to 1"):
+        apply_overrides(parse_yaml(text, "f.yaml"), ["faults.e.drop=20%"])

@@ -14,10 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from streamquake.loadgen.client import REDACTED, Redactor, StreamClient
+from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.templates import REDACTED, Redactor
 from tests.conftest import REPO, cli_cmd
+from tests.helpers import assert_run_ok
 
 
 def measure_echo(url: str, path: str, env: dict[str, str]) -> RequestSample:
@@ -117,7 +119,7 @@ def test_no_artifact_of_a_run_holds_the_key(echo_server: str, tmp_path: Path,
     finally:
         watcher.done.set()
         watcher.join()
-    assert proc.returncode == 0, (proc.stdout[-3000:] + proc.stderr[-3000:]).decode()
+    assert_run_ok(proc, out)
     assert watcher.scans > 10 and watcher.seen == []
     files = [p for root in (out, state_dir) if root.exists() for p in root.rglob("*")
              if p.is_file()]

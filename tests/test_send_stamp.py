@@ -1,7 +1,7 @@
 """A request is dated when its last byte is written: TTFB, TTFT and E2E count from there, and
 the time before it (a free connection, a connect, the write) is its own figure, ``send_ms``.
 
-A test-only hook (``client._WRITE_HOLD_S``, set in a load process by
+A test-only hook (``stamps._WRITE_HOLD_S``, set in a load process by
 ``$STREAMQUAKE_TEST_WRITE_HOLD_MS``) holds every write back before it starts, as a client
 late to write would. Against a real server process on 127.0.0.1, plain and TLS.
 """
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from streamquake.loadgen import client as client_mod
+from streamquake.loadgen import stamps
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.protocols import Protocol
@@ -38,7 +38,7 @@ def test_a_held_write_shows_in_send_ms_not_in_ttfb_or_ttft(
         server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     plan = plan_for(server, f"/s?n=5&first_ms={FIRST_MS}&gap_ms=5")
     plain = measure(plan)
-    monkeypatch.setattr(client_mod, "_WRITE_HOLD_S", HOLD_S)
+    monkeypatch.setattr(stamps, "_WRITE_HOLD_S", HOLD_S)
     held = measure(plan)
     for s in (plain, held):
         assert s.error is None, s

@@ -15,8 +15,8 @@ from streamquake.envref import ENV_REF, is_env_name
 from streamquake.errors import ScenarioError, validation_sentences
 from streamquake.faults.envelope import ENVELOPE, FaultSpec
 from streamquake.faults.proxy.spec import SSEProxyFault, fault_from_params
-from streamquake.loadgen.client import expand_headers, expand_path
 from streamquake.loadgen.histogram import SparseHistogram
+from streamquake.loadgen.templates import expand_headers, expand_path
 from streamquake.loopback import is_loopback
 from streamquake.procs import log_tail
 from streamquake.scenario.schema import TargetSpec
@@ -68,7 +68,7 @@ def test_loopback_is_an_address_rule_not_a_prefix(host: str, loopback: bool) -> 
     assert is_loopback(host) is loopback
 
 
-# --- ${VAR} (scenario/schema: any ${...}, bad names refused; loadgen/client: valid names only,
+# --- ${VAR} (scenario/schema: any ${...}, bad names refused; loadgen/templates: valid names only,
 # anything else sent as it was) -------------------------------------------------------------------
 
 

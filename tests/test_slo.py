@@ -84,15 +84,15 @@ def test_no_data_fails_rather_than_passes() -> None:
     assert ttft.observed is None and not ttft.passed and "no data" in ttft.detail
 
 
-def test_assign_phases_scores_only_requests_that_start_and_end_in_a_phase() -> None:
+def test_assign_phases_takes_every_request_due_in_a_phase_however_late_it_ended() -> None:
     windows = [PhaseWindow("baseline", 100.0, 110.0), PhaseWindow("fault", 110.0, 120.0)]
     inside = RequestSample(cls="a", sent=101.0, e2e_ms=2000.0)
     straddler = RequestSample(cls="a", sent=109.5, e2e_ms=1000.0)
     queued = RequestSample(cls="a", sent=110.5, scheduled=109.0, e2e_ms=100.0)
     before = RequestSample(cls="a", sent=99.0, e2e_ms=10.0)
-    scored, straddled = assign_phases([inside, straddler, queued, before], windows)
-    assert scored == {"baseline": [inside], "fault": []}
-    assert straddled == {"baseline": 2, "fault": 0}   # queued: due in baseline, ran into fault
+    scored, ended_after = assign_phases([inside, straddler, queued, before], windows)
+    assert scored == {"baseline": [inside, straddler, queued], "fault": []}
+    assert ended_after == {"baseline": 2, "fault": 0}   # queued: due in baseline, ran into fault
 
 
 def _result(checks: list, faults: list | None = None, interrupted: str | None = None) -> RunResult:

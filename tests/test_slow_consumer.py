@@ -18,6 +18,7 @@ from streamquake.loadgen.samples import RequestSample
 from streamquake.target.config import TargetConfig
 from streamquake.target.process import start_target
 from tests.conftest import run_cli
+from tests.helpers import assert_run_ok
 
 RATE = 4000.0           # bytes/s: a 40-token OpenAI stream (about 10 kB) takes 2-3 s
 PAUSE_S, EVERY = 0.2, 8
@@ -81,7 +82,7 @@ def test_a_slow_class_reads_at_its_rate_and_the_report_shows_each_class(
     scenario.write_text(SCENARIO)
     out = tmp_path / "out"
     proc = run_cli("run", str(scenario), "--out", str(out), timeout=120)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert_run_ok(proc, out)
     samples = [RequestSample.from_dict(json.loads(line))
                for f in sorted((out / "run" / "samples").glob("samples-*.jsonl"))
                for line in f.read_text().splitlines()]

@@ -109,7 +109,8 @@ def test_inject_holds_a_fault_in_a_standing_proxy_until_revert_or_lease_end(
     reverted = run_cli("revert", "chunk-drop")
     assert reverted.returncode == 0, reverted.stderr
     assert "reverted chunk-drop (sse_proxy)" in reverted.stdout
-    assert '"removed": true' in reverted.stdout and '"events_dropped": 20' in reverted.stdout
+    # In words (it was the raw JSON): removed, and the proxy's counters.
+    assert "removed: yes" in reverted.stdout and '"events_dropped": 20' in reverted.stdout
     assert standing.faults() == {} and standing.ids() == EVENTS
 
     # --proxy as printed; nobody reverts it: the lease does, never before its end.
@@ -135,8 +136,20 @@ def test_inject_holds_a_fault_in_a_standing_proxy_until_revert_or_lease_end(
     assert standing.proc.wait(timeout=HANG_S) == 0
     assert "stopping: fault 'left-in' removed" in standing.err.read_text()
     assert list((state_dir / "proxies").iterdir()) == []
+    # The agent sees the proxy gone and ends the hold: `status` no longer lists the fault.
+    def listed() -> list[object]:
+        shown = run_cli("status", "--json")
+        assert shown.returncode == 0, shown.stderr
+        faults: list[object] = json.loads(shown.stdout)["faults"]
+        return faults
+    wait_until(lambda: listed() == [], "the gone proxy's fault no longer held")
+    assert ("left-in (sse_proxy, id " in (log := (state_dir / "local-agent" / "agent.log")
+                                           .read_text())
+            and "ended by itself: the SSE proxy at " in log), log
     gone = run_cli("revert", "left-in")
     assert gone.returncode == 0, gone.stderr
+    assert "left-in was already reverted at " in gone.stdout
+    assert "(ended by itself): " in gone.stdout
     assert "the proxy process is gone, and the fault ended with it" in gone.stdout
 
     # No standing proxy left: one sentence, with the command that starts one.

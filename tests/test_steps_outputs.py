@@ -19,6 +19,7 @@ import pytest
 
 from tests.chromium import Chromium
 from tests.conftest import REPO, run_cli
+from tests.helpers import assert_run_ended
 
 SCENARIO = """
 name: steps-outputs
@@ -78,8 +79,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Run]:
     for t in threads:
         t.join()
     for name, run in got.items():
-        assert run.proc.returncode in (0, 1), (name, run.proc.stdout[-3000:],
-                                               run.proc.stderr[-3000:])
+        assert_run_ended(run.proc, said=f"run {name}: {run.proc.stdout}{run.proc.stderr}")
         run.report = json.loads((run.out / "report.json").read_text())
     return got
 

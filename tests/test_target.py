@@ -18,7 +18,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from streamquake import procs
+from streamquake import procs, protocols
 from streamquake.errors import TargetError
 from streamquake.target.config import TargetConfig
 from streamquake.target.formats import VOCABULARY
@@ -299,6 +299,20 @@ def test_generic_sse_stream(fast: TargetProcess) -> None:
     assert reply.events[-1].data == {"done": True, "usage": {"output_tokens": len(pairs)}}
     assert len(content_events(post(fast.url + GENERIC, generic_body(max_tokens=1)),
                               generic_text)) == 1
+
+
+@pytest.mark.timeout(30)
+def test_each_format_streams_where_it_declares_its_routes(fast: TargetProcess) -> None:
+    # The target serves every registered format at the routes the format declares: the load
+    # generator's own request of each (its path and body) streams, and so does each fixed route.
+    for name in protocols.names():
+        fmt = protocols.get(name)
+        fixed = [r.path for r in fmt.routes() if "{" not in r.path]
+        for path in dict.fromkeys([fmt.path("sim-1"), *fixed]):
+            reply = post(fast.url + path, fmt.body_for(path, "sim-1", "hello", 3))
+            assert reply.status == 200, (name, path, reply.raw[:200])
+            assert reply.headers["Content-Type"].startswith("text/event-stream"), (name, path)
+            assert reply.events, (name, path)
 
 
 @pytest.mark.timeout(20)

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import run_cli
+from tests.helpers import assert_run_ok
 
 SCENARIO = """
 name: replay
@@ -52,7 +53,7 @@ def test_every_row_is_sent_at_its_time_or_counted_as_not_sent(tmp_path: Path) ->
     scenario.write_text(SCENARIO.format(speedup=speedup))
     out = tmp_path / "out"
     proc = run_cli("run", str(scenario), "--out", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_run_ok(proc, out)
 
     plan = json.loads((out / "run" / "load-plan.json").read_text())
     start, end = plan["arrival"]["start_at"], plan["end_at"]
@@ -98,7 +99,7 @@ def test_a_prompt_dataset_gives_each_request_its_rows_max_tokens(tmp_path: Path)
         "phases: {warmup: 0.5s, baseline: 2s, fault: 0s, recovery: 0s}\n")
     out = tmp_path / "out"
     proc = run_cli("run", str(scenario), "--out", str(out))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert_run_ok(proc, out)
     samples = _lines(out / "run" / "samples", "samples")
     lengths = {s["content_events"] for s in samples}
     # 3 and 5 from their rows; 7, the class's own, for the row that gives none.

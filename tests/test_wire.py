@@ -20,7 +20,7 @@ from streamquake.loadgen.wire import (
     decode,
     protocol_headers,
 )
-from streamquake.protocols import Protocol
+from streamquake.protocols import Protocol, ToolDelta
 from streamquake.target.config import TargetConfig
 from streamquake.target.formats import VOCABULARY
 from streamquake.target.process import TargetProcess, start_target
@@ -127,7 +127,9 @@ def test_openai_texts_of_every_choice_are_joined_and_odd_values_ignored() -> Non
         {"delta": {"content": 3, "reasoning_content": ""}},
         {"delta": {"content": "!"}, "finish_reason": "length"}],
         "usage": {"completion_tokens": True}}
-    assert decode("openai", ev(chunk)) == Decoded(text="think say!", finish="length")
+    # Reasoning is a part of its own, apart from the answer's text (issue 31).
+    assert decode("openai", ev(chunk)) == Decoded(text="say!", finish="length",
+                                                  reasoning="think ")
     assert decode("openai", ev({"usage": {"completion_tokens": 4}})) == \
         Decoded(usage_output_tokens=4)
     assert decode("openai", ev(" [DONE]\n")) == Decoded(done=True)
@@ -144,7 +146,8 @@ def test_anthropic_events() -> None:
     assert decode("anthropic", ev(delta, "content_block_delta")) == Decoded(text="Hi")
     tool = {"type": "content_block_delta", "index": 1,
             "delta": {"type": "input_json_delta", "partial_json": "{\"a\""}}
-    assert decode("anthropic", ev(tool, "content_block_delta")) == Decoded()
+    assert decode("anthropic", ev(tool, "content_block_delta")) == Decoded(
+        tools=(ToolDelta("1", "{\"a\""),))      # a tool call's arguments (issue 31)
     md = {"type": "message_delta", "delta": {"stop_reason": "end_turn"},
           "usage": {"output_tokens": 15}}
     assert decode("anthropic", ev(md, "message_delta")) == Decoded(usage_output_tokens=15,
@@ -165,7 +168,7 @@ def test_gemini_events() -> None:
             "usageMetadata": {"promptTokenCount": 4, "candidatesTokenCount": 9,
                               "thoughtsTokenCount": 3, "totalTokenCount": 16}}
     assert decode("gemini", ev(last)) == Decoded(usage_output_tokens=12, done=True,
-                                                 finish="STOP")
+                                                 finish="STOP", usage_reasoning_tokens=3)
     err = {"error": {"code": 429, "message": "Resource exhausted", "status": "RESOURCE_EXHAUSTED"}}
     assert decode("gemini", ev(err)).error == "RESOURCE_EXHAUSTED: Resource exhausted"
     blocked = {"promptFeedback": {"blockReason": "SAFETY"}}

@@ -6,6 +6,7 @@ failed."""
 
 from __future__ import annotations
 
+import difflib
 import getpass
 import json
 import os
@@ -92,8 +93,10 @@ def _parse_target(text: str | None) -> TargetAddr | None:
     if text is None:
         return None
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
-        raise ScenarioError(f"--target {text!r}: give HOST:PORT, e.g. 10.0.0.7:8000")
+    if (not sep or not host or not port.isascii() or not port.isdigit() or len(port) > 5
+            or not 0 < int(port) <= 65535):
+        raise ScenarioError(f"--target {text[:80]!r}: give HOST:PORT (a port 1-65535), e.g. "
+                            "10.0.0.7:8000")
     return TargetAddr(host=host.strip("[]"), port=int(port))
 
 
@@ -115,7 +118,20 @@ def build_fault(type_name: str, words: list[str], name: str | None,
     try:
         spec = known[type_name].spec.model_validate(fault)
     except ValidationError as exc:
-        raise ScenarioError(validation_sentences(exc, type_name)) from None
+        model = known[type_name].spec
+        allowed = sorted({f.alias or n for n, f in model.model_fields.items()}
+                         - {"at", "phase", "type"})
+        problems = []
+        for err, sentence in zip(exc.errors(include_url=False),
+                                 validation_sentences(exc, type_name), strict=True):
+            if err["type"] == "extra_forbidden" and len(err["loc"]) == 1:
+                word = str(err["loc"][0])
+                close = difflib.get_close_matches(word, allowed, n=1)
+                sentence = (f"{type_name} has no parameter {word!r}: "
+                            + (f"did you mean {close[0]!r}? " if close else "")
+                            + f"its parameters: {', '.join(allowed)}")
+            problems.append(sentence)
+        raise ScenarioError(problems) from None
     needs_target = known[type_name].needs_target
     if not has_target and needs_target is not None and (why := needs_target(spec)):
         raise ScenarioError(why)
@@ -231,18 +247,49 @@ def status(console: Console, where: Where, as_json: bool) -> None:
                       highlight=False)
         return
     table = Table(title=f"faults held on {held.host} ({where.label})", title_justify="left")
-    for col in ("name", "type", "owner", "left", "until", "renewals", "state"):
-        table.add_column(col, no_wrap=col != "owner")
+    for col in ("name", "type", "settings", "owner", "left", "until", "renewals", "state"):
+        table.add_column(col, no_wrap=col not in ("owner", "settings"))
     for f in held.faults:
-        table.add_row(f.name, f.type, f.owner or "-", format_duration(f.remaining_s),
-                      format_clock(f.expires_at), str(f.renewals),
-                      f.state + (f": {f.error}" if f.error else ""))
+        settings = _settings(f.type, f.spec)
+        table.add_row(f.name, f.type, settings or "-", f.owner or "-",
+                      format_duration(f.remaining_s), format_clock(f.expires_at),
+                      str(f.renewals), f.state + (f": {f.error}" if f.error else ""))
     console.print(table)
+
+
+def _settings(type_name: str, spec: dict[str, JsonValue]) -> str:
+    """A held fault's parameters as a scenario writes them (``rate=1mbit latency=50ms``)."""
+    family = fault_types().get(type_name)
+    try:
+        if family is not None:
+            return settings_text(family.spec.model_validate(spec))
+    except ValidationError:
+        pass       # a family of another version: its fields as they came
+    return " ".join(f"{k}={v}" for k, v in spec.items() if k not in ("type", "name", "phase"))
 
 
 def _said(r: Reverted) -> str:
     return (f"reverted {r.name} ({r.type}) on {r.host}, held "
-            f"{format_duration(r.reverted_at - r.applied_at)}: {json.dumps(r.reverted)}")
+            f"{format_duration(r.reverted_at - r.applied_at)}: {_readable(r.reverted)}")
+
+
+def _readable(value: JsonValue) -> str:
+    """What a revert reported, as words: ``removed: a, b; took 14 ms`` (it was raw JSON)."""
+    if not isinstance(value, dict):
+        return json.dumps(value)
+    parts = []
+    for k, v in value.items():
+        if k.endswith("_ms") and isinstance(v, int | float) and not isinstance(v, bool):
+            parts.append(f"{'took' if k == 'revert_ms' else k.removesuffix('_ms')} {v:.0f} ms")
+        elif isinstance(v, list):
+            parts.append(f"{k}: " + (", ".join(str(x) for x in v) if v else "nothing"))
+        elif isinstance(v, bool):
+            parts.append(f"{k}: {'yes' if v else 'no'}")
+        elif isinstance(v, dict):
+            parts.append(f"{k}: {json.dumps(v, separators=(', ', ': '))}")
+        else:
+            parts.append(f"{k}: {v}")
+    return "; ".join(parts) or "nothing to undo"
 
 
 def revert(console: Console, key: str | None, every: bool, where: Where,
@@ -264,7 +311,8 @@ def revert(console: Console, key: str | None, every: bool, where: Where,
         ended = exc.problem.ended
         if exc.status == 410 and ended is not None:
             console.print(f"{ended.name} was already reverted at {format_clock(ended.reverted_at)} "
-                          f"({ended.by})", markup=False, highlight=False)
+                          f"({ended.by}): {_readable(ended.reverted)}", markup=False,
+                          highlight=False, soft_wrap=True)
             return
         raise _refused(exc) from exc
     for r in answer.reverted:

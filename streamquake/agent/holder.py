@@ -38,7 +38,14 @@ from streamquake.agentwire.api import (
 )
 from streamquake.errors import StreamquakeError, validation_sentences
 from streamquake.faults.catalog import fault_types
-from streamquake.faults.contract import FaultSpec, HoldRequest, Injector, Preflights, RunContext
+from streamquake.faults.contract import (
+    EndsByItself,
+    FaultSpec,
+    HoldRequest,
+    Injector,
+    Preflights,
+    RunContext,
+)
 from streamquake.faults.proxy.resources import FaultProxy
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.faults.proxy.standing import control_url_for
@@ -53,6 +60,9 @@ REVERT_TIMEOUT_S = 30.0
 PREFLIGHT_TIMEOUT_S = 15.0
 WATCH_INTERVAL_S = 0.1        # the watchdog's tick; it also wakes at each lease's end
 RETRY_REVERT_S = 5.0
+# How often a held fault that can end by itself is asked whether it did (EndsByItself).
+ENDED_CHECK_S = 2.0
+ENDED_CHECK_TIMEOUT_S = 5.0
 ENDED_KEPT = 256              # ended faults remembered, so a late renew hears why (410)
 
 T = TypeVar("T")
@@ -117,6 +127,8 @@ class Holder:
         self._ended: OrderedDict[str, Reverted] = OrderedDict()
         self._tasks: set[asyncio.Task[None]] = set()
         self._pool = concurrent.futures.ThreadPoolExecutor(16, thread_name_prefix="sq-agent")
+        self._asking: set[str] = set()       # held faults being asked whether they ended
+        self._next_ask = 0.0
 
     # -- start and stop ----------------------------------------------------------------------
 
@@ -164,6 +176,13 @@ class Holder:
                     self._background(self._revert_quietly(held, held.ended_by))
             for run in self.runs.lapsed():
                 self._background(self._undo_run(run))
+            if now >= self._next_ask:
+                self._next_ask = now + ENDED_CHECK_S
+                for held in list(self._held.values()):
+                    if (held.state == "held" and isinstance(held.injector, EndsByItself)
+                            and held.id not in self._asking):
+                        self._asking.add(held.id)
+                        self._background(self._ask_ended(held))
             if self.idle():
                 self.log(f"idle for {self.idle_exit_s:g} s with no fault held: exiting")
                 stop.set()
@@ -184,6 +203,20 @@ class Holder:
             lines, failed = [f"FAILED: {exc}"], True
         self.runs.undone(run, lines, failed)
         self.touch()
+
+    async def _ask_ended(self, held: _Held) -> None:
+        """End the hold of a fault whose part went away (its revert then says so)."""
+        assert isinstance(held.injector, EndsByItself)
+        try:
+            why = await self._call(held.injector.ended, ENDED_CHECK_TIMEOUT_S,
+                                   f"asking whether {held.name} still stands")
+        except Exception:  # noqa: BLE001 - nothing could tell: it stays held, asked again
+            why = None
+        finally:
+            self._asking.discard(held.id)
+        if why is not None and held.state == "held":
+            self.log(f"{held.name} ({held.type}, id {held.id}) ended by itself: {why}")
+            await self._revert_quietly(held, "ended by itself")
 
     def _background(self, coro: Coroutine[object, object, None]) -> None:
         task = asyncio.get_running_loop().create_task(coro)

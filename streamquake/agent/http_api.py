@@ -135,9 +135,15 @@ def ssl_context(cfg: AgentConfig) -> ssl.SSLContext | None:
 
 @contextlib.contextmanager
 def state_dir_lock(state_dir: Path) -> Iterator[None]:
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     path = state_dir / "agent.lock"
-    with open(path, "a+") as fh:
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        fh = open(path, "a+")  # noqa: SIM115 (closed by the with below)
+    except OSError as exc:
+        raise ScenarioError(f"--state-dir {state_dir}: cannot hold the agent's state there "
+                            f"({exc.strerror or exc}); give a directory this user can write, "
+                            "or a path that does not exist yet") from None
+    with fh:
         try:
             fcntl.flock(fh, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -153,10 +159,20 @@ def state_dir_lock(state_dir: Path) -> Iterator[None]:
         yield
 
 
+def printable(text: str) -> str:
+    """``text`` with each control or line-separating character escaped (``\\n``, ``\\x1b``,
+    ``\\u2028``): what a request sent (an owner, a fault's name) can never forge a log line or
+    move the terminal's cursor."""
+    if text.isprintable():
+        return text
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in text)
+
+
 def _log_to(stream: IO[str]) -> Callable[[str], None]:
     def log(line: str) -> None:
         stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime())
-        print(f"{stamp} agent: {line}", file=stream, flush=True)
+        print(f"{stamp} agent: {printable(line)}", file=stream, flush=True)
 
     return log
 

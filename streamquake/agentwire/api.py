@@ -42,7 +42,8 @@ API_VERSION = 1
 DEFAULT_PORT = 7355
 OWNER_KEY_HEADER = "Streamquake-Owner-Key"
 MAX_JSON_DEPTH = 32
-EndedBy = Literal["request", "lease expiry", "shutdown"]
+# "ended by itself": the part it acted in went away (faults/contract.py EndsByItself).
+EndedBy = Literal["request", "lease expiry", "shutdown", "ended by itself"]
 FaultState = Literal["held", "reverting", "revert failed"]
 
 
@@ -81,7 +82,7 @@ class TargetAddr(_Body):
     """Where the fault's target lives, for faults that shape the path to it (tc's scope)."""
 
     host: str
-    port: int = Field(ge=0, le=65535)
+    port: int = Field(ge=1, le=65535)   # port 0 names no service to shape
 
 
 class ApplyRequest(_Body):

@@ -44,7 +44,8 @@ from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict, JsonValue
 
 __all__ = [
-    "AgentAbility", "AllowOption", "Allows", "Describes", "Family", "FaultSpec", "FaultType",
+    "AgentAbility", "AllowOption", "Allows", "Describes", "EndsByItself", "Family", "FaultSpec",
+    "FaultType",
     "HoldRequest", "Injector", "InjectorError", "InjectorFactory", "Journal", "JournalEntry",
     "JsonDict", "JsonValue", "NetworkView", "PreflightError", "Preflights", "Recoverer",
     "Recovers", "Resource", "RevertError", "RunContext", "ScenarioView", "TargetView", "Wiring",
@@ -146,6 +147,16 @@ class Injector(Protocol):
     def apply(self, entry: JournalEntry) -> JsonDict: ...
 
     def revert(self) -> JsonDict: ...
+
+
+@runtime_checkable
+class EndsByItself(Protocol):
+    """An injector whose fault can end with no revert: the part it acts in went away (a
+    standing proxy stopped with Ctrl-C takes its faults with it). ``ended`` says how in a
+    sentence, or None while the fault stands or nothing can tell; it may ask over the network,
+    within a few seconds. An agent holding the fault asks now and then, and ends the hold."""
+
+    def ended(self) -> str | None: ...
 
 
 @runtime_checkable

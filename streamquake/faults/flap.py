@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Iterator
 from typing import Annotated, Literal
 
 from pydantic import BeforeValidator, Field, field_validator, model_validator
@@ -91,13 +92,18 @@ class Flap(ScenarioModel):
     def on_intervals(self, length_s: float, seed: int, label: str) -> list[tuple[float, float]]:
         """The on-intervals in a window of ``length_s``, as (start, end) offsets from its start.
         The RNG is seeded by the seed and the fault's name (a str seed hashes alike anywhere)."""
+        return list(self.iter_on_intervals(length_s, seed, label))
+
+    def iter_on_intervals(self, length_s: float, seed: int,
+                          label: str) -> Iterator[tuple[float, float]]:
+        """``on_intervals`` one at a time, drawn as they are asked for: a run takes the next
+        only when the last has ended, so a long window (a 10^9 s step flapping every 100 ms)
+        costs no more memory than a short one (issue 37)."""
         rng = random.Random(f"{self.seed if self.seed is not None else seed}:{label}")
-        out: list[tuple[float, float]] = []
         t, on = 0.0, self.start == "on"
         while length_s - t >= MIN_STATE_S:
             length = self.on if on else self.off
             d = length.draw(rng, self.distribution) if isinstance(length, Draw) else length
             if on:
-                out.append((t, min(t + d, length_s)))
+                yield t, min(t + d, length_s)
             t, on = t + d, not on
-        return out

@@ -8,9 +8,10 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from streamquake.errors import InjectorError
 from streamquake.faults import agent_lease, catalog
 from streamquake.faults.contract import Recoverer
-from streamquake.journal import Journal, JournalRecord
+from streamquake.journal import Claims, Journal, JournalRecord
 
 CHECK_BY_HAND = "tc qdisc show, ip netns list, nvidia-smi -q -d CLOCK"
 
@@ -51,13 +52,22 @@ def recover_all(journal: Journal | None = None) -> tuple[list[str], bool]:
              f"listed may still be in place: check by hand ({CHECK_BY_HAND})"
              for aside in journal.damaged]
     failed = bool(lines)
-    if not records and not lines:
-        return [f"nothing to recover: the journal {journal.path} lists no applied fault"], False
     live = [r for r in records if r.owner_alive]
     orphans = [r for r in records if not r.owner_alive]
     said, failed_now = _revert_records(journal, orphans)
     lines += said
     lines.extend(_skipped(r) for r in live)
+    # Claims left by a holder killed between undoing its fault and freeing them: nothing holds
+    # them, but every later fault on the same thing would be refused until they go.
+    try:
+        freed = Claims().prune()
+    except InjectorError as exc:
+        lines.append(f"FAILED to check the fault claims: {exc}")
+        return lines, True
+    lines.extend(f"freed the claim on {what}: no journal entry holds it (its fault is undone)"
+                 for what in freed)
+    if not lines:
+        return [f"nothing to recover: the journal {journal.path} lists no applied fault"], False
     return lines, failed or failed_now
 
 

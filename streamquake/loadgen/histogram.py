@@ -154,6 +154,23 @@ class SparseHistogram:
                 return self.value_at(index)
         raise AssertionError("bucket counts add up to less than the histogram's total")
 
+    def at_rank(self, rank: int) -> int | None:
+        """The value of the ``rank``-th smallest recorded value (1-based); None past the end."""
+        if rank < 1 or rank > self.total:
+            return None
+        seen = 0
+        for index, count in self.buckets():
+            seen += count
+            if seen >= rank:
+                return self.value_at(index)
+        raise AssertionError("bucket counts add up to less than the histogram's total")
+
+    def copy(self) -> SparseHistogram:
+        out = SparseHistogram(self.sig_figs)
+        out.counts = dict(self.counts)
+        out.total = self.total
+        return out
+
     def mean(self) -> float | None:
         if not self.total:
             return None

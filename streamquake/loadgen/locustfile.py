@@ -40,14 +40,23 @@ from locust.runners import (
 
 from streamquake.errors import EXIT_SCENARIO, ScenarioError
 from streamquake.loadgen import collector, holds, relay
-from streamquake.loadgen.client import StreamClient, check_templates
-from streamquake.loadgen.plan import PLAN_ENV, LoadPlan, OpenLoop, RequestClassPlan, TraceReplay
+from streamquake.loadgen.client import StreamClient
+from streamquake.loadgen.plan import (
+    LIFTED_PREFIX,
+    PLAN_ENV,
+    LoadPlan,
+    OpenLoop,
+    RequestClassPlan,
+    TraceReplay,
+    lifted_from,
+)
 from streamquake.loadgen.retry import retry_delay
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.loadgen.scorecard import CHECKPOINT_S, Scorecard, Window, replace_text
 from streamquake.loadgen.self_measure import start as start_saturation_guard
 from streamquake.loadgen.sse_parser import SSELimits
 from streamquake.loadgen.stages import arrival_times, users_at
+from streamquake.loadgen.templates import check_templates
 from streamquake.loadgen.trace import PromptSynth
 
 _IDLE_S = 3600.0        # a user past end_at waits; Locust kills waiting users at once on stop
@@ -72,6 +81,7 @@ class _Process:
     card_saved = (0, 0, False)              # (records, unsent, final) of the last one saved
     checkpointer: Any = None                # the greenlet that saves the card every CHECKPOINT_S
     writing: Any = None                     # ... its write in a native thread, while one runs
+    first_spawn: float | None = None        # when this process's first user started
 
 
 def _plan() -> LoadPlan:
@@ -164,10 +174,10 @@ def _mark(card: Scorecard, final: bool) -> tuple[int, int, bool]:
     return card.records + card.pending, card.unsent, final
 
 
-def _send_card(text: str, mark: tuple[int, int, bool], threaded: bool) -> None:
+def _send_card(text: str | list[str], mark: tuple[int, int, bool], threaded: bool) -> None:
     if _Process.relay is not None:
         hold = holds.Hold()
-        _Process.relay.send_scorecard(text)
+        _Process.relay.send_scorecard(text if isinstance(text, str) else "".join(text))
         hold.done("relay")
     else:
         plan = _plan()
@@ -314,7 +324,10 @@ def _init_master(runner: MasterRunner, plan: LoadPlan) -> None:
         sent_at = data.get("time")
         skew = time.time() - sent_at if isinstance(sent_at, int | float) else None
         relay.note_worker(run_dir, runner, msg.node_id, skew)
-        runner.send_message("sq_plan", {"plan": plan_json}, client_id=msg.node_id)
+        # The credentials the plan names as lifted (launcher.py) go with it, as the literal
+        # values they were went before: a remote worker's environment cannot have them.
+        runner.send_message("sq_plan", {"plan": plan_json, "lifted": lifted_from(os.environ)},
+                            client_id=msg.node_id)
 
     runner.register_message("sq_plan_request", on_plan_request)
     runner.register_message("sq_stopped",
@@ -335,6 +348,10 @@ def _init_remote_worker(runner: WorkerRunner) -> None:
 
     def on_plan(environment: Environment, msg: Any, **_: Any) -> None:
         plan = LoadPlan.model_validate_json(msg.data["plan"])
+        lifted = msg.data.get("lifted")
+        if isinstance(lifted, dict):
+            os.environ.update({k: v for k, v in lifted.items() if isinstance(k, str)
+                               and k.startswith(LIFTED_PREFIX) and isinstance(v, str)})
         try:
             check_templates(plan, os.environ)
         except ScenarioError as exc:
@@ -395,6 +412,23 @@ class StreamUser(User):
         # Arrivals due and not yet sent, by number: what a stopped user still owes the record.
         self.waiting: dict[int, tuple[float, RequestClassPlan]] = {}
         self.arrival_numbers = itertools.count()
+        self._hold_until_the_first_step(plan)
+
+    @staticmethod
+    def _hold_until_the_first_step(plan: LoadPlan) -> None:
+        """No request before the first step opens: Locust gets a lead to start its users
+        (run/timeline.py), and what they sent in it no step would own, warming the connections
+        the first step should have opened. Users that Locust spawned at a rate before it keep
+        their spacing, shifted to the step's start; a user spawned once it is open (a Locust
+        slower than the lead, a later step's users) starts at once."""
+        if not plan.windows:
+            return
+        now, opens = time.time(), plan.windows[0][1]
+        if now >= opens:
+            return
+        if _Process.first_spawn is None:
+            _Process.first_spawn = now
+        gevent.sleep(opens - _Process.first_spawn)
 
     def on_stop(self) -> None:
         self.arrivals.kill()

@@ -6,9 +6,11 @@ Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution 
 1 ms up to ~16 s. Which samples feed which metric:
 
 * ``ttfb_ms``, ``ttft_ms``, ``itl_ms``: every request that measured them, failed ones too (a
-  stream cut after its first token still showed its user that first token).
+  stream cut after its first token still showed its user that first token). ``ttfa_ms``, the
+  first token of the answer after any reasoning, likewise.
 * ``e2e_ms``, ``output_tokens_per_s``: successful requests only; a failed stream's end time
-  says how it failed, not how long a completion takes.
+  says how it failed, not how long a completion takes. Tokens/s leaves out the streams that
+  arrived in bursts (``RequestSample.tokens_per_s``): their pace was the bursts'.
 * ``queue_delay_ms``: open-loop requests (attempt start - scheduled), failed or not.
 * ``send_ms``: every request whose last byte was written: the attempt's start to that moment
   (a free pooled connection, or a new one's connect, then the write). TTFB, TTFT and E2E are
@@ -21,12 +23,22 @@ Times are recorded in microseconds with 4 significant digits: 0.1 ms resolution 
   hide the wait (coordinated omission; wrk2's and k6's corrected latency).
 * ``not_sent_rate``: open-loop arrivals due but never sent, over all arrivals due.
 
-``add`` takes a whole request; the scoring (``run/scoring.py``) instead adds each measurement
-to the phase it belongs to (``add_first_token``, ``add_gaps``, ``add_outcome``...) and counts
-the ones no phase can own in ``unattributed``. A phase's stats (a scorecard's cells) also count
-each measurement in its stretch of the phase (``batches``, loadgen/batches.py): the intervals
-then hold for requests that depend on each other (loadgen/quantile_ci.py), and say how many
-independent values the phase is worth (``effective_count``).
+``add`` takes a whole request; the scoring (loadgen/scorecard.py ``attribute``) adds each of a
+request's measurements to the step it was due in (``add_first_token``, ``add_gaps``,
+``add_outcome``...), whenever it ended, and counts those that ended after the step in
+``ended_after``.
+
+**Censored values.** A measurement that a clock cut off (the request's timeout came before its
+first byte, its first token, its next token or its end) has no value, only a lower bound: it
+took at least that long. It is recorded as such (``add_censored``) and every percentile counts
+it: a percentile is exact where the censored values cannot move it (they all lie above its
+rank), else known only as a lower bound (``percentile_bound``); its interval's upper side is
+then unbounded. Dropping them instead would judge a fault by the requests it hurt least.
+
+A phase's stats (a scorecard's cells) also count each measurement in its stretch of the phase
+(``batches``, loadgen/batches.py): the intervals then hold for requests that depend on each
+other (loadgen/quantile_ci.py), and say how many independent values the phase is
+worth (``effective_count``).
 """
 
 from __future__ import annotations
@@ -36,25 +48,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from streamquake.jsontypes import JsonDict
+from streamquake.jsontypes import JsonDict, JsonValue
 from streamquake.loadgen.batches import TimeBatches
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.quantile_ci import effective_samples, normal_quantile, rank_bounds
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
+from streamquake.metric_catalog import CENSORABLE as CENSORABLE  # the catalog's, named here too
+from streamquake.metric_catalog import HISTOGRAM_METRICS as HISTOGRAM_METRICS
+from streamquake.metric_catalog import RATE_METRICS as RATE_METRICS
+from streamquake.stats import nearest_rank
 
-HISTOGRAM_METRICS: tuple[str, ...] = (
-    "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s", "queue_delay_ms",
-    "ttft_scheduled_ms", "e2e_scheduled_ms", "send_ms", "dns_ms", "connect_ms", "tls_ms",
-    "write_ms",
-)
-RATE_METRICS: tuple[str, ...] = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate",
-                                  "usage_deficit")
 # What a measurement is counted as when it cannot be attributed to one phase (run/scoring.py):
 # ``e2e_ms`` stands for the request's end, and with it its outcome, stalls and chunks.
 UNATTRIBUTED: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "queue_delay_ms")
 _FROM_SCHEDULE = frozenset({"queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms"})
 # A histogram metric -> the unattributed count that stands for its measurements.
 _SPANNED_AS = {"ttfb_ms": "ttfb_ms", "ttft_ms": "ttft_ms", "ttft_scheduled_ms": "ttft_ms",
+               "ttfa_ms": "ttft_ms",
                "itl_ms": "itl_ms", "e2e_ms": "e2e_ms", "e2e_scheduled_ms": "e2e_ms",
                "output_tokens_per_s": "e2e_ms", "queue_delay_ms": "queue_delay_ms"}
 SUMMARY_PERCENTILES: tuple[float, ...] = (50, 90, 95, 99)
@@ -100,6 +110,14 @@ class Stats:
     bunched_first_with_end: int = 0
     bunched_reads: int = 0
     bunched_events: int = 0
+    bunched_held: int = 0             # ... whose headers were held back with the whole answer
+    # The answer's parts besides text (RequestSample.reasoning_events, tool_events): events
+    # and the requests that had any; reasoning tokens as the server's usage counted them.
+    reasoning_events: int = 0
+    reasoning_streams: int = 0
+    reasoning_tokens: int = 0
+    tool_events: int = 0
+    tool_streams: int = 0
     # Output tokens, where they came from: the server's usage, or (without usage) counted as
     # content events, which a proxy that drops chunks makes fewer.
     usage_tokens: int = 0             # what usage said, over successful requests that had it
@@ -107,8 +125,14 @@ class Stats:
     usage_short: int = 0              # successful requests with fewer events than usage tokens
     tokens_counted: int = 0           # successful requests with no usage: tokens counted
     answered_models: dict[str, int] = field(default_factory=dict)   # the answers' model names
-    # Failed requests due here whose end fell after the phase: by kind, not in ``errors``.
+    # Failed requests due here whose end fell after the phase: by kind, not in ``errors``
+    # (only where a measurement must lie whole inside its window: ``attribute(strict=True)``).
     late_errors: dict[str, int] = field(default_factory=dict)
+    # Measurements of requests due here that were completed after the step ended, counted here
+    # all the same (every request due in a step is judged in it): by metric.
+    ended_after: dict[str, int] = field(default_factory=dict)
+    # Lower bounds of measurements a timeout cut off (see the module's "Censored values").
+    censored: dict[str, SparseHistogram] = field(default_factory=dict)
     # Created on first use (closed loop never fills three of them); sparse, sized by use.
     histograms: dict[str, SparseHistogram] = field(default_factory=dict)
     # A phase's stretches of time, each measurement counted in its own too (loadgen/batches.py):
@@ -159,6 +183,25 @@ class Stats:
     def add_unattributed(self, metric: str, n: int = 1) -> None:
         self.unattributed[metric] = self.unattributed.get(metric, 0) + n
 
+    def add_ended_after(self, metric: str, n: int = 1) -> None:
+        self.ended_after[metric] = self.ended_after.get(metric, 0) + n
+
+    def add_censored(self, metric: str, at_least_ms: float, at: float | None = None) -> None:
+        """A measurement a timeout cut off: it took at least ``at_least_ms``."""
+        if metric not in CENSORABLE:
+            raise KeyError(f"{metric!r} cannot be censored; known: {', '.join(CENSORABLE)}")
+        scaled = round(at_least_ms * _SCALE)
+        hist = self.censored.get(metric)
+        if hist is None:
+            hist = self.censored[metric] = SparseHistogram(_SIG_FIGS)
+        hist.record(scaled)
+        if self.batches is not None and at is not None:
+            self.batches.record(metric, at, scaled)
+
+    def censored_count(self, metric: str) -> int:
+        hist = self.censored.get(metric)
+        return 0 if hist is None else hist.total
+
     def add_queue_delay(self, s: RequestSample) -> None:
         if (queue := s.queue_delay_ms) is not None:
             self._put("queue_delay_ms", queue, self._due(s))
@@ -171,6 +214,8 @@ class Stats:
         at = self._due(s)
         if s.ttft_ms is not None:
             self._put("ttft_ms", s.ttft_ms, at)
+        if s.ttfa_ms is not None:
+            self._put("ttfa_ms", s.ttfa_ms, at)
         if (due := s.ttft_scheduled_ms) is not None:
             self._put("ttft_scheduled_ms", due, at)
 
@@ -211,6 +256,12 @@ class Stats:
                 self.bunched_first_with_end += s.content_reads == 1
                 self.bunched_reads += s.content_reads
                 self.bunched_events += s.content_events
+                self.bunched_held += bool(s.held)
+        self.reasoning_events += s.reasoning_events
+        self.reasoning_streams += s.reasoning_events > 0
+        self.reasoning_tokens += s.reasoning_tokens or 0
+        self.tool_events += s.tool_events
+        self.tool_streams += s.tool_events > 0
         self.missing_events += s.missing_events
         self.expected_events += s.expected_events
         self.stalls += s.stalls
@@ -242,9 +293,8 @@ class Stats:
             self._put("e2e_ms", s.e2e_ms, at)
             if (due := s.e2e_scheduled_ms) is not None:
                 self._put("e2e_scheduled_ms", due, at)
-            if s.ttft_ms is not None and s.e2e_ms > s.ttft_ms and s.output_tokens > 0:
-                self._put("output_tokens_per_s",
-                             s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3), at)
+            if (tps := s.tokens_per_s) is not None:
+                self._put("output_tokens_per_s", tps, at)
 
     def _put(self, metric: str, value: float, at: float | None = None) -> None:
         scaled = round(value * _SCALE)
@@ -286,14 +336,44 @@ class Stats:
     def percentile(self, metric: str, p: float) -> float | None:
         """The ``p``-th percentile of ``metric`` (0 < p <= 100) by nearest rank, ceil(p/100 *
         n): the smallest value with at least p% of the values at or below it, which is what
-        "p99 <= 300 ms" promises. None if nothing was recorded."""
+        "p99 <= 300 ms" promises. None if nothing was recorded. Where censored values could
+        move it, what is known: a lower bound (see :meth:`percentile_bound`)."""
+        return self.percentile_bound(metric, p)[0]
+
+    def percentile_bound(self, metric: str, p: float) -> tuple[float | None, bool]:
+        """(value, exact): the ``p``-th percentile over the measured and the censored values;
+        ``exact`` False when censored values (known only as "at least") could move it, and the
+        value is then its lower bound."""
+        n = self.samples(metric)
+        if not n:
+            return None, True
+        rank = nearest_rank(p, n)
+        low = self._at_rank(metric, rank, upper=False)
+        high = self._at_rank(metric, rank, upper=True)
+        return low, low is not None and high == low
+
+    def _at_rank(self, metric: str, rank: int, upper: bool) -> float | None:
+        """The value at ``rank`` among every value, measured and censored: the censored ones
+        at their lower bounds (``upper`` False: the least it can be) or past every measured
+        value (``upper`` True: the most it can be, None when a censored value holds it)."""
         hist = self._hist(metric)
-        value = None if hist is None else hist.percentile(p)
+        cens = self.censored.get(metric)
+        if cens is not None and cens.total and not upper:
+            merged = cens.copy() if hist is None else hist.copy()
+            if hist is not None:
+                merged.merge(cens)
+            hist = merged
+        value = None if hist is None else hist.at_rank(rank)
         return None if value is None else value / _SCALE
 
     def count(self, metric: str) -> int:
+        """Values measured (censored ones apart: :meth:`samples` counts both)."""
         hist = self._hist(metric)
         return 0 if hist is None else hist.total
+
+    def samples(self, metric: str) -> int:
+        """The values behind a percentile: those measured and those censored."""
+        return self.count(metric) + self.censored_count(metric)
 
     def mean(self, metric: str) -> float | None:
         hist = self._hist(metric)
@@ -326,13 +406,16 @@ class Stats:
         percentile from order statistics, widened to hold for samples that depend on each
         other (the wider of the n-sample and the n*-sample intervals, n* from the time
         batches; loadgen/quantile_ci.py); a side no observation can bound is None."""
-        n = self.count(metric)
+        n = self.samples(metric)
 
         def bounds(m: int) -> list[float | None]:
-            # The ranks for m samples as shares of the phase's n; HDR finds the value at
-            # ceil(q/100 * n), and half a rank below lands exactly on it.
-            return [None if rank is None else self.percentile(metric, 100.0 * (rank - 0.5) / m)
-                    for rank in rank_bounds(m, p / 100.0, confidence)]
+            # The ranks for m samples as shares of the phase's n (half a rank below lands
+            # exactly on it); the lower side the least, the upper the most, censored values
+            # can make it.
+            ranks = rank_bounds(m, p / 100.0, confidence)
+            return [None if rank is None else
+                    self._at_rank(metric, nearest_rank(100.0 * (rank - 0.5) / m, n), upper)
+                    for rank, upper in zip(ranks, (False, True), strict=True)]
 
         low, high = bounds(n)
         m = self._effective(metric, p, confidence)
@@ -372,7 +455,7 @@ class Stats:
     def effective_count(self, metric: str, p: float | None, confidence: float) -> int:
         """n*: how many independent samples the ``p``-th percentile's (None: the rate's) values
         are worth by the spread of the time batches; the count itself when they say nothing."""
-        n = self.count(metric) if p is not None else self.trials(metric)[1]
+        n = self.samples(metric) if p is not None else self.trials(metric)[1]
         m = self._effective(metric, p, confidence)
         return n if m is None else min(n, math.floor(m))
 
@@ -382,11 +465,11 @@ class Stats:
             return None
         if p is None:
             return effective_samples(self.batches.of_rate(metric), confidence)
-        hist = self._hist(metric)
-        estimate = None if hist is None else hist.percentile(p)
+        estimate = self.percentile(metric, p)
         if estimate is None:
             return None
-        return effective_samples(self.batches.at_or_below(metric, estimate), confidence)
+        return effective_samples(self.batches.at_or_below(metric, round(estimate * _SCALE)),
+                                 confidence)
 
     def unavailable(self, metric: str) -> str | None:
         """Why ``metric`` has no value in these samples (None when it has one): "not
@@ -407,10 +490,15 @@ class Stats:
         if metric in _FROM_SCHEDULE and self.sent and not scheduled:
             return (f"{NOT_MEASURABLE}: no request here had a schedule; this metric measures "
                     "open-loop arrivals (load.arrival), not a closed loop (load.think_time)")
+        if metric == "output_tokens_per_s" and self.bunched and not self.count(metric):
+            return (f"{NOT_MEASURABLE}: no stream here showed its pace after the first token: "
+                    f"{self.bunched} of the {self.bunch_judged} long enough to say arrived in "
+                    "bursts (released together by a gateway or a throttled link), so their "
+                    "pace was the bursts', not the server's")
         if metric in _OPENING and self.count("write_ms") and not self.count(metric):
             return f"{NOT_MEASURABLE}: no request written here {_OPENING[metric]}"
         spanned = self.unattributed.get(_SPANNED_AS.get(metric, ""), 0)
-        if spanned and not self.count(metric):
+        if spanned and not self.samples(metric):
             return (f"no data: every measurement of it here ({spanned}) spanned the phase's "
                     "end, so none could be attributed to the phase (see `unattributed`)")
         if not self.requests and self.not_sent:
@@ -421,10 +509,25 @@ class Stats:
         return None
 
     def summary(self, metric: str) -> JsonDict:
-        out: JsonDict = {"count": self.count(metric), "mean": self.mean(metric)}
+        """``count`` measured values, ``censored`` ones (known as lower bounds), the mean of
+        the measured, each percentile over both, and ``at_least``: the figures that censored
+        values could move, so they are lower bounds (``max`` too, when any was censored)."""
+        censored = self.censored_count(metric) if metric in CENSORABLE else 0
+        out: JsonDict = {"count": self.count(metric), "censored": censored,
+                         "mean": self.mean(metric)}
+        at_least: list[JsonValue] = []
         for p in SUMMARY_PERCENTILES:
-            out[f"p{p:g}"] = self.percentile(metric, p)
+            value, exact = self.percentile_bound(metric, p)
+            out[f"p{p:g}"] = value
+            if not exact:
+                at_least.append(f"p{p:g}")
         out["max"] = self.max(metric)
+        if censored:
+            cens = self.censored[metric].max()
+            top = self.max(metric)
+            out["max"] = max(top or 0.0, (cens or 0) / _SCALE)
+            at_least.append("max")
+        out["at_least"] = at_least
         return out
 
     def to_dict(self) -> JsonDict:
@@ -441,13 +544,18 @@ class Stats:
             "bunching": {"streams": self.bunch_judged, "bunched": self.bunched,
                          "share": self.bunched_share,
                          "first_with_end": self.bunched_first_with_end,
+                         "held": self.bunched_held,
                          "reads": self.bunched_reads, "events": self.bunched_events},
+            "reasoning": {"streams": self.reasoning_streams, "events": self.reasoning_events,
+                          "usage_tokens": self.reasoning_tokens},
+            "tool_calls": {"streams": self.tool_streams, "events": self.tool_events},
             "usage_tokens": self.usage_tokens,
             "usage_unseen": self.usage_unseen,
             "usage_short": self.usage_short,
             "tokens_counted": self.tokens_counted,
             "answered_models": dict(self.answered_models),
             "late_errors": dict(self.late_errors),
+            "ended_after": dict(self.ended_after),
             "errors": dict(self.errors),
             "error_reasons": {kind: {k: n for k, n in sorted(r.items(), key=lambda kv: -kv[1])}
                               for kind, r in self.error_reasons.items()},
@@ -478,10 +586,12 @@ class Stats:
                 if reason not in mine and len(mine) >= _REASONS_PER_KIND:
                     reason = _OTHER_REASONS
                 mine[reason] = mine.get(reason, 0) + n
-        for metric, hist in other.histograms.items():
-            if metric not in self.histograms:
-                self.histograms[metric] = SparseHistogram(_SIG_FIGS)
-            self.histograms[metric].merge(hist)
+        for mine_hists, theirs_hists in ((self.histograms, other.histograms),
+                                         (self.censored, other.censored)):
+            for metric, hist in theirs_hists.items():
+                if metric not in mine_hists:
+                    mine_hists[metric] = SparseHistogram(_SIG_FIGS)
+                mine_hists[metric].merge(hist)
 
     def _merge_batches(self, other: Stats) -> None:
         # Batches add up on one grid (one phase, cut alike in every process), and empty stats
@@ -499,7 +609,8 @@ class Stats:
             self.batches = None
 
     def _empty(self) -> bool:
-        return not (self.requests or self.sent or self.not_sent or self.histograms)
+        return not (self.requests or self.sent or self.not_sent or self.histograms
+                    or self.censored)
 
     def to_wire(self) -> JsonDict:
         """Counts as numbers, histograms as standard HdrHistogram V2 histoblobs."""
@@ -507,6 +618,9 @@ class Stats:
         out.update({table: dict(getattr(self, table)) for table in _TABLES})
         out["error_reasons"] = {k: dict(v) for k, v in self.error_reasons.items()}
         out["histograms"] = {m: h.encode() for m, h in self.histograms.items() if h.total}
+        censored: JsonDict = {m: h.encode() for m, h in self.censored.items() if h.total}
+        if censored:
+            out["censored"] = censored
         if self.batches is not None:
             out["batches"] = self.batches.to_wire()
         return out
@@ -524,6 +638,10 @@ class Stats:
             if metric not in HISTOGRAM_METRICS:
                 raise ValueError(f"unknown metric {metric!r} in a scorecard")
             stats.histograms[metric] = SparseHistogram.decode(blob, _SIG_FIGS)
+        for metric, blob in data.get("censored", {}).items():
+            if metric not in CENSORABLE:
+                raise ValueError(f"unknown censored metric {metric!r} in a scorecard")
+            stats.censored[metric] = SparseHistogram.decode(blob, _SIG_FIGS)
         if (batches := data.get("batches")) is not None:
             stats.batches = TimeBatches.from_wire(batches)
         return stats
@@ -533,8 +651,10 @@ _COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries",
              "missing_events", "expected_events", "stalls", "client_stalls", "shared_stamps",
              "usage_tokens", "usage_unseen", "usage_short", "tokens_counted",
              "bunch_judged", "bunched", "bunched_first_with_end", "bunched_reads",
-             "bunched_events")
-_TABLES = ("unattributed", "errors", "retried_attempts", "answered_models", "late_errors")
+             "bunched_events", "bunched_held", "reasoning_events", "reasoning_streams",
+             "reasoning_tokens", "tool_events", "tool_streams")
+_TABLES = ("unattributed", "errors", "retried_attempts", "answered_models", "late_errors",
+           "ended_after")
 
 # A rate metric -> the attributes that count its k and its n.
 _TRIALS = {"error_rate": ("error_count", "requests"), "stall_rate": ("stalled", "successes"),

@@ -1,16 +1,20 @@
 """What the runner tells the load process to do, written as JSON to ``$STREAMQUAKE_LOAD_PLAN``.
 
 Header values stay as templates (``Bearer ${OPENAI_API_KEY}``): the load process expands them
-from its own environment, so secrets are never written to disk.
+from its own environment, so secrets are never written to disk; a credential written literally
+is lifted into that environment first (:func:`lift_literal_secrets`).
 """
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from streamquake.envref import ENV_REF
 from streamquake.protocols import Protocol
 
 # The environment variable that gives the load process its plan file, and the locustfile it runs.
@@ -116,3 +120,46 @@ class LoadPlan(_Frozen):
     # Back to back, in order (loadgen/stages.py): the load follows each from its start, and the
     # first one's from the load's start. Empty: the load above, constant all run.
     stages: list[LoadStage] = Field(default_factory=list)
+
+
+# Headers whose whole value is a credential, besides any value that came from ${VAR}.
+SECRET_HEADER = re.compile(r"auth|key|token|secret|cookie|signature|credential|password", re.I)
+# Query parameters that carry credentials (Gemini's ``key=``, signed URLs, OAuth).
+SECRET_PARAM = re.compile(
+    r"(?i)((?:^|[?&;\s\"'])(?:key|api[_-]?key|access[_-]?token|token|sig|signature|secret|"
+    r"password|auth)=)([^&#\s\"'<>]+)")
+
+
+LIFTED_PREFIX = "STREAMQUAKE_LITERAL_SECRET_"
+
+
+def lift_literal_secrets(plan: LoadPlan) -> tuple[LoadPlan, dict[str, str]]:
+    """The plan with every credential written literally (a credential header's value with no
+    ``${VAR}`` in it, e.g. the ``Basic`` header that ``user:KEY@`` in ``target.url`` becomes,
+    or a ``key=`` parameter in the path) replaced by ``${STREAMQUAKE_LITERAL_SECRET_N}``, and
+    those variables' values: the launcher gives them to the load processes through their
+    environment (a master hands them to remote workers with the plan, as it always handed
+    the literal), so the load plan on disk holds no secret."""
+    env: dict[str, str] = {}
+
+    def lift(value: str) -> str:
+        var = f"{LIFTED_PREFIX}{len(env)}"
+        env[var] = value
+        return f"${{{var}}}"
+
+    headers = {name: lift(value) if SECRET_HEADER.search(name) and value
+               and not ENV_REF.search(value) else value
+               for name, value in plan.headers.items()}
+    path = plan.path
+    if path:
+        path = SECRET_PARAM.sub(
+            lambda m: m.group(1) + (m.group(2) if "${" in m.group(2) else lift(m.group(2))),
+            path)
+    if not env:
+        return plan, env
+    return plan.model_copy(update={"headers": headers, "path": path}), env
+
+
+def lifted_from(environ: Mapping[str, str]) -> dict[str, str]:
+    """The lifted secrets in ``environ`` (see :func:`lift_literal_secrets`)."""
+    return {k: v for k, v in environ.items() if k.startswith(LIFTED_PREFIX)}

@@ -9,7 +9,7 @@ import typing
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
-# Each failed request is counted in exactly one kind; see README "What is measured, exactly".
+# Each failed request is counted in exactly one kind; see docs/measurement.md.
 ErrorKind = Literal[
     "connect",               # no connection (refused, DNS, connect timeout, closed at once)
     "timeout",               # no complete stream within the request timeout
@@ -20,10 +20,15 @@ ErrorKind = Literal[
     "content_type",          # 2xx, but not text/event-stream (an HTML page, a JSON body)
     "unsupported_encoding",  # a compressed (Content-Encoding: gzip ...) event stream
     "limit",                 # the stream broke a parser or client limit (a line that never ends)
+    "tool_call",             # a tool call whose JSON arguments never closed by the stream's end
 ]
 ERROR_KINDS: tuple[str, ...] = typing.get_args(ErrorKind)
 
 BUNCH_MIN_EVENTS = 8    # content events a stream needs for ``bunched`` to say anything
+# A stream whose response headers were held back with its answer (``RequestSample.held``): the
+# whole answer came within this share of the wait for the headers, and faster than this a gap.
+HELD_SHARE = 0.25
+HELD_GAP_MS = 2.0
 
 
 @dataclass
@@ -44,17 +49,25 @@ class RequestSample:
     write_ms: float | None = None         # connection ready -> last byte written
     reused: bool = False                  # sent on a pooled connection (no DNS/connect/TLS)
     trace_id: str | None = None           # W3C trace id of the ``traceparent`` it was sent with
+    span_id: str | None = None            # ... and its span id (the parent of a server's spans)
     body_bytes: int = 0                   # event-stream bytes read (HTTP chunk framing aside)
     ttfb_ms: float | None = None          # sent -> first response byte
-    ttft_ms: float | None = None          # sent -> first event carrying generated text
+    head_lag_ms: float = 0.0              # of that wait, the time the load process's hub was
+                                          #   late (the saturation guard's; 0 without one)
+    ttft_ms: float | None = None          # sent -> first event carrying generated content
+                                          #   of any kind (reasoning, text, tool arguments)
+    ttfa_ms: float | None = None          # sent -> first event of the answer (text or tool-call
+                                          #   arguments), after any reasoning
     e2e_ms: float | None = None           # sent -> end of stream (or error)
     itl_ms: list[float] = field(default_factory=list)  # one gap per content event after first
-    content_events: int = 0               # events that carried generated text
+    content_events: int = 0               # events that carried generated content
+    reasoning_events: int = 0             # ... of which reasoning (thinking)
+    tool_events: int = 0                  # ... of which tool-call argument deltas
     shared_stamps: int = 0                # content events dated with the stamp of the one
                                           #   before (read together): their gap reads as 0
     content_reads: int = 0                # reads that brought content events
     burst_events: int = 0                 # content events held back on the way and released
-                                          #   together (loadgen/client.py BURST_WAIT_MS)
+                                          #   together (loadgen/tally.py BURST_WAIT_MS)
     burst_reads: int = 0                  # the reads that brought them
     response_id: str | None = None        # the response's own id (OpenAI/Anthropic id, Gemini
                                           #   responseId), to find it in the server's logs
@@ -63,6 +76,7 @@ class RequestSample:
     output_tokens: int = 0                # server usage when present, else content_events
                                           #   (usage_tokens None says it was counted)
     usage_tokens: int | None = None       # what the server's usage said, if it said
+    reasoning_tokens: int | None = None   # the reasoning tokens its usage counted, if it said
     missing_events: int = 0               # gaps in SSE ``id:`` sequence numbers (chunk loss)
     expected_events: int = 0              # events the server sent, by ids/usage (0 = unknown)
     attempt: int = 1                      # 1 for the first try; 2, 3 for retries (load.retries)
@@ -102,15 +116,45 @@ class RequestSample:
         return (self.queue_delay_ms or 0.0) + (self.send_ms or 0.0) + self.e2e_ms
 
     @property
+    def held(self) -> bool | None:
+        """The response headers were held back with the answer, however its events were read:
+        the whole answer (first content event to last) came within ``HELD_SHARE`` of the wait
+        for the headers (TTFB), at less than ``HELD_GAP_MS`` a gap. A gateway that holds the
+        answer until the server is done, then writes each event on its own (LiteLLM's proxy)
+        shows so; a server sending its headers at once, or with its first token and its next
+        tokens at the pace it makes them, does not. The time our own hub was late within that
+        wait (``head_lag_ms``) does not count: bytes that waited unread are stamped as the
+        newest of them, so a late first read dates the head as late as the tokens behind it.
+        None with too few content events to say."""
+        if self.content_events < BUNCH_MIN_EVENTS or self.ttfb_ms is None or not self.itl_ms:
+            return None
+        span = sum(self.itl_ms)
+        wait = self.ttfb_ms - self.head_lag_ms
+        return span <= HELD_SHARE * wait and span <= HELD_GAP_MS * len(self.itl_ms)
+
+    @property
     def bunched(self) -> bool | None:
         """The stream arrived in bursts: at least half its content events came in bursts
         (``burst_events``: held back somewhere, then released together), in two bursts or
-        more, or whole in one; None when it had too few content events to say. One burst in
-        a stream that came otherwise is a hiccup (a server catching up after a pause)."""
+        more, or whole in one; or its headers were held back with the whole answer
+        (``held``); None when it had too few content events to say. One burst in a stream
+        that came otherwise is a hiccup (a server catching up after a pause)."""
         if self.content_events < BUNCH_MIN_EVENTS:
             return None
-        return 2 * self.burst_events >= self.content_events and (
+        return bool(self.held) or 2 * self.burst_events >= self.content_events and (
             self.burst_reads >= 2 or self.content_reads == 1)
+
+    @property
+    def tokens_per_s(self) -> float | None:
+        """Output tokens per second after the first: successful streams with tokens, whose
+        pace the client saw. None for a stream that arrived in bursts (``bunched``): its
+        tokens after the first came as fast as a gateway or a throttled link released them,
+        not as the server made them (a tbf fault read ~4,000 tokens/s so), which would read
+        as an improvement; ``Stats.bunched`` counts them."""
+        if self.error is not None or self.e2e_ms is None or self.ttft_ms is None \
+                or self.output_tokens <= 0 or self.e2e_ms <= self.ttft_ms or self.bunched:
+            return None
+        return self.output_tokens / ((self.e2e_ms - self.ttft_ms) / 1e3)
 
     def to_json(self) -> str:
         # Not dataclasses.asdict: it deep-copies the gaps list, which cost more than the line.

@@ -3,17 +3,26 @@
 A scorecard holds, per (phase, request class), the counts and sparse HDR histograms of
 ``Stats`` (loadgen/metrics.py), and per second of the run the timeline's counts and coarse
 histograms. The phase windows travel in the load plan, so a process knows where each
-measurement belongs; the rule is below and in the README ("Which phase a measurement counts
+measurement belongs; the rule is below and in docs/measurement.md ("Which phase a measurement counts
 in"). Scorecards cross processes and hosts as JSON with standard HdrHistogram V2 histoblobs:
 a local process writes ``scorecard-<pid>.json`` every :data:`CHECKPOINT_S`, a remote worker
 sends it to the master as a Locust custom message (loadgen/relay.py). The runner merges them
 (adding counts bucket by bucket: the union's percentiles, exactly) and scores from that, so
 its time and memory do not grow with the number of requests.
 
-The rule: a request belongs to the phase in which it was due (open loop) or sent (closed
-loop); each of its measurements counts there only if it ended within that phase, since a
-measurement that spans a phase edge saw two worlds. Inter-token gaps count in the phase they
-happened in. Whatever no phase can own is counted in ``unattributed``, never dropped unseen.
+The rule: a request belongs to the step (phase) in which it was due (open loop) or sent
+(closed loop), and every one of its measurements counts there, whenever it ended: its first
+byte and token, its gaps, its end, its error. A fault that makes requests outlast their step
+is judged by all of them, the slowest first; a rule that kept only measurements ending within
+the step judged a fault by the requests it hurt least (docs/measurement.md, "Which step a
+measurement counts in", has the numbers). What was completed after the step is counted in
+``ended_after`` too, so a report says how much of a step's figures came from after it. A
+measurement the request's timeout cut off is *censored*: known as "at least" that long
+(``Stats.add_censored``), counted in every percentile as such.
+
+``attribute(strict=True)`` keeps the older rule for windows that split a step by time (a
+flapping fault's on and off states): a measurement counts in a window only if it ended within
+it, and what no window can own is counted in ``unattributed``, never dropped unseen.
 """
 
 from __future__ import annotations
@@ -33,6 +42,7 @@ from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.holds import run_through
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
+from streamquake.metric_catalog import names
 
 FORMAT = 1
 CHECKPOINT_S = 2.0
@@ -40,11 +50,9 @@ CHECKPOINT_S = 2.0
 # plenty to draw a p50/p95 line, and keep each second to a few hundred buckets.
 SECOND_SIG_FIGS = 2
 SECOND_GRACE_S = 3.0      # a second is sent off this long after it ended (seconds_sink)
-SERIES_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms",
-                                   "output_tokens_per_s")
+SERIES_METRICS: tuple[str, ...] = names(series=True)     # each second's p50/p95 (series_values)
 _SEP = (",", ":")
 _PENDING_STEP = 4       # records scored per step after a checkpoint
-Steps = Generator[None, None, str]
 
 
 class WindowLike(Protocol):
@@ -80,15 +88,6 @@ def window_at(t: float, windows: Sequence[WindowLike]) -> WindowLike | None:
     return None
 
 
-def tokens_per_s(s: RequestSample) -> float | None:
-    """Output tokens per second after the first: successful streams with tokens only."""
-    if s.error is not None or s.e2e_ms is None or s.ttft_ms is None or s.output_tokens <= 0:
-        return None
-    if s.e2e_ms <= s.ttft_ms:
-        return None
-    return s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1e3)
-
-
 class Cell(Protocol):
     """What :func:`attribute` counts a request's measurements into: a phase's ``Stats``, or
     another output that must count by the same rule (``compare``, the Prometheus exporter)."""
@@ -103,6 +102,10 @@ class Cell(Protocol):
 
     def add_unattributed(self, metric: str, n: int = 1) -> None: ...
 
+    def add_ended_after(self, metric: str, n: int = 1) -> None: ...
+
+    def add_censored(self, metric: str, at_least_ms: float, at: float | None = None) -> None: ...
+
     def add_first_byte(self, s: RequestSample) -> None: ...
 
     def add_first_token(self, s: RequestSample) -> None: ...
@@ -113,9 +116,11 @@ class Cell(Protocol):
 
 
 def attribute(s: RequestSample, windows: Sequence[WindowLike],
-              into: Callable[[str], Cell]) -> bool:
-    """Add each measurement of ``s`` to the phase it belongs to (the module's rule); ``into``
-    gives the stats of a phase for this request's class. False if no phase owns the request."""
+              into: Callable[[str], Cell], strict: bool = False) -> bool:
+    """Add each measurement of ``s`` to the step it belongs to (the module's rule); ``into``
+    gives the stats of a step for this request's class. False if no step owns the request.
+    ``strict``: the rule for windows inside a step (a measurement counts only if it ended
+    within its window; gaps where they happened)."""
     home = window_at(due_at(s), windows)
     if home is None:
         return False
@@ -123,6 +128,57 @@ def attribute(s: RequestSample, windows: Sequence[WindowLike],
     if s.retried:
         here.add_retried(s)
         return True
+    if strict:
+        _attribute_within(s, home, windows, into, here)
+        return True
+    here.add_sent(s)
+    at = due_at(s)
+    after = home.end
+    if s.scheduled is not None:
+        here.add_queue_delay(s)
+        if s.started > after:
+            here.add_ended_after("queue_delay_ms")
+    cut = s.error == "timeout" and s.e2e_ms is not None   # the clock ended it, not the server
+    if s.ttfb_ms is not None:
+        here.add_first_byte(s)
+        if s.sent + s.ttfb_ms / 1000.0 > after:
+            here.add_ended_after("ttfb_ms")
+    elif cut:
+        here.add_censored("ttfb_ms", s.e2e_ms or 0.0, at)
+    if s.ttft_ms is not None:
+        here.add_first_token(s)
+        if s.sent + s.ttft_ms / 1000.0 > after:
+            here.add_ended_after("ttft_ms")
+    elif cut:
+        here.add_censored("ttft_ms", s.e2e_ms or 0.0, at)
+        if (waited := s.e2e_scheduled_ms) is not None:
+            here.add_censored("ttft_scheduled_ms", waited, at)
+    if s.itl_ms:
+        here.add_gaps(s.itl_ms, at)
+        if s.ttft_ms is not None:
+            t = s.sent + s.ttft_ms / 1000.0
+            late = 0
+            for gap in s.itl_ms:
+                t += gap / 1000.0
+                late += t > after
+            if late:
+                here.add_ended_after("itl_ms", late)
+    if cut and s.ttft_ms is not None:
+        # The gap that was still open when the clock ran out: a stall at least this long.
+        here.add_censored("itl_ms", max(0.0, (s.e2e_ms or 0.0) - s.ttft_ms - sum(s.itl_ms)), at)
+    here.add_outcome(s)
+    if ended_at(s) > after:
+        here.add_ended_after("e2e_ms")
+    if cut:
+        here.add_censored("e2e_ms", s.e2e_ms or 0.0, at)
+        if (waited := s.e2e_scheduled_ms) is not None:
+            here.add_censored("e2e_scheduled_ms", waited, at)
+    return True
+
+
+def _attribute_within(s: RequestSample, home: WindowLike, windows: Sequence[WindowLike],
+                      into: Callable[[str], Cell], here: Cell) -> None:
+    """The strict rule: a measurement counts in ``home`` only if it ended within it."""
     here.add_sent(s)
     if s.scheduled is not None:
         if s.started <= home.end:
@@ -146,9 +202,8 @@ def attribute(s: RequestSample, windows: Sequence[WindowLike],
         here.add_outcome(s)
     else:
         here.add_unattributed("e2e_ms")
-        if s.error is not None:      # not counted as this phase's error, but never unsaid
+        if s.error is not None:      # not counted as this window's error, but never unsaid
             here.late_errors[s.error] = here.late_errors.get(s.error, 0) + 1
-    return True
 
 
 def _gaps(s: RequestSample, first_token: float | None, windows: Sequence[WindowLike],
@@ -404,11 +459,14 @@ class Scorecard:
     def to_wire(self, final: bool = False) -> JsonDict:
         return dict(json.loads(self.dumps(final)))
 
-    def dump_steps(self, final: bool = False) -> Steps:
+    def dump_steps(self, final: bool = False) -> Generator[None, None, list[str]]:
         """The card's wire form as JSON text, taken in steps (one histogram of a changed cell,
         the rest of that cell, or one open second, a step): while they run, records wait
         (:attr:`pending`) and are scored after, so the text is one instant's card. Returns
-        the text."""
+        the text in parts (the head, then each cell), never joined here: joining a card of
+        386 cells (1.9 MB) in one piece held the hub for 10-12 ms of CPU, most of it the
+        page faults of three fresh 2 MB copies; the writer (:func:`replace_text`) writes the
+        parts one after another, off the hub."""
         yield from self._score_pending()
         self._busy = True
         try:
@@ -438,12 +496,14 @@ class Scorecard:
                 "starts": {str(k): v for k, v in sorted(self.starts.items())},
                 "ends": {str(k): v for k, v in sorted(self.ends.items())},
             }, separators=_SEP)
-            text = (head[:-1] + ',"seconds":{' + ",".join(seconds) + '},"cells":['
-                    + ",".join(self._text[k] for k in sorted(self._text)) + "]}")
+            parts = [head[:-1] + ',"seconds":{' + ",".join(seconds) + '},"cells":[']
+            for n, k in enumerate(sorted(self._text)):
+                parts.append("," + self._text[k] if n else self._text[k])
+            parts.append("]}")
         finally:
             self._busy = False
         yield from self._score_pending()
-        return text
+        return parts
 
     def _score_pending(self) -> Generator[None, None, None]:
         while self._pending:
@@ -505,7 +565,7 @@ class Scorecard:
 
     def dumps(self, final: bool = False) -> str:
         """The wire form as JSON text, at once (see :meth:`dump_steps`)."""
-        return run_through(self.dump_steps(final))
+        return "".join(run_through(self.dump_steps(final)))
 
     def write(self, path: Path, final: bool = False) -> None:
         """Replace ``path`` atomically: a reader (or a kill) never sees half a scorecard, and a
@@ -535,17 +595,22 @@ def series_values(s: RequestSample) -> list[tuple[str, Sequence[float]]]:
         out.append(("itl_ms", s.itl_ms))
     if s.error is None and s.e2e_ms is not None:
         out.append(("e2e_ms", (s.e2e_ms,)))
-    if (tps := tokens_per_s(s)) is not None:
+    if (tps := s.tokens_per_s) is not None:
         out.append(("output_tokens_per_s", (tps,)))
     return out
 
 
-def replace_text(path: Path, text: str) -> None:
-    """Replace ``path`` with ``text`` atomically (a temporary file renamed over it): a reader,
-    or a kill, never sees half of it, and a write that fails leaves the last good one."""
+def replace_text(path: Path, text: str | Sequence[str]) -> None:
+    """Replace ``path`` with ``text`` (a string, or its parts in order) atomically (a temporary
+    file renamed over it): a reader, or a kill, never sees half of it, and a write that fails
+    leaves the last good one."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
-        tmp.write_text(text, encoding="utf-8")
+        with open(tmp, "w", encoding="utf-8") as f:
+            if isinstance(text, str):
+                f.write(text)
+            else:
+                f.writelines(text)   # part by part: each encoded alone, no whole copy
         os.replace(tmp, path)
     except OSError:
         tmp.unlink(missing_ok=True)

@@ -41,6 +41,9 @@ SEEN_BUCKETS_PER_E = 20  # kernel-to-seen gaps are kept in log buckets 5% wide
 FILE_PREFIX = "saturation-"
 
 _guard: Guard | None = None
+# Requests of this process sent and not yet ended (the client counts them): each second's
+# line says how many, so a live view shows streams that hang, which end no sample.
+IN_FLIGHT = [0]
 
 
 class _Greenlet(Protocol):
@@ -144,6 +147,7 @@ class Guard:
             "holds": holds,
             # The longest the interpreter's garbage collector held the hub: its own figure.
             "gc_max_ms": max((h[1] for k, h in holds.items() if k in GC_KINDS), default=0.0),
+            "in_flight": IN_FLIGHT[0],
         }
         self._lags_ms, self._seen, self._seen_max_s = [], {}, 0.0
         self._kernel_reads = self._user_reads = 0

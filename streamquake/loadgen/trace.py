@@ -30,9 +30,14 @@ from datetime import datetime
 from pathlib import Path
 
 from streamquake.errors import ScenarioError
+from streamquake.located_yaml import read_file
 
 MAX_TRACE_ROWS = 5_000_000
 MAX_FILE_BYTES = 1 << 30
+# Per row: no model's context holds more tokens (the largest are 1-2 million); a prompt built
+# for 200,000,000 would be 1.5 GB of text, built before anything is sent.
+MAX_ROW_TOKENS = 2_000_000
+MAX_ARRIVAL_S = 366 * 86400.0      # a replay longer than a year is a wrong column or unit
 
 _TIME_KEYS = ("arrival_s", "timestamp_ms", "timestamp", "TIMESTAMP")
 _INPUT_KEYS = ("input_tokens", "input_length", "ContextTokens")
@@ -145,21 +150,17 @@ def synth_prompt(tokens: int, rng: random.Random) -> str:
 
 
 def _read_text(p: Path, what: str) -> str:
+    """The file's text: a regular file of at most MAX_FILE_BYTES, checked for kind and size
+    before it is read (a FIFO would hang the read, a link to /dev/zero never end it)."""
+    if "\0" in str(p):     # no file can have that name
+        raise ScenarioError(f"{ascii(str(p))}: cannot read the {what}: the path holds a NUL "
+                            "character")
+    data = read_file(p, what, MAX_FILE_BYTES,
+                     f"give the path of a {what} file (JSON lines or CSV)")
     try:
-        size = p.stat().st_size
-        if size > MAX_FILE_BYTES:
-            raise ScenarioError(f"{p}: the {what} is {size} bytes, over the {MAX_FILE_BYTES} "
-                                "this reads; cut it, or replay it in parts")
-        return p.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ScenarioError(f"{p}: cannot read the {what}: no such file") from None
+        return data.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise ScenarioError(f"{p}: the {what} is not UTF-8 text (byte {exc.start})") from None
-    except OSError as exc:
-        raise ScenarioError(f"{p}: cannot read the {what}: {exc.strerror or exc}") from None
-    except ValueError:     # a NUL in the path: no file can have that name
-        raise ScenarioError(f"{ascii(str(p))}: cannot read the {what}: the path holds a NUL "
-                            "character") from None
 
 
 def _looks_csv(p: Path, text: str) -> bool:
@@ -225,11 +226,15 @@ def _arrival(obj: dict[str, object]) -> float:
     value = obj[key]
     if key == "TIMESTAMP" and isinstance(value, str):
         try:
-            return float(value)
+            float(value)
         except ValueError:
             return _datetime_s(value)
     number = _number(value, key)
-    return number if key in ("arrival_s", "TIMESTAMP") else number / 1000.0
+    seconds = number if key in ("arrival_s", "TIMESTAMP") else number / 1000.0
+    if key != "TIMESTAMP" and seconds > MAX_ARRIVAL_S:
+        raise ValueError(f"'{key}' {value!r} is more than a year after the trace's start: "
+                         "give times since the first request")
+    return seconds
 
 
 def _datetime_s(text: str) -> float:
@@ -266,4 +271,7 @@ def _int_field(obj: dict[str, object], keys: tuple[str, ...], name: str,
     number = _number(obj[key], key)
     if number != int(number):
         raise ValueError(f"'{key}' must be a whole number of tokens, not {obj[key]!r}")
+    if number > MAX_ROW_TOKENS:
+        raise ValueError(f"'{key}' {obj[key]!r} is more tokens than any model's context "
+                         f"({MAX_ROW_TOKENS:,}): is the column right?")
     return int(number)

@@ -15,7 +15,7 @@ from streamquake.loadgen.sse_parser import SSEEvent
 from streamquake.protocols import Decoded, Protocol, ProtocolError, get
 
 __all__ = ["Decoded", "ProtocolError", "build_request", "decode", "decoder", "default_path",
-           "finish_required", "join_path", "protocol_headers"]
+           "ends_with_body", "finish_required", "join_path", "protocol_headers"]
 
 
 def default_path(protocol: Protocol, model: str) -> str:
@@ -28,9 +28,11 @@ def protocol_headers(protocol: Protocol) -> dict[str, str]:
 
 
 def build_request(
-    protocol: Protocol, model: str, cls: RequestClassPlan, rng: random.Random
+    protocol: Protocol, model: str, cls: RequestClassPlan, rng: random.Random,
+    to: str | None = None,
 ) -> tuple[str, JsonDict]:
-    """Path and JSON body of one streaming request of class ``cls``.
+    """Path and JSON body of one streaming request of class ``cls``; ``to``: the path it goes
+    to instead of the protocol's own (``target.path``), whose endpoint may ask its own body.
 
     A class's full ``body`` replaces the prompt-built one; the fields that make the response a
     stream (``stream``, ``stream_options.include_usage``) are still forced, because without
@@ -38,16 +40,17 @@ def build_request(
     """
     wire = get(protocol)
     path = wire.path(model)
+    route = path if to is None else to
     if cls.body is not None:
         return path, wire.force_streaming(model, copy.deepcopy(cls.body))
     if not cls.prompts:
-        return path, wire.body(model, "", cls.max_tokens)
+        return path, wire.body_for(route, model, "", cls.max_tokens)
     if cls.prompt_max_tokens is None:
-        return path, wire.body(model, rng.choice(cls.prompts), cls.max_tokens)
+        return path, wire.body_for(route, model, rng.choice(cls.prompts), cls.max_tokens)
     i = rng.randrange(len(cls.prompts))      # a dataset: each prompt with its own max_tokens
     caps = cls.prompt_max_tokens
-    return path, wire.body(model, cls.prompts[i], (caps[i] if i < len(caps) else 0)
-                           or cls.max_tokens)
+    return path, wire.body_for(route, model, cls.prompts[i], (caps[i] if i < len(caps) else 0)
+                               or cls.max_tokens)
 
 
 def decode(protocol: Protocol, event: SSEEvent) -> Decoded:
@@ -63,6 +66,12 @@ def decoder(protocol: Protocol) -> Callable[[SSEEvent], Decoded]:
 def finish_required(protocol: Protocol) -> bool:
     """Whether ``protocol`` says why generation ended before its terminal event."""
     return get(protocol).finish_required
+
+
+def ends_with_body(protocol: Protocol) -> bool:
+    """Whether a body that ends cleanly after the finish reason is a complete ``protocol``
+    stream, with no terminal event (``WireProtocol.ends_with_body``)."""
+    return get(protocol).ends_with_body
 
 
 def join_path(prefix: str, path: str) -> str:

@@ -2,10 +2,12 @@
 whose master is elsewhere. They get the load plan from the master and send their records back
 over Locust's own connection (``loadgen/relay.py``); nothing of the scenario is needed here,
 only the same streamquake version and any ``${VAR}`` the target's headers name, in this
-environment (secrets never cross the wire)."""
+environment (those secrets never cross the wire; a credential the scenario writes literally
+comes with the plan, as ``loadgen/plan.py`` lifts it)."""
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import socket
@@ -27,9 +29,24 @@ def parse_master(text: str, option: str = "--master") -> tuple[str, int]:
     if not sep or "]" in port:       # no port given (or a bare IPv6 address in brackets)
         host, port = text.strip(), str(DEFAULT_MASTER_PORT)
     host = host.strip("[]")
-    if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ScenarioError(f"{option} {text}: write HOST or HOST:PORT, e.g. 10.0.0.5:5557")
+    if (not host or not port.isascii() or not port.isdigit() or len(port) > 5
+            or not 0 < int(port) < 65536 or not _host_name_ok(host)):
+        raise ScenarioError(f"{option} {text[:80]}: write HOST or HOST:PORT (a port 1-65535, "
+                            "a host name of at most 253 characters), e.g. 10.0.0.5:5557")
     return host, int(port)
+
+
+def _host_name_ok(host: str) -> bool:
+    """A name the resolver can take: an IP address, or labels of 1-63 characters (IDNA)."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        pass
+    try:
+        return len(host.encode("idna")) <= 253
+    except UnicodeError:
+        return False
 
 
 def processes_option(text: str, option: str = "--processes") -> int:

@@ -1,14 +1,16 @@
 """protocols: the one place that knows each wire format.
 
 ``get(name)`` gives the format's ``WireProtocol``: how the load generator asks for a stream and
-reads it, how the embedded target parses requests and encodes its stream, and which events
-carry generated text (for the fault proxy). One module per format, named as in ``Protocol``;
-adding a format is one module, one line in ``Protocol`` and one in ``_REGISTRY``.
+reads it, at which routes the embedded target serves it and how it parses requests and encodes
+its stream, and which events carry generated text (for the fault proxy). One module per format,
+named as in ``Protocol``; adding a format is one module, one line in ``Protocol`` and one in
+``_REGISTRY`` (the embedded target loops over it).
 """
 
 from __future__ import annotations
 
-from streamquake.protocols import anthropic, gemini, openai, sse
+from streamquake.protocols import anthropic, gemini, llama_cpp, openai, openai_responses, sse
+from streamquake.protocols._shapes import describe, readers
 from streamquake.protocols.base import (
     BadRequest,
     Completion,
@@ -18,6 +20,7 @@ from streamquake.protocols.base import (
     Protocol,
     ProtocolError,
     StreamEncoder,
+    ToolDelta,
     WireProtocol,
     stamp,
 )
@@ -31,14 +34,18 @@ __all__ = [
     "Protocol",
     "ProtocolError",
     "StreamEncoder",
+    "ToolDelta",
     "WireProtocol",
+    "describe",
     "get",
     "names",
+    "readers",
     "stamp",
 ]
 
 _REGISTRY: dict[str, WireProtocol] = {
-    p.name: p for p in (gemini.PROTOCOL, openai.PROTOCOL, anthropic.PROTOCOL, sse.PROTOCOL)
+    p.name: p for p in (gemini.PROTOCOL, openai.PROTOCOL, anthropic.PROTOCOL, sse.PROTOCOL,
+                        openai_responses.PROTOCOL, llama_cpp.PROTOCOL)
 }
 
 

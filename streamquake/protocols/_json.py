@@ -72,8 +72,19 @@ def error_text(err: object) -> str:
     return short(str(err))
 
 
+# A server's token count is a count: below 0 or beyond this it says nothing about the stream.
+COUNT_MAX = 2**31 - 1
+
+
 def int_or_none(value: object) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
+    """A usage token count as the server sent it, or None when it is not one.
+
+    A negative or absurd count (``completion_tokens: -50``) is no usage at all: the client then
+    counts the tokens it read, as for a server that sends no usage.
+    """
+    if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= COUNT_MAX:
+        return value
+    return None
 
 
 def shape(value: object) -> str:

@@ -30,17 +30,21 @@ from streamquake.protocols.base import (
     Event,
     GenRequest,
     ProtocolError,
+    Route,
     StreamEncoder,
+    ToolDelta,
     WireProtocol,
 )
 
 ANTHROPIC_VERSION = "2023-06-01"
 
-# Deltas that carry generated text, and the key that holds it. input_json_delta (tool
-# arguments) is not prose, so the client does not count it; but it is generated and dropping
-# it loses nothing else, so for the proxy it is content.
-_TEXT_KEYS = {"text_delta": "text", "thinking_delta": "thinking"}
-_CONTENT_KEYS = {**_TEXT_KEYS, "input_json_delta": "partial_json"}
+# Deltas that carry generated content, and the key that holds it: answer text, thinking
+# (reasoning), and a tool_use block's arguments (input_json_delta), each counted apart.
+_CONTENT_KEYS = {"text_delta": "text", "thinking_delta": "thinking",
+                 "input_json_delta": "partial_json"}
+# The delta each kind of block streams, and the key that holds it.
+_BLOCK_DELTAS = {"text": ("text_delta", "text"), "thinking": ("thinking_delta", "thinking"),
+                 "tool_use": ("input_json_delta", "partial_json")}
 
 _NOTHING = Decoded()
 
@@ -49,13 +53,49 @@ class AnthropicEncoder(StreamEncoder):
     def __init__(self, request: GenRequest, ids: bool) -> None:
         super().__init__(request, ids)
         self.response_id = self._id = f"msg_{uuid.uuid4().hex[:24]}"
-        self._head, self._tail = split(
-            {
-                "type": "content_block_delta",
-                "index": 0,
-                "delta": {"type": "text_delta", "text": TOKEN_MARK},
-            }
-        )
+        self._index = 0
+        self._kind = "text"
+        self._called = False
+        self._head, self._tail = self._template()
+
+    def _template(self) -> tuple[bytes, bytes]:
+        kind, key = _BLOCK_DELTAS[self._kind]
+        return split({"type": "content_block_delta", "index": self._index,
+                      "delta": {"type": kind, key: TOKEN_MARK}})
+
+    def _block(self) -> dict[str, object]:
+        if self._kind == "thinking":
+            return {"type": "thinking", "thinking": ""}
+        if self._kind == "tool_use":
+            self._called = True
+            return {"type": "tool_use", "id": f"toolu_{self._id[-24:]}",
+                    "name": self.tool_name or "tool", "input": {}}
+        return {"type": "text", "text": ""}
+
+    def _start(self) -> bytes:
+        return self._event(dumps({"type": "content_block_start", "index": self._index,
+                                  "content_block": self._block()}), b"content_block_start")
+
+    def _stop(self) -> bytes:
+        out = b""
+        if self._kind == "thinking":
+            # As the real API closes a thinking block: its signature, then the stop.
+            out = self._event(dumps({"type": "content_block_delta", "index": self._index,
+                                     "delta": {"type": "signature_delta",
+                                               "signature": "c3RyZWFtcXVha2U="}}),
+                              b"content_block_delta")
+        return out + self._event(b'{"type":"content_block_stop","index":%d}' % self._index,
+                                 b"content_block_stop")
+
+    def _switch(self, kind: str) -> bytes:
+        """Close the open block and start one of ``kind``, when the answer changes kind."""
+        if kind == self._kind:
+            return b""
+        out = self._stop()
+        self._index += 1
+        self._kind = kind
+        self._head, self._tail = self._template()
+        return out + self._start()
 
     def opening(self) -> bytes:
         message: dict[str, object] = {
@@ -68,30 +108,37 @@ class AnthropicEncoder(StreamEncoder):
             "stop_sequence": None,
             "usage": {"input_tokens": self.request.prompt_tokens, "output_tokens": 1},
         }
-        block = {"type": "text", "text": ""}
+        # The first block is the answer's first part: thinking, a tool call, or text.
+        self._kind = "thinking" if self.reasoning_first else \
+            "tool_use" if self.tool_name is not None else "text"
+        self._head, self._tail = self._template()
         return (
             self._event(dumps({"type": "message_start", "message": message}), b"message_start")
-            + self._event(
-                dumps({"type": "content_block_start", "index": 0, "content_block": block}),
-                b"content_block_start",
-            )
+            + self._start()
             + self._event(b'{"type":"ping"}', b"ping")
         )
 
     def token(self, text_json: bytes) -> bytes:
-        return self._event(self._head + text_json + self._tail, b"content_block_delta")
+        out = b"" if self._kind == "text" else self._switch("text")
+        return out + self._event(self._head + text_json + self._tail, b"content_block_delta")
+
+    def reasoning(self, text_json: bytes) -> bytes:
+        return self._switch("thinking") + self._event(self._head + text_json + self._tail,
+                                                      b"content_block_delta")
+
+    def tool_args(self, piece_json: bytes, first: bool, last: bool) -> bytes:
+        return self._switch("tool_use") + self._event(self._head + piece_json + self._tail,
+                                                      b"content_block_delta")
 
     def closing(self, done: Completion) -> bytes:
+        reason = "max_tokens" if done.truncated else "tool_use" if self._called else "end_turn"
         delta = {
             "type": "message_delta",
-            "delta": {
-                "stop_reason": "max_tokens" if done.truncated else "end_turn",
-                "stop_sequence": None,
-            },
+            "delta": {"stop_reason": reason, "stop_sequence": None},
             "usage": {"output_tokens": done.output_tokens},
         }
         return (
-            self._event(b'{"type":"content_block_stop","index":0}', b"content_block_stop")
+            self._stop()
             + self._event(dumps(delta), b"message_delta")
             + self._event(b'{"type":"message_stop"}', b"message_stop")
         )
@@ -99,11 +146,15 @@ class AnthropicEncoder(StreamEncoder):
 
 class Anthropic(WireProtocol):
     name = "anthropic"
+    text_is = "content_block_delta events' delta.text, ended by message_stop"
     # message_delta carries the stop_reason before message_stop.
     finish_required = True
 
     def path(self, model: str) -> str:
         return "/v1/messages"
+
+    def routes(self) -> tuple[Route, ...]:
+        return (Route("/v1/messages"),)
 
     def headers(self) -> dict[str, str]:
         return {**super().headers(), "anthropic-version": ANTHROPIC_VERSION}
@@ -130,8 +181,18 @@ class Anthropic(WireProtocol):
             if not isinstance(delta, dict):
                 raise ProtocolError(f"a content_block_delta whose `delta` is {shape(delta)}, "
                                     f"not an object: {short(event.data)!r}")
-            piece = delta.get(_TEXT_KEYS.get(str(delta.get("type")), ""))
-            return Decoded(text=piece) if isinstance(piece, str) else _NOTHING
+            sort = delta.get("type")
+            if sort == "text_delta":
+                piece = delta.get("text")
+                return Decoded(text=piece) if isinstance(piece, str) else _NOTHING
+            if sort == "thinking_delta":
+                piece = delta.get("thinking")
+                return Decoded(reasoning=piece) if isinstance(piece, str) else _NOTHING
+            if sort == "input_json_delta":
+                piece = delta.get("partial_json")
+                if isinstance(piece, str):
+                    return Decoded(tools=(ToolDelta(str(obj.get("index")), piece),))
+            return _NOTHING     # signature_delta, citations, and types added later
         if kind == "message_delta":
             usage, delta = obj.get("usage"), obj.get("delta")
             reason = delta.get("stop_reason") if isinstance(delta, dict) else None
@@ -146,8 +207,16 @@ class Anthropic(WireProtocol):
             return Decoded(error=error_text(obj.get("error", obj)))
         if kind == "content_block_start":
             block = obj.get("content_block")
-            text = block.get("text") if isinstance(block, dict) else None
-            return Decoded(text=text) if isinstance(text, str) and text else _NOTHING
+            if not isinstance(block, dict):
+                return _NOTHING
+            if block.get("type") == "tool_use":
+                # Opens the call (its arguments come as input_json_delta at this index).
+                name = block.get("name")
+                return Decoded(tools=(ToolDelta(str(obj.get("index")), "",
+                                                name if isinstance(name, str) else None),))
+            text, thinking = block.get("text"), block.get("thinking")
+            return Decoded(text=text if isinstance(text, str) else "",
+                           reasoning=thinking if isinstance(thinking, str) else "")
         if kind == "message_start":
             message = obj.get("message")
             if not isinstance(message, dict):

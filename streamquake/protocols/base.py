@@ -2,10 +2,10 @@
 
 One file per format, named as the protocol (``gemini.py``, ``openai.py``, ``anthropic.py``,
 ``sse.py``), holds all that is known of it, for the three parts that speak it: the load generator
-(which request to send, what each event of the answer carries), the embedded target (which
-requests to accept, how to encode its stream) and the fault proxy (which events carry generated
-text, so dropping one loses text and nothing else). Nothing in this module knows a particular
-format.
+(which request to send, what each event of the answer carries), the embedded target (its routes,
+which requests to accept, how to encode its stream) and the fault proxy (which events carry
+generated text, so dropping one loses text and nothing else). Nothing in this module knows a
+particular format.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 import typing
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import ClassVar, Literal, NamedTuple
 
@@ -20,7 +21,7 @@ from streamquake.errors import StreamquakeError
 from streamquake.jsontypes import JsonDict
 
 # The formats by name; ``streamquake.protocols`` has one module of the same name for each.
-Protocol = Literal["gemini", "openai", "anthropic", "sse"]
+Protocol = Literal["gemini", "openai", "anthropic", "sse", "openai_responses", "llama_cpp"]
 
 
 class ProtocolError(StreamquakeError):
@@ -28,7 +29,12 @@ class ProtocolError(StreamquakeError):
 
 
 class BadRequest(ValueError):
-    """The request body is not what this endpoint accepts; answered 400 with the message."""
+    """The request is not what this endpoint accepts; answered ``status`` (400 unless its URL
+    names no method the format has: 404) with the message."""
+
+    def __init__(self, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class Event(typing.Protocol):
@@ -46,11 +52,25 @@ class Event(typing.Protocol):
         """The ``data:`` lines, joined by "\\n"."""
 
 
+class ToolDelta(NamedTuple):
+    """A piece of one tool call in an event: ``key`` tells the call apart from the stream's
+    others (its index or id), ``piece`` is the next stretch of its JSON arguments ("" on the
+    event that opens the call), ``name`` the function's name where the event gives it."""
+
+    key: str
+    piece: str = ""
+    name: str | None = None
+
+
 class Decoded(NamedTuple):
     """What one event means to the load generator. A named tuple, not a frozen dataclass:
-    one is made per event, and this builds in a fifth of the time."""
+    one is made per event, and this builds in a fifth of the time.
 
-    text: str = ""                          # generated text this event carries ("" if none)
+    Generated content comes in three kinds, counted apart: answer ``text``, ``reasoning``
+    (thinking streamed before the answer) and ``tools`` (tool-call argument deltas). An event
+    that carries any of them is a content event (:attr:`generated`)."""
+
+    text: str = ""                          # answer text this event carries ("" if none)
     usage_output_tokens: int | None = None  # the server's count of output tokens so far
     done: bool = False                      # the protocol's terminal event
     error: str | None = None                # the server reported an error in the stream
@@ -58,6 +78,19 @@ class Decoded(NamedTuple):
     finish: str | None = None               # why generation ended (finish/stop reason), on the
                                             #   event that says it
     model: str | None = None                # the model the answer says it came from
+    reasoning: str = ""                     # reasoning (thinking) text this event carries
+    tools: tuple[ToolDelta, ...] = ()       # tool calls opened or continued by this event
+    usage_reasoning_tokens: int | None = None   # the server's count of reasoning tokens
+
+    @property
+    def tool_args(self) -> bool:
+        """The event carries a piece of some tool call's arguments (an argument delta)."""
+        return any(t.piece for t in self.tools)
+
+    @property
+    def generated(self) -> bool:
+        """The event carries generated content of any kind: a content event."""
+        return bool(self.text or self.reasoning) or self.tool_args
 
 
 @dataclass(frozen=True)
@@ -68,6 +101,18 @@ class GenRequest:
     prompt_tokens: int
     max_tokens: int | None
     include_usage: bool = False
+
+
+@dataclass(frozen=True)
+class Route:
+    """One endpoint the embedded target serves for a format: ``method`` requests to ``path``
+    (aiohttp's pattern: ``{name}`` or ``{name:regex}`` for a variable part), answered in
+    ``speaks`` (default: the format that declares it; OpenAI's legacy completions are a format
+    of their own beside chat, on chat's reader)."""
+
+    path: str
+    method: str = "POST"
+    speaks: WireProtocol | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +169,21 @@ class StreamEncoder(ABC):
         """Events sent once generation is admitted, before the first token."""
         return b""
 
+    # What the answer holds besides text, set before ``opening`` (the embedded target's
+    # ``reasoning_tokens`` and ``tool_call``): the first tokens are reasoning, the rest a tool
+    # call's arguments. A format with no such parts sends them as text (these defaults).
+    reasoning_first = False
+    tool_name: str | None = None
+
+    def reasoning(self, text_json: bytes) -> bytes:
+        """One reasoning (thinking) event."""
+        return self.token(text_json)
+
+    def tool_args(self, piece_json: bytes, first: bool, last: bool) -> bytes:
+        """One delta of the tool call's JSON arguments (``first`` opens the call, ``last``
+        closes its JSON); ``piece_json`` is the piece as a JSON string."""
+        return self.token(piece_json)
+
     @abstractmethod
     def token(self, text_json: bytes) -> bytes:
         """One content event; ``text_json`` is the token already encoded as a JSON string."""
@@ -139,14 +199,22 @@ class WireProtocol(ABC):
     Contract: ``decode`` raises only ``ProtocolError`` (a payload that is not the format's);
     ``parse`` raises only ``BadRequest``; ``is_content_event`` never raises and answers False for
     what it cannot read. On every event the format's own target encoder produces,
-    ``is_content_event`` is true exactly when ``decode`` finds text and nothing that ends the
-    stream, so the proxy's count of content events is the client's (``tests/test_protocols.py``).
+    ``is_content_event`` is true exactly when ``decode`` finds generated content (text,
+    reasoning or tool-call arguments: ``Decoded.generated``) and nothing that ends the stream,
+    so the proxy's count of content events is the client's (``tests/test_protocols.py``).
     """
 
     name: ClassVar[Protocol]
     # The format says why generation ended (a finish or stop reason) before its terminal event,
     # so a terminal event with no reason before it is a stream the server cut short.
     finish_required: ClassVar[bool] = False
+    # A body that ends cleanly (its chunked terminator: the server finished the response) after
+    # the finish reason arrived is a complete stream, terminal event or not: some servers of the
+    # format send none (transformers serve never sends OpenAI's ``[DONE]``). A body that ends
+    # before the finish reason is still cut short.
+    ends_with_body: ClassVar[bool] = False
+    # Where the format's generated text is, in words, for a reader told that none was found.
+    text_is: ClassVar[str] = ""
 
     # --- load generator: asking for a stream -------------------------------------------------
 
@@ -162,6 +230,11 @@ class WireProtocol(ABC):
     def body(self, model: str, prompt: str, max_tokens: int) -> JsonDict:
         """The JSON body of a streaming request with one user ``prompt``."""
 
+    def body_for(self, path: str, model: str, prompt: str, max_tokens: int) -> JsonDict:
+        """``body`` for a request sent to ``path`` (the scenario's ``target.path``, or the
+        format's own): a format with several endpoints asks each in its own shape."""
+        return self.body(model, prompt, max_tokens)
+
     def force_streaming(self, model: str, body: JsonDict) -> JsonDict:
         """A user's own ``body``, with whatever makes the answer a measurable stream forced on.
 
@@ -176,6 +249,18 @@ class WireProtocol(ABC):
         """What one event carries. Raises ProtocolError on a malformed payload."""
 
     # --- target: serving a stream ------------------------------------------------------------
+
+    @abstractmethod
+    def routes(self) -> tuple[Route, ...]:
+        """Where the embedded target serves this format. It asks registered formats only: an
+        unregistered variant (OpenAI's legacy completions) is a route's ``speaks``."""
+
+    def url_model(self, params: Mapping[str, str], query: Mapping[str, str], path: str
+                  ) -> str | None:
+        """The model a request to one of ``routes`` names in its URL (``params``: the route's
+        variable parts; ``query``; ``path``, for the message), None where the format names it
+        in the body. Raises BadRequest for a URL the format does not stream from."""
+        return None
 
     @abstractmethod
     def parse(self, body: object, model: str | None) -> GenRequest:

@@ -7,6 +7,7 @@ URL, not the body. Events end in CRLF, as Google's servers send them.
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 
@@ -31,7 +32,9 @@ from streamquake.protocols.base import (
     Event,
     GenRequest,
     ProtocolError,
+    Route,
     StreamEncoder,
+    ToolDelta,
     WireProtocol,
 )
 
@@ -43,6 +46,7 @@ class GeminiEncoder(StreamEncoder):
         super().__init__(request, ids)
         self.response_id = self._response_id = uuid.uuid4().hex[:22]
         self._head, self._tail = split(self._chunk(TOKEN_MARK, None))
+        self._pieces: list[str] = []
 
     def _chunk(self, text: str, finish: Completion | None) -> dict[str, object]:
         candidate: dict[str, object] = {"content": {"parts": [{"text": text}], "role": "model"}}
@@ -63,6 +67,21 @@ class GeminiEncoder(StreamEncoder):
 
     def token(self, text_json: bytes) -> bytes:
         return self._event(self._head + text_json + self._tail)
+
+    def reasoning(self, text_json: bytes) -> bytes:
+        # A thought part: text marked ``thought: true`` (includeThoughts).
+        return self._event(self._head + text_json + b',"thought":true' + self._tail)
+
+    def tool_args(self, piece_json: bytes, first: bool, last: bool) -> bytes:
+        # Gemini sends a function call whole, in one part, once its arguments are complete: the
+        # pieces wait here (a call cut short by the token limit is never sent).
+        self._pieces.append(json.loads(piece_json))
+        if not last:
+            return b""
+        call = {"name": self.tool_name or "tool", "args": json.loads("".join(self._pieces))}
+        chunk = self._chunk("", None)
+        chunk["candidates"][0]["content"]["parts"] = [{"functionCall": call}]  # type: ignore[index]
+        return self._event(dumps(chunk))
 
     def closing(self, done: Completion) -> bytes:
         return self._event(dumps(self._chunk("", done)))
@@ -86,9 +105,26 @@ def _prompt_text(obj: Mapping[str, object]) -> str:
 
 class Gemini(WireProtocol):
     name = "gemini"
+    text_is = "chunks' candidates[].content.parts[].text, the last with a finishReason"
 
     def path(self, model: str) -> str:
         return f"/v1beta/models/{model}:streamGenerateContent?alt=sse"
+
+    def routes(self) -> tuple[Route, ...]:
+        # google-genai calls /v1beta/ or /v1/ depending on its version and options.
+        return (Route("/{version:v1beta|v1}/models/{target}"),)
+
+    def url_model(self, params: Mapping[str, str], query: Mapping[str, str], path: str
+                  ) -> str | None:
+        model, _, method = params["target"].partition(":")
+        if method == "generateContent":
+            raise BadRequest(
+                "this target only simulates streaming: call :streamGenerateContent?alt=sse")
+        if method != "streamGenerateContent" or not model:
+            raise BadRequest(f"unknown method {path!r}", 404)
+        if query.get("alt") != "sse":
+            raise BadRequest("this target only streams server-sent events: add ?alt=sse to the URL")
+        return model
 
     def body(self, model: str, prompt: str, max_tokens: int) -> JsonDict:
         return {
@@ -101,6 +137,8 @@ class Gemini(WireProtocol):
         if "error" in obj:
             return Decoded(error=error_text(obj["error"]))
         texts: list[str] = []
+        thoughts: list[str] = []
+        tools: list[ToolDelta] = []
         finish: str | None = None
         candidates = obj.get("candidates")
         if not isinstance(candidates, list | None) or (
@@ -116,9 +154,17 @@ class Gemini(WireProtocol):
                 raise ProtocolError("a candidate that is not an object with `content.parts` a "
                                     f"list: {short(event.data)!r}")
             for part in parts or ():
-                text = part.get("text") if isinstance(part, dict) else None
+                if not isinstance(part, dict):
+                    continue
+                text = part.get("text")
                 if isinstance(text, str) and text:
-                    texts.append(text)
+                    (thoughts if part.get("thought") is True else texts).append(text)
+                call = part.get("functionCall")
+                if isinstance(call, dict):
+                    # Whole, its arguments an object: a call with nothing left to close.
+                    name, args = call.get("name"), call.get("args")
+                    tools.append(ToolDelta("", json.dumps(args if args is not None else {}),
+                                           name if isinstance(name, str) else None))
             reason = cand.get("finishReason")
             if reason and reason != "FINISH_REASON_UNSPECIFIED":
                 finish = str(reason)
@@ -126,15 +172,20 @@ class Gemini(WireProtocol):
         if not texts and isinstance(feedback, dict) and feedback.get("blockReason"):
             return Decoded(done=True, error=f"prompt blocked: {feedback['blockReason']}")
         meta = obj.get("usageMetadata")
-        tokens = int_or_none(meta.get("candidatesTokenCount")) if isinstance(meta, dict) else None
-        if tokens is not None and isinstance(meta, dict):
+        tokens = thought = None
+        if isinstance(meta, dict):
+            tokens = int_or_none(meta.get("candidatesTokenCount"))
             # Thinking tokens are generated output too; Gemini counts them apart.
-            tokens += int_or_none(meta.get("thoughtsTokenCount")) or 0
+            thought = int_or_none(meta.get("thoughtsTokenCount"))
+            if tokens is not None:
+                tokens += thought or 0
         rid, model = obj.get("responseId"), obj.get("modelVersion")
         # The finish reason is Gemini's end of stream: it has no terminal event of its own.
         return Decoded(text="".join(texts), usage_output_tokens=tokens, done=finish is not None,
                        finish=finish, response_id=rid if isinstance(rid, str) else None,
-                       model=model if isinstance(model, str) else None)
+                       model=model if isinstance(model, str) else None,
+                       reasoning="".join(thoughts), tools=tuple(tools),
+                       usage_reasoning_tokens=thought)
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)
@@ -173,7 +224,9 @@ class Gemini(WireProtocol):
             content = cand.get("content")
             parts = content.get("parts") if isinstance(content, dict) else None
             if isinstance(parts, list) and any(
-                isinstance(p, dict) and nonempty_str(p.get("text")) for p in parts
+                isinstance(p, dict) and (nonempty_str(p.get("text"))
+                                         or isinstance(p.get("functionCall"), dict))
+                for p in parts
             ):
                 text = True
         return text

@@ -1,7 +1,11 @@
-"""OpenAI chat completions (``POST /v1/chat/completions``, ``"stream": true``).
+"""OpenAI chat completions (``POST /v1/chat/completions``, ``"stream": true``), and legacy
+completions (``POST /v1/completions``) at that path.
 
-Also what vLLM, TGI, SGLang and most OpenAI-compatible servers speak. The stream is
-``chat.completion.chunk`` objects, a finish chunk, an optional usage chunk and ``data: [DONE]``.
+Also what vLLM, TGI, SGLang, llama-server and most OpenAI-compatible servers speak. The stream is
+``chat.completion.chunk`` objects, a finish chunk, an optional usage chunk and ``data: [DONE]``;
+legacy completions send ``text_completion`` chunks whose choices hold ``text`` instead of a
+``delta``, and this one reader reads both. A stream is complete at ``[DONE]``, or when the body
+ends cleanly after a finish reason: Hugging Face ``transformers serve`` never sends ``[DONE]``.
 """
 
 from __future__ import annotations
@@ -33,19 +37,42 @@ from streamquake.protocols.base import (
     Event,
     GenRequest,
     ProtocolError,
+    Route,
     StreamEncoder,
+    ToolDelta,
     WireProtocol,
 )
 
-# reasoning_content: the thinking that vLLM and DeepSeek stream before the answer.
-_DECODED_KEYS = ("reasoning_content", "content")
+# The thinking that llama-server, vLLM and DeepSeek stream before the answer: reasoning_content
+# (llama-server, DeepSeek, vLLM up to 0.10), reasoning (vLLM since, OpenRouter).
+_REASONING_KEYS = ("reasoning_content", "reasoning")
 # A refusal is generated text too; the client does not count it, but dropping it loses text only.
-_CONTENT_KEYS = (*_DECODED_KEYS, "refusal")
+_CONTENT_KEYS = ("content", *_REASONING_KEYS, "refusal")
 
 
 def _bad_choice(data: str) -> ProtocolError:
     return ProtocolError("a chunk with a choice that is not an object with an object `delta`: "
                          f"{short(data)!r}")
+
+
+def _tool_deltas(calls: object, choice: object, data: str) -> tuple[ToolDelta, ...]:
+    """``delta.tool_calls``: each call's ``index`` (else its ``id``) within its choice tells
+    it apart; ``function.name`` opens it, ``function.arguments`` is the next piece."""
+    if type(calls) is not list:
+        raise ProtocolError(f"a delta whose `tool_calls` is {shape(calls)}, not a list: "
+                            f"{short(data)!r}")
+    out = []
+    for i, call in enumerate(calls):
+        if type(call) is not dict:
+            raise ProtocolError(f"a tool call delta that is not an object: {short(data)!r}")
+        index, cid = call.get("index"), call.get("id")
+        key = index if type(index) is int else cid if type(cid) is str else i
+        function = call.get("function")
+        fn = function if type(function) is dict else {}
+        args, name = fn.get("arguments"), fn.get("name")
+        piece = args if type(args) is str else "" if args is None else dumps(args).decode()
+        out.append(ToolDelta(f"{choice}:{key}", piece, name if type(name) is str else None))
+    return tuple(out)
 
 
 class OpenAIEncoder(StreamEncoder):
@@ -61,21 +88,45 @@ class OpenAIEncoder(StreamEncoder):
         }
         self._head, self._tail = split(self._chunk({"content": TOKEN_MARK}, None))
         self._first = True
+        self._called = False          # the answer was a tool call (finish_reason tool_calls)
+        self._reasoning: tuple[bytes, bytes] | None = None
+        self._args: tuple[bytes, bytes] | None = None
 
     def _chunk(self, delta: dict[str, object], finish: str | None) -> dict[str, object]:
         choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish}
         return {**self._base, "choices": [choice]}
 
+    def _role(self) -> bytes:
+        # Like the real API, the role chunk arrives with the first token, not before it.
+        if not self._first:
+            return b""
+        self._first = False
+        return self._event(dumps(self._chunk({"role": "assistant", "content": ""}, None)))
+
     def token(self, text_json: bytes) -> bytes:
-        out = b""
-        if self._first:
-            # Like the real API, the role chunk arrives with the first token, not before it.
-            self._first = False
-            out = self._event(dumps(self._chunk({"role": "assistant", "content": ""}, None)))
-        return out + self._event(self._head + text_json + self._tail)
+        return self._role() + self._event(self._head + text_json + self._tail)
+
+    def reasoning(self, text_json: bytes) -> bytes:
+        if self._reasoning is None:
+            self._reasoning = split(self._chunk({"reasoning_content": TOKEN_MARK}, None))
+        head, tail = self._reasoning
+        return self._role() + self._event(head + text_json + tail)
+
+    def tool_args(self, piece_json: bytes, first: bool, last: bool) -> bytes:
+        out = self._role()
+        if self._args is None:
+            self._called = True
+            call = {"index": 0, "id": f"call_{(self.response_id or '')[-24:]}", "type": "function",
+                    "function": {"name": self.tool_name or "tool", "arguments": ""}}
+            out += self._event(dumps(self._chunk({"tool_calls": [call]}, None)))
+            self._args = split(self._chunk(
+                {"tool_calls": [{"index": 0, "function": {"arguments": TOKEN_MARK}}]}, None))
+        head, tail = self._args
+        return out + self._event(head + piece_json + tail)
 
     def closing(self, done: Completion) -> bytes:
-        out = self._event(dumps(self._chunk({}, "length" if done.truncated else "stop")))
+        finish = "length" if done.truncated else "tool_calls" if self._called else "stop"
+        out = self._event(dumps(self._chunk({}, finish)))
         if self.request.include_usage:
             usage = {
                 "prompt_tokens": self.request.prompt_tokens,
@@ -91,9 +142,22 @@ class OpenAI(WireProtocol):
     # Every chunk stream ends its choice with a finish_reason before [DONE]; a server that
     # stops early (llama-cpp-python, when another request waits) sends [DONE] without one.
     finish_required = True
+    # transformers serve (5.x) ends with its finish chunk (usage in it) and the chunked
+    # terminator, and no [DONE].
+    ends_with_body = True
+    text_is = "chat chunks' choices[].delta.content (from /v1/completions: choices[].text)"
 
     def path(self, model: str) -> str:
         return "/v1/chat/completions"
+
+    def routes(self) -> tuple[Route, ...]:
+        # Legacy completions: the same protocol (one reader reads both), its own endpoint.
+        return Route("/v1/chat/completions"), Route("/v1/completions", speaks=COMPLETIONS)
+
+    def body_for(self, path: str, model: str, prompt: str, max_tokens: int) -> JsonDict:
+        if is_legacy_path(path):
+            return COMPLETIONS.body(model, prompt, max_tokens)
+        return self.body(model, prompt, max_tokens)
 
     def body(self, model: str, prompt: str, max_tokens: int) -> JsonDict:
         # ``max_tokens`` rather than ``max_completion_tokens``: OpenAI still accepts it for chat
@@ -129,7 +193,8 @@ class OpenAI(WireProtocol):
             raise not_an_object(event)
         if "error" in obj:
             return Decoded(error=error_text(obj["error"]))
-        text = ""
+        text = reasoning = ""
+        tools: tuple[ToolDelta, ...] = ()
         finish: str | None = None
         choices = obj.get("choices")
         if type(choices) is not list:
@@ -144,20 +209,35 @@ class OpenAI(WireProtocol):
             if delta is not None:
                 if type(delta) is not dict:
                     raise _bad_choice(data)
-                for key in _DECODED_KEYS:
-                    piece = delta.get(key)
-                    if type(piece) is str and piece:
-                        text += piece
+                piece = delta.get("content")
+                if type(piece) is str and piece:
+                    text += piece
+                piece = delta.get("reasoning_content") or delta.get("reasoning")
+                if type(piece) is str and piece:
+                    reasoning += piece
+                calls = delta.get("tool_calls")
+                if calls is not None:
+                    tools += _tool_deltas(calls, choice.get("index", 0), data)
             elif type(choice) is not dict:
                 raise _bad_choice(data)
+            else:
+                # Legacy completions: no delta, the choice's own text is the new text.
+                piece = choice.get("text")
+                if type(piece) is str and piece:
+                    text += piece
             reason = choice.get("finish_reason")
             if reason is not None:
                 finish = str(reason)
         usage = obj.get("usage")
-        tokens = int_or_none(usage.get("completion_tokens")) if type(usage) is dict else None
+        tokens = thought = None
+        if type(usage) is dict:
+            tokens = int_or_none(usage.get("completion_tokens"))
+            details = usage.get("completion_tokens_details")
+            if type(details) is dict:
+                thought = int_or_none(details.get("reasoning_tokens"))
         rid, model = obj.get("id"), obj.get("model")
         return Decoded(text, tokens, False, None, rid if type(rid) is str else None, finish,
-                       model if type(model) is str else None)
+                       model if type(model) is str else None, reasoning, tools, thought)
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)
@@ -198,9 +278,90 @@ class OpenAI(WireProtocol):
             if choice.get("finish_reason") is not None or choice.get("stop_reason") is not None:
                 return False
             delta = choice.get("delta")
-            if isinstance(delta, dict) and any(nonempty_str(delta.get(k)) for k in _CONTENT_KEYS):
-                text = True
+            if isinstance(delta, dict):
+                text |= any(nonempty_str(delta.get(k)) for k in _CONTENT_KEYS)
+                # A tool call's argument delta is generated text; the one that opens the call
+                # (its id and name) is not: losing it would orphan the arguments.
+                calls = delta.get("tool_calls")
+                for call in calls if isinstance(calls, list) else ():
+                    fn = call.get("function") if isinstance(call, dict) else None
+                    text |= isinstance(fn, dict) and nonempty_str(fn.get("arguments")) \
+                        and fn.get("name") is None
+            elif delta is None:     # legacy completions
+                text |= nonempty_str(choice.get("text"))
         return text
 
 
+def is_legacy_path(path: str) -> bool:
+    """``path`` is legacy completions' (``/v1/completions``), not chat's."""
+    route = path.split("?", 1)[0].rstrip("/")
+    return route.endswith("/completions") and not route.endswith("/chat/completions")
+
+
+class CompletionsEncoder(OpenAIEncoder):
+    """Legacy completions' chunks: ``text_completion`` objects whose choice holds ``text``."""
+
+    def __init__(self, request: GenRequest, ids: bool) -> None:
+        super().__init__(request, ids)
+        self.response_id = f"cmpl-{uuid.uuid4().hex[:24]}"
+        self._base = {**self._base, "id": self.response_id, "object": "text_completion"}
+        self._head, self._tail = split(self._chunk({"text": TOKEN_MARK}, None))
+        self._first = False          # no role chunk: a completion has no roles
+
+    # A completion has neither reasoning nor tool calls: they go as text.
+    def reasoning(self, text_json: bytes) -> bytes:
+        return self.token(text_json)
+
+    def tool_args(self, piece_json: bytes, first: bool, last: bool) -> bytes:
+        return self.token(piece_json)
+
+    def _chunk(self, delta: dict[str, object], finish: str | None) -> dict[str, object]:
+        # The chat encoder's templates hold the token in delta.content: here it is the text.
+        text = delta.get("text", delta.get("content", ""))
+        choice = {"text": text, "index": 0, "logprobs": None, "finish_reason": finish}
+        return {**self._base, "choices": [choice]}
+
+
+class OpenAICompletions(OpenAI):
+    """Legacy completions (``POST /v1/completions``): the same protocol (``openai``: one reader
+    reads both streams), another endpoint with its own request and chunks. Not registered on
+    its own; the embedded target serves it beside chat, and ``OpenAI.body_for`` asks it when
+    the scenario's ``target.path`` is its path."""
+
+    def path(self, model: str) -> str:
+        return "/v1/completions"
+
+    def body(self, model: str, prompt: str, max_tokens: int) -> JsonDict:
+        return {
+            "model": model,
+            "prompt": prompt,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+        }
+
+    def parse(self, body: object, model: str | None) -> GenRequest:
+        obj = req.require_object(body)
+        model_name = req.required_str(obj, "model")
+        prompt = obj.get("prompt")
+        if isinstance(prompt, list) and all(isinstance(p, str) for p in prompt):
+            prompt = " ".join(str(p) for p in prompt)
+        if not isinstance(prompt, str):
+            raise BadRequest("'prompt' is required and must be a string or a list of strings")
+        req.require_stream(obj)
+        options = obj.get("stream_options") or {}
+        if not isinstance(options, dict):
+            raise BadRequest("'stream_options' must be an object")
+        return GenRequest(
+            model=model_name,
+            prompt_tokens=req.count_tokens(prompt),
+            max_tokens=req.optional_positive_int(obj, "max_tokens"),
+            include_usage=options.get("include_usage") is True,
+        )
+
+    def encoder(self, request: GenRequest, ids: bool) -> StreamEncoder:
+        return CompletionsEncoder(request, ids)
+
+
 PROTOCOL = OpenAI()
+COMPLETIONS = OpenAICompletions()

@@ -23,6 +23,7 @@ from streamquake.protocols.base import (
     Decoded,
     Event,
     GenRequest,
+    Route,
     StreamEncoder,
     WireProtocol,
 )
@@ -39,9 +40,13 @@ class GenericEncoder(StreamEncoder):
 
 class GenericSSE(WireProtocol):
     name = "sse"
+    text_is = 'events {"text": "..."}, the last {"done": true}'
 
     def path(self, model: str) -> str:
         return "/v1/stream"
+
+    def routes(self) -> tuple[Route, ...]:
+        return (Route("/v1/stream"),)
 
     def body(self, model: str, prompt: str, max_tokens: int) -> JsonDict:
         return {"prompt": prompt, "max_tokens": max_tokens}

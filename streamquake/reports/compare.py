@@ -30,34 +30,31 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from streamquake.jsontypes import JsonDict
+from streamquake.metric_catalog import CATALOG, HIGHER_IS_BETTER, stat_percentile
+from streamquake.reports.between_runs import (
+    SATURATED,
+    K,
+    Notes,
+    RunFigure,
+    excluded,
+    floor_for,
+    is_timing,
+)
+from streamquake.reports.between_runs import judge as judge_between
 from streamquake.reports.phrasing import value_text
 from streamquake.reports.saved_run import LoadedPhase, LoadedRun, Share
 from streamquake.run.series import values_of
 from streamquake.stats import nearest_rank
 
 PHASES = ("baseline", "fault", "recovery")
-# (metric, percentile or None for a rate); lower is better except tokens/s.
-METRICS: tuple[tuple[str, float | None], ...] = (
-    ("ttfb_ms", 50), ("ttfb_ms", 95), ("ttft_ms", 50), ("ttft_ms", 95), ("itl_ms", 50),
-    ("itl_ms", 95), ("e2e_ms", 50), ("e2e_ms", 95), ("output_tokens_per_s", 50),
-    ("error_rate", None), ("stall_rate", None), ("chunk_loss", None),
-)
-HIGHER_IS_BETTER = frozenset({"output_tokens_per_s"})
-FLOORS = {"ms": 1.0, "rate": 0.005, "output_tokens_per_s": 1.0}   # absolute margins
+# (metric, percentile or None for a rate): what the catalog says compare judges, in its order.
+METRICS: tuple[tuple[str, float | None], ...] = tuple(
+    (m.name, stat_percentile(stat)) for m in CATALOG for stat in m.compared)
+MIN_RUNS = 3        # runs of A that judge by the variation between runs (``--min-runs``)
 
 
 def metric_name(metric: str, pct: float | None) -> str:
     return metric if pct is None else f"{metric} p{pct:g}"
-
-
-def floor_for(metric: str, slack_ms: float = 0.0) -> float:
-    """The smallest change that counts: a latency must also move by more than the scenario's
-    own ``recovery.slack``."""
-    if metric.endswith("_ms"):
-        return max(FLOORS["ms"], slack_ms)
-    if metric == "output_tokens_per_s":
-        return FLOORS[metric]
-    return FLOORS["rate"]
 
 
 @dataclass
@@ -73,8 +70,10 @@ class Row:
     lo: float | None
     hi: float | None
     margin: float
-    verdict: str                    # better | same | worse | no data
+    verdict: str                    # better | same | worse | no data | not judged
     sure: bool                      # False: the interval reaches past the margin
+    spread: float | None = None     # between runs: one run's standard deviation (robust)
+    why: str = ""                   # why not judged
 
     @property
     def name(self) -> str:
@@ -84,7 +83,8 @@ class Row:
         return {"phase": self.phase, "metric": self.metric, "percentile": self.pct,
                 "a": self.a, "b": self.b, "n_a": self.n_a, "n_b": self.n_b, "diff": self.diff,
                 "ci_low": self.lo, "ci_high": self.hi, "margin": self.margin,
-                "verdict": self.verdict, "sure": self.sure}
+                "spread": self.spread, "verdict": self.verdict, "sure": self.sure,
+                "why": self.why or None}
 
 
 @dataclass
@@ -100,6 +100,12 @@ class Comparison:
     differs: str | None = None          # A and B ran different scenarios (different_scenarios)
     phases: tuple[str, ...] = PHASES    # what was compared, in order (steps: by name)
     one_side: list[tuple[str, str]] = field(default_factory=list)   # (A | B, step): only there
+    a_runs: list[LoadedRun] = field(default_factory=list)   # every run of each side
+    b_runs: list[LoadedRun] = field(default_factory=list)
+    between: bool = False               # judged by the variation between runs (several runs)
+    # Why the verdicts do not gate (too few runs of A to know the variation between runs).
+    not_judged: str | None = None
+    notes: list[str] = field(default_factory=list)   # phases not judged, runs left out: why
 
     def one_side_text(self) -> list[str]:
         return [f"step {step} is in {side} only ({'B' if side == 'A' else 'A'} has no step of "
@@ -107,7 +113,8 @@ class Comparison:
 
     @property
     def worse(self) -> list[Row]:
-        return [r for r in self.rows if r.verdict == "worse"]
+        """The regressions; none where the comparison was not judged."""
+        return [] if self.not_judged else [r for r in self.rows if r.verdict == "worse"]
 
 
 # --- per-request data, prepared once per phase ----------------------------------------------
@@ -233,10 +240,26 @@ def _matched(a: LoadedRun, b: LoadedRun) -> tuple[tuple[str, ...], list[tuple[st
                                                               if n not in in_a]
 
 
+def distorted(run: LoadedRun, phase: str) -> str | None:
+    """Why ``run``'s timings in ``phase`` are distorted: its saturation guard marked the load
+    generator saturated there (None: it did not)."""
+    p = run.phases.get(phase)
+    if p is None or p.stats.get("client_saturated") is not True:
+        return None
+    client = p.stats.get("client")
+    seconds = ""
+    if isinstance(client, dict) and isinstance(client.get("saturated_s"), int) \
+            and isinstance(client.get("seconds"), int):
+        seconds = f" ({client['saturated_s']} of {client['seconds']} s saturated)"
+    return f"{SATURATED} in {phase} of run {run.path.parent}{seconds}"
+
+
 def compare(a: LoadedRun, b: LoadedRun, *, tolerance: float = 0.10, confidence: float = 0.95,
             resamples: int = 1000, seed: int = 1,
             progress: Callable[[str], None] | None = None) -> Comparison:
-    """B against A per phase and metric; the floor for latencies is B's scenario's slack."""
+    """B against A per phase and metric, one run a side, by the requests within the two runs;
+    the floor for latencies is B's scenario's slack. A phase either run's guard marked
+    saturated is not judged on its timings."""
     rng = random.Random(seed)
     with_ci = a.has_samples and b.has_samples and resamples > 0
     method = (f"percentile bootstrap over requests ({resamples} resamples, seed {seed}); "
@@ -244,6 +267,7 @@ def compare(a: LoadedRun, b: LoadedRun, *, tolerance: float = 0.10, confidence: 
               "point estimates from report.json only (per-request samples not found): "
               "no confidence interval")
     rows: list[Row] = []
+    notes: list[str] = []
     phases, one_side = _matched(a, b)
     for phase in phases:
         pa, pb = a.phases.get(phase), b.phases.get(phase)
@@ -251,10 +275,96 @@ def compare(a: LoadedRun, b: LoadedRun, *, tolerance: float = 0.10, confidence: 
             continue
         if progress is not None:
             progress(f"comparing {phase}")
-        rows += _compare_phase(phase, pa, pb, with_ci, rng, tolerance, confidence, resamples,
-                               b.slack_ms)
+        got = _compare_phase(phase, pa, pb, with_ci, rng, tolerance, confidence, resamples,
+                             b.slack_ms)
+        why = distorted(a, phase) or distorted(b, phase)
+        if why is not None:
+            notes.append(f"{phase} timings not judged: {why}")
+            for r in got:
+                if is_timing(r.metric):
+                    r.verdict, r.sure, r.why = "not judged", False, why
+        rows += got
     return Comparison(a, b, rows, tolerance, confidence, resamples if with_ci else 0, method,
-                      b.slack_ms, different_scenarios(a, b), phases, one_side)
+                      b.slack_ms, different_scenarios(a, b), phases, one_side, [a], [b],
+                      notes=notes)
+
+
+def compare_runs(a_runs: Sequence[LoadedRun], b_runs: Sequence[LoadedRun], *,
+                 tolerance: float = 0.10, confidence: float = 0.95, resamples: int = 1000,
+                 seed: int = 1, min_runs: int = MIN_RUNS,
+                 progress: Callable[[str], None] | None = None) -> Comparison:
+    """The runs of B against the runs of A. One run a side: the requests within them (see
+    :func:`compare`), judged only with ``min_runs`` 1; else by the variation between runs
+    (reports/between_runs.py), A needing ``min_runs`` runs."""
+    a, b = a_runs[0], b_runs[0]
+    if len(a_runs) == 1 and len(b_runs) == 1:
+        c = compare(a, b, tolerance=tolerance, confidence=confidence, resamples=resamples,
+                    seed=seed, progress=progress)
+        if min_runs > 1:
+            c.not_judged = (f"not enough runs (1 of {min_runs} runs of A): one run a side "
+                            "cannot tell a change from the variation between runs")
+            c.notes.insert(0, "the verdicts shown are the within-run test's, for information; "
+                           f"give {min_runs} or more runs of A (compare A1 A2 A3 -- B) to "
+                           "judge, or --min-runs 1 to gate on these")
+        return c
+    phases, one_side = _matched(a, b)
+    rows: list[Row] = []
+    said = Notes()
+    for phase in phases:
+        if not all(any(_ran(r, phase) for r in side) for side in (a_runs, b_runs)):
+            continue
+        if progress is not None:
+            progress(f"comparing {phase}")
+        rows += _between_phase(phase, a_runs, b_runs, tolerance, min_runs, said)
+    differs = next((why for run in [*a_runs[1:], *b_runs] if (why := different_scenarios(
+        a, run)) is not None), None)
+    method = (f"the variation between runs: the median of {len(a_runs)} run(s) of A against "
+              f"the median of {len(b_runs)} run(s) of B")
+    return Comparison(a, b, rows, tolerance, confidence, 0, method, b.slack_ms, differs,
+                      phases, one_side, list(a_runs), list(b_runs), between=True,
+                      notes=said.lines())
+
+
+def _ran(run: LoadedRun, phase: str) -> bool:
+    p = run.phases.get(phase)
+    return p is not None and p.status != "not run"
+
+
+def _count(phase: LoadedPhase, metric: str) -> int | None:
+    """The values behind a percentile of ``metric``: measured, and censored where counted."""
+    summary = phase.stats.get(metric)
+    count = summary.get("count") if isinstance(summary, dict) else None
+    if not isinstance(summary, dict) or not isinstance(count, int):
+        return None
+    censored = summary.get("censored")
+    return count + (censored if isinstance(censored, int) else 0)
+
+
+def _figure(run: LoadedRun, phase: str, metric: str, pct: float | None) -> RunFigure:
+    p = run.phases.get(phase)
+    label = str(run.path.parent)
+    if p is None or p.status == "not run":
+        return RunFigure(label, None)
+    requests = p.stats.get("requests")
+    return RunFigure(label, _point(p, metric, pct),
+                     requests if isinstance(requests, int) else None,
+                     excluded(metric, pct, _count(p, metric), distorted(run, phase),
+                              f"{phase} of run {label}"))
+
+
+def _between_phase(phase: str, a_runs: Sequence[LoadedRun], b_runs: Sequence[LoadedRun],
+                   tolerance: float, min_runs: int, said: Notes) -> list[Row]:
+    rows = []
+    slack = b_runs[0].slack_ms
+    for metric, pct in METRICS:
+        got = judge_between(metric, [_figure(r, phase, metric, pct) for r in a_runs],
+                            [_figure(r, phase, metric, pct) for r in b_runs],
+                            tolerance=tolerance, slack_ms=slack, min_runs=min_runs)
+        said.add(phase, metric, pct, got)
+        rows.append(Row(phase, metric, pct, got.a, got.b, got.n_a, got.n_b, got.diff, None,
+                        None, got.margin, got.verdict, got.verdict != "not judged",
+                        got.spread, got.why))
+    return rows
 
 
 def _compare_phase(phase: str, pa: LoadedPhase, pb: LoadedPhase, with_ci: bool,
@@ -311,39 +421,88 @@ def verdict_text(row: Row) -> str:
     return row.verdict
 
 
+def headline(c: Comparison) -> str:
+    """What the comparison concludes, in one line."""
+    if c.not_judged is not None:
+        return f"not judged: {c.not_judged}"
+    if c.worse:
+        return (f"REGRESSION: {len(c.worse)} metric(s) worse: "
+                + ", ".join(f"{r.phase} {r.name}" for r in c.worse))
+    return "no regression"
+
+
+def rule_text(c: Comparison) -> str:
+    """How a verdict is reached, in one sentence."""
+    floor = floor_for("e2e_ms", c.slack_ms)
+    if c.between:
+        return (f"B - A; {c.method}: worse/better only beyond the margin max({K:g} x spread x "
+                f"sqrt(1/runs of A + 1/runs of B), {c.tolerance * 100:g}% of A, floor: "
+                f"{floor:g} ms, 0.5 points, 1 token/s); spread: one run's standard deviation, "
+                "from the runs of each side")
+    return (f"B - A; {c.method}; worse/better only when the whole interval lies beyond the "
+            f"margin max({c.tolerance * 100:g}% of A, floor: {floor:g} ms, 0.5 points, 1 "
+            "token/s)")
+
+
+def columns(c: Comparison) -> tuple[str, ...]:
+    if c.between:
+        return ("metric", "A", "B", "B - A", "margin", "spread", "runs A / B", "verdict")
+    return ("metric", "A", "B", "B - A", f"{c.confidence * 100:g}% CI", "n A / B", "verdict")
+
+
+def cells(c: Comparison, r: Row) -> tuple[str, ...]:
+    """A row's cells but its verdict, in the order of :func:`columns`."""
+    if c.between:
+        return (r.name, _v(r.metric, r.a), _v(r.metric, r.b), _signed(r.metric, r.diff),
+                _v(r.metric, r.margin), _v(r.metric, r.spread), f"{r.n_a} / {r.n_b}")
+    ci = "-" if r.lo is None else f"{_signed(r.metric, r.lo)} .. {_signed(r.metric, r.hi)}"
+    return (r.name, _v(r.metric, r.a), _v(r.metric, r.b), _signed(r.metric, r.diff), ci,
+            f"{r.n_a} / {r.n_b}")
+
+
+def _paths(runs: Sequence[LoadedRun]) -> str:
+    return ", ".join(f"`{r.path}`" for r in runs)
+
+
 def markdown(c: Comparison) -> str:
-    head = "worse" if c.worse else "no regression"
+    head = "worse" if c.worse else "not judged" if c.not_judged else "no regression"
+    a, b = c.a_runs or [c.a], c.b_runs or [c.b]
     lines = [
         f"## streamquake compare: {head}", "",
-        f"- **A**: `{c.a.path}` ({c.a.scenario_name}, sha256 `{c.a.scenario_sha256 or '-'}`)",
-        f"- **B**: `{c.b.path}` ({c.b.scenario_name}, sha256 `{c.b.scenario_sha256 or '-'}`)",
-        f"- Δ = B − A. Method: {c.method}. A verdict is worse/better only when the whole "
-        f"interval lies beyond ±max({c.tolerance * 100:g}% of A, floor: "
-        f"{floor_for('e2e_ms', c.slack_ms):g} ms, 0.5 points, 1 token/s); *same (unsure)*: "
-        "the interval reaches past that margin.",
+        f"- **A** ({len(a)} run(s)): {_paths(a)} ({c.a.scenario_name}, sha256 "
+        f"`{c.a.scenario_sha256 or '-'}`)",
+        f"- **B** ({len(b)} run(s)): {_paths(b)} ({c.b.scenario_name}, sha256 "
+        f"`{c.b.scenario_sha256 or '-'}`)",
+        f"- Δ = {rule_text(c).replace('B - A; ', 'B − A. Method: ', 1)}"
+        + ("" if c.between else "; *same (unsure)*: the interval reaches past that margin") + ".",
     ]
+    if c.not_judged is not None:
+        lines.append(f"- **Not judged**: {c.not_judged}.")
     if c.differs is not None:
         lines.append(f"- **Note**: {c.differs}; compared as asked (--different-scenarios).")
-    lines += [f"- **Note**: {text}." for text in c.one_side_text()]
+    lines += [f"- **Note**: {text}." for text in [*c.one_side_text(), *c.notes]]
     for phase in c.phases:
         rows = [r for r in c.rows if r.phase == phase]
         if not rows:
             continue
-        lines += ["", f"### {phase}", "",
-                  f"| metric | A | B | Δ | {c.confidence * 100:g}% CI | n A / B | verdict |",
-                  "|---|---:|---:|---:|---:|---:|---|"]
+        heads = columns(c)
+        lines += ["", f"### {phase}", "", "| " + " | ".join(heads) + " |",
+                  "|---|" + "---:|" * (len(heads) - 2) + "---|"]
         for r in rows:
-            ci = "-" if r.lo is None else f"{_signed(r.metric, r.lo)} … {_signed(r.metric, r.hi)}"
             verdict = f"**{r.verdict} ❌**" if r.verdict == "worse" else verdict_text(r)
-            lines.append(f"| {r.name} | {_v(r.metric, r.a)} | {_v(r.metric, r.b)} | "
-                         f"{_signed(r.metric, r.diff)} | {ci} | {r.n_a} / {r.n_b} | {verdict} |")
+            shown = [x.replace(" .. ", " … ") for x in cells(c, r)]
+            lines.append("| " + " | ".join([*shown, verdict]) + " |")
     return "\n".join(lines) + "\n"
 
 
 def to_json(c: Comparison) -> JsonDict:
-    return {"a": str(c.a.path), "b": str(c.b.path), "method": c.method,
+    return {"a": str(c.a.path), "b": str(c.b.path),
+            "a_runs": [str(r.path) for r in c.a_runs or [c.a]],
+            "b_runs": [str(r.path) for r in c.b_runs or [c.b]],
+            "method": c.method, "between_runs": c.between,
             "tolerance": c.tolerance, "confidence": c.confidence, "slack_ms": c.slack_ms,
-            "different_scenarios": c.differs,
+            "different_scenarios": c.differs, "not_judged": c.not_judged,
+            "notes": list(c.notes),
             "regression": bool(c.worse), "rows": [r.to_json() for r in c.rows],
             **({"steps": list(c.phases), "one_side": [{"run": side, "step": step}
                                                       for side, step in c.one_side]}

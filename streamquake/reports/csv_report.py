@@ -64,10 +64,9 @@ def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path:
     """One row per request, streamed (memory does not grow with the run): load process by load
     process, each in the order its requests ended; sort on ``sent_epoch_s`` for send order.
     ``usage_tokens`` empty: the server sent no usage, and ``output_tokens`` counts content events.
-    ``scored``: ``yes`` (its end, outcome and E2E counted in its phase), ``ended_after`` (it
-    ended after its phase did: its end is counted as unattributed there, its earlier
-    measurements may still count, see loadgen/scorecard.py), or ``no`` (due outside every
-    phase). Returns the number of rows."""
+    ``scored``: ``yes`` (every measurement counted in its phase, where it ended), ``ended_after``
+    (it ended after its phase did, and is counted in its phase all the same: see
+    loadgen/scorecard.py), or ``no`` (due outside every phase). Returns the number of rows."""
     windows = [PhaseWindow(p.name, p.start, p.end) for p in result.phases]
     t0 = windows[0].start if windows else result.started_at
     rows = 0

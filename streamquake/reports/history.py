@@ -1,13 +1,13 @@
 """The run history: a SQLite file that nightly jobs append each run to, and that
 ``streamquake history`` reads back as trends, flagging regressions against a rolling baseline.
 
-A latest run is judged as ``streamquake compare`` judges B against A (reports/compare.py), with
-the requests of the ``window`` runs before it, pooled, as A: a watched metric regressed only
-when the whole bootstrap interval of the change lies beyond max(tolerance, floor), the floor
-for latencies being the scenario's ``recovery.slack`` where larger. It takes ``min_runs``
-earlier runs that ran to the end, and says so when there are fewer. Where a run's report or
-samples are gone, the stored percentiles are judged against the same margin with no interval
-(the median of the earlier runs against the latest), and the output says so.
+A latest run is judged against the ``window`` runs before it that ran to the end by the
+variation between runs (reports/between_runs.py: the median of their figures, their robust
+spread, a minimum relative change and the floors), from the figures the store holds: the
+reports and samples may be gone. It takes ``min_runs`` earlier runs, and says "not enough
+history" when there are fewer. A phase whose load generator the run's guard marked saturated
+(``client_saturated``) gives no timing figure: the latest run's is not judged, an earlier run's
+is left out of the baseline, and the output says which.
 
 Each append is one transaction (``BEGIN IMMEDIATE`` ... ``COMMIT``) in WAL mode with
 ``synchronous=FULL``: a process killed mid-append leaves the store as it was before that run,
@@ -22,34 +22,35 @@ step, by name, as ``compare`` matches them.
 from __future__ import annotations
 
 import sqlite3
-import statistics
 from collections.abc import Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamquake.errors import StreamquakeError
-from streamquake.jsontypes import JsonValue
-from streamquake.reports.compare import _signed, compare, judge
+from streamquake.jsontypes import JsonDict, JsonValue
+from streamquake.metric_catalog import CATALOG
+from streamquake.reports.between_runs import SATURATED, Notes, RunFigure, excluded, judge
+from streamquake.reports.compare import _signed
 from streamquake.reports.phrasing import value_text
-from streamquake.reports.saved_run import LoadedRun, load_run, loaded_from, pool
 from streamquake.result import RunResult, TrendPoint
 
 SCHEMA_VERSION = "1"
 PHASES = ("baseline", "fault", "recovery")
-# (metric, stat): what each run stores per phase; stat "value" for rates and counts.
+# (metric, stat): what each run stores per phase, as the metric catalog says, and its count of
+# requests; stat "value" for rates and counts.
 STORED: tuple[tuple[str, str], ...] = (
-    *((m, s) for m in ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms") for s in ("p50", "p95", "p99")),
-    ("output_tokens_per_s", "p50"), ("error_rate", "value"), ("stall_rate", "value"),
-    ("chunk_loss", "value"), ("requests", "value"),
+    *((m.name, s) for m in CATALOG for s in m.stored), ("requests", "value"),
 )
-# What the regression check watches; lower is better except tokens/s.
-WATCHED: tuple[tuple[str, str], ...] = (
-    ("ttfb_ms", "p95"), ("ttft_ms", "p95"), ("itl_ms", "p95"), ("e2e_ms", "p95"),
-    ("output_tokens_per_s", "p50"), ("error_rate", "value"),
-)
+# What the regression check watches (the catalog's ``watched``); lower is better except where
+# the catalog says higher is. The medians too: a slower service moves them, where a busy
+# machine moves mostly the tails.
+WATCHED: tuple[tuple[str, str], ...] = tuple((m.name, s) for m in CATALOG for s in m.watched)
 # The defaults of `streamquake history` (and of the marks on report.html's trend).
-WINDOW, TOLERANCE, MIN_RUNS = 5, 0.10, 3
+WINDOW, TOLERANCE, MIN_RUNS = 10, 0.10, 5
+# Exit codes of a run that ran to the end: SLOs met, broken, or not judged (its load generator
+# was saturated: errors.EXIT_NOT_JUDGED).
+RAN_TO_THE_END = frozenset({0, 1, 6})
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
@@ -128,7 +129,21 @@ def _rows(result: RunResult) -> list[tuple[str, str, str, float | None, int | No
                 count = n
             rows.append((phase.name, metric, stat, value,
                          None if count is None else int(count)))
+        rows += _client_rows(phase.name, phase.stats)
     return rows
+
+
+def _client_rows(phase: str, stats: JsonDict) -> list[tuple[str, str, str, float | None,
+                                                            int | None]]:
+    """Whether the saturation guard marked the phase (1 or 0; count: its saturated seconds):
+    such a phase gives no timing figure to a judgement."""
+    client = stats.get("client")
+    if not isinstance(client, dict):
+        return []
+    seconds = _num(client.get("saturated_s"))
+    return [(phase, "client_saturated", "value",
+             1.0 if stats.get("client_saturated") is True else 0.0,
+             None if seconds is None else int(seconds))]
 
 
 def _slack(result: RunResult) -> float | None:
@@ -183,7 +198,7 @@ class StoredRun:
     @property
     def measured(self) -> bool:
         """A run whose numbers may serve as a baseline: it ran to the end (SLOs met or not)."""
-        return self.exit_code in (0, 1) and self.interrupted is None
+        return self.exit_code in RAN_TO_THE_END and self.interrupted is None
 
 
 def stored_phases(run: StoredRun) -> list[str]:
@@ -231,8 +246,7 @@ def trend(path: Path, run_id: int, result: RunResult, report: Path,
     mine = [r for r in mine if r.id == run_id or r.started_at < result.started_at]
     points = [TrendPoint(r.id, r.started_at, r.exit_code, dict(r.values)) for r in mine[-last:]]
     if points and points[-1].run_id == run_id:
-        judged = check_latest(mine, WINDOW, TOLERANCE, MIN_RUNS,
-                              known={run_id: loaded_from(result.to_dict(), report)})
+        judged = check_latest(mine, WINDOW, TOLERANCE, MIN_RUNS)
         points[-1].regressed = [f.key for f in judged.worse]
         points[-1].judgement = judged.summary()
     return points
@@ -244,21 +258,22 @@ class Flag:
 
     key: str                        # phase.metric.stat
     value: float | None             # the latest run
-    baseline: float | None          # the earlier runs: their requests pooled, or the median
-    margin: float                   # max(tolerance x baseline, floor)
+    baseline: float | None          # the median of the earlier runs
+    margin: float                   # what a change must exceed (between_runs.judge)
     regressed: bool
-    low: float | None = None        # the interval of value - baseline (None: point estimate)
-    high: float | None = None
+    spread: float | None = None     # one run's standard deviation, from the earlier runs
+    runs: int = 0                   # earlier runs behind the baseline
+    verdict: str = "same"
 
     def sentence(self) -> str:
         metric = self.key.rsplit(".", 2)[1]
         change = "-" if self.value is None or self.baseline is None else \
             _signed(metric, self.value - self.baseline)
-        ci = "" if self.low is None else \
-            f", interval {_signed(metric, self.low)} .. {_signed(metric, self.high)}"
-        return (f"{self.key} = {value_text(metric, self.value)} against "
-                f"{value_text(metric, self.baseline)} ({change}{ci}; margin "
-                f"{value_text(metric, self.margin)})")
+        scatter = "" if self.spread is None else \
+            f", runs scatter by {value_text(metric, self.spread)}"
+        return (f"{self.key} = {value_text(metric, self.value)} against a median of "
+                f"{value_text(metric, self.baseline)} over {self.runs} run(s) ({change}; margin "
+                f"{value_text(metric, self.margin)}{scatter})")
 
 
 @dataclass
@@ -270,9 +285,11 @@ class Judgement:
     base: list[StoredRun]
     flags: list[Flag]
     tolerance: float
-    method: str = ""
-    not_judged: str | None = None   # why there is no judgement
+    min_runs: int = MIN_RUNS
+    not_judged: str | None = None   # why there is no judgement at all
     edited: bool = False            # the scenario's definition changed within the baseline
+    # Phases (or metrics) not judged, and earlier runs left out of a phase, with why.
+    notes: list[str] = field(default_factory=list)
 
     @property
     def worse(self) -> list[Flag]:
@@ -282,82 +299,66 @@ class Judgement:
         if self.not_judged is not None:
             return f"{self.scenario}: latest run {self.latest.id} not judged: {self.not_judged}"
         ids = ", ".join(str(r.id) for r in self.base)
-        against = f"the previous {len(self.base)} run(s) ({ids}) by {self.method}"
+        against = (f"the previous {len(self.base)} run(s) ({ids}), by the variation between "
+                   "runs")
         note = "; note: the scenario file changed within these runs (sha256 differs)" \
             if self.edited else ""
         if self.worse:
             return (f"{self.scenario}: latest run {self.latest.id} REGRESSED on "
                     f"{len(self.worse)} metric(s) against {against}{note}")
         return (f"{self.scenario}: latest run {self.latest.id} has no regression beyond "
-                f"max({self.tolerance * 100:g}%, floor) against {against}{note}")
+                f"max({self.tolerance * 100:g}%, floor, the variation between runs) against "
+                f"{against}{note}")
 
 
 def check_latest(runs: list[StoredRun], window: int, tolerance: float,
-                 min_runs: int = MIN_RUNS, resamples: int = 1000,
-                 known: dict[int, LoadedRun] | None = None) -> Judgement:
+                 min_runs: int = MIN_RUNS) -> Judgement:
     """The latest run of one scenario (by name: a nightly job keeps its name when its file is
     tuned; a changed hash is noted) against the ``window`` runs before it that ran to the end
-    (interrupted and failed runs are no baseline), by compare's interval test. ``known``: runs
-    already loaded, by id (a run whose report is not written yet)."""
+    (interrupted and aborted runs are no baseline), by the variation between runs
+    (reports/between_runs.py), from the figures in the store alone."""
     latest = runs[-1]
     base = [r for r in runs[:-1] if r.measured][-window:]
-    judged = Judgement(latest.scenario, latest, base, [], tolerance,
+    judged = Judgement(latest.scenario, latest, base, [], tolerance, min_runs,
                        edited=any(r.scenario_sha256 != latest.scenario_sha256 for r in base))
     if not latest.measured:
         judged.not_judged = (f"it did not run to the end (exit {latest.exit_code}"
                              f"{', ' + latest.interrupted if latest.interrupted else ''})")
     elif len(base) < min_runs:
-        judged.not_judged = (f"{len(base)} earlier run(s) ran to the end, {min_runs} needed "
-                             "(--min-runs)")
+        judged.not_judged = (f"not enough history ({len(base)} of {min_runs} earlier runs that "
+                             "ran to the end; --min-runs): the variation between runs is not "
+                             "known yet")
     else:
-        loaded, missing = _load([*base, latest], known or {})
-        if missing is None:
-            _by_interval(judged, loaded, resamples)
-        else:
-            _by_point(judged, missing)
+        for phase in stored_phases(latest):
+            _judge_phase(judged, phase)
     return judged
 
 
-def _load(runs: list[StoredRun], known: dict[int, LoadedRun]
-          ) -> tuple[list[LoadedRun], str | None]:
-    """The runs' reports with their samples, or why not."""
-    loaded = []
-    for r in runs:
-        try:
-            run = known.get(r.id) or load_run(Path(r.report))
-        except StreamquakeError:
-            return [], f"run {r.id}'s report {r.report} cannot be read"
-        if abs(run.started_at - r.started_at) > 0.001:     # an --out used again since
-            return [], f"run {r.id}'s report {r.report} is now a later run's"
-        if not run.has_samples:
-            return [], f"run {r.id}'s per-request samples are not beside its report {r.report}"
-        loaded.append(run)
-    return loaded, None
+def _figure(run: StoredRun, phase: str, metric: str, stat: str) -> RunFigure:
+    saturated = None
+    if run.values.get(f"{phase}.client_saturated.value"):
+        seconds = run.counts.get(f"{phase}.client_saturated.value")
+        saturated = (f"{SATURATED} in {phase} of run {run.id}"
+                     + (f" ({seconds} s saturated)" if seconds else ""))
+    key = f"{phase}.{metric}.{stat}"
+    pct = None if stat == "value" else float(stat[1:])
+    return RunFigure(f"run {run.id}", run.values.get(key), run.counts.get(key),
+                     excluded(metric, pct, run.counts.get(key), saturated,
+                              f"{phase} of run {run.id}"))
 
 
-def _by_interval(judged: Judgement, loaded: list[LoadedRun], resamples: int) -> None:
-    c = compare(pool(loaded[:-1]), loaded[-1], tolerance=judged.tolerance, resamples=resamples)
-    judged.method = (f"compare's test, their requests pooled ({c.method}; a change counts "
-                     "only when its whole interval lies beyond the margin)")
-    stat_of = {m: s for m, s in WATCHED}
-    for row in c.rows:
-        stat = stat_of.get(row.metric)
-        if stat is not None and stat == ("value" if row.pct is None else f"p{row.pct:g}"):
-            judged.flags.append(Flag(f"{row.phase}.{row.metric}.{stat}", row.b, row.a,
-                                     row.margin, row.verdict == "worse", row.lo, row.hi))
-
-
-def _by_point(judged: Judgement, why: str) -> None:
-    judged.method = (f"point estimates, the median of their stored percentiles ({why}: no "
-                     "interval)")
-    for phase in stored_phases(judged.latest):
-        for metric, stat in WATCHED:
-            key = f"{phase}.{metric}.{stat}"
-            value = judged.latest.values.get(key)
-            past = [v for r in judged.base if (v := r.values.get(key)) is not None]
-            if value is None or not past:
-                continue
-            median = statistics.median(past)
-            margin, verdict, _ = judge(metric, median, value - median, None, None,
-                                       judged.tolerance, judged.latest.slack_ms)
-            judged.flags.append(Flag(key, value, median, margin, verdict == "worse"))
+def _judge_phase(judged: Judgement, phase: str) -> None:
+    latest, said = judged.latest, Notes()
+    for metric, stat in WATCHED:
+        earlier = [_figure(r, phase, metric, stat) for r in judged.base
+                   if f"{phase}.{metric}.{stat}" in r.values]
+        got = judge(metric, earlier, [_figure(latest, phase, metric, stat)],
+                    tolerance=judged.tolerance, slack_ms=latest.slack_ms,
+                    min_runs=judged.min_runs, too_few_runs="not enough history",
+                    sides=("earlier run", "latest run"))
+        key = f"{phase}.{metric}.{stat}"
+        said.add(phase, metric, None if stat == "value" else float(stat[1:]), got)
+        if got.verdict not in ("no data", "not judged"):
+            judged.flags.append(Flag(key, got.b, got.a, got.margin, got.verdict == "worse",
+                                     got.spread, got.n_a, got.verdict))
+    judged.notes += said.lines()

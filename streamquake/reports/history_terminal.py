@@ -1,5 +1,5 @@
 """``streamquake history``: each scenario's recent runs and its latest run against the runs
-before it (history.py: compare's interval test)."""
+before it (history.py: by the variation between runs)."""
 
 from __future__ import annotations
 
@@ -43,6 +43,9 @@ def print_history(runs: list[StoredRun], console: Console, *, window: int, toler
         style = "bold red" if judged.worse else "" if judged.not_judged else "green"
         line = escape(judged.summary())
         console.print(f"[{style}]{line}[/]" if style else line, soft_wrap=True, highlight=False)
+        for note in judged.notes:
+            console.print(f"[yellow]Note[/] {escape(name)} run {judged.latest.id}: "
+                          f"{escape(note)}", soft_wrap=True, highlight=False)
         for f in judged.worse:
             console.print(f"[bold red]REGRESSION[/] {escape(name)} run {judged.latest.id}: "
                           f"{escape(f.sentence())}", soft_wrap=True, highlight=False)

@@ -11,6 +11,7 @@ from html import escape
 from pathlib import Path
 
 from streamquake.jsontypes import JsonDict, JsonValue
+from streamquake.metric_catalog import METRICS, names
 from streamquake.reports import svg
 from streamquake.reports.phrasing import (
     class_reading,
@@ -19,6 +20,7 @@ from streamquake.reports.phrasing import (
     flap_text,
     inconclusive_legend,
     interruption,
+    not_judged_legend,
     pairs,
     recovery_basis,
     recovery_time_lines,
@@ -36,6 +38,7 @@ from streamquake.reports.table import (
     FaultBlock,
     error_rows,
     fault_blocks,
+    fault_settings,
     record_step,
     status_row,
     step_fault_records,
@@ -44,6 +47,7 @@ from streamquake.reports.table import (
     top_reasons,
     unblocked_checks,
     verdict_rows,
+    verdict_tone,
     verdict_word,
 )
 from streamquake.result import Check, FaultRecord, PhaseResult, RunResult
@@ -81,10 +85,8 @@ font-size:11px}
 STEP_COLORS = ("#2ca02c", "#d62728", "#1f77b4", "#ff7f0e", "#9467bd", "#8c564b", "#e377c2",
                "#17becf", "#bcbd22", "#7f7f7f")
 
-TIMELINE = (("ttfb_ms", "TTFB", "ms"), ("ttft_ms", "TTFT", "ms"), ("itl_ms", "ITL", "ms"),
-            ("e2e_ms", "E2E", "ms"), ("output_tokens_per_s", "Output tokens/s per stream",
-                                      "tokens/s"))
-CDF_TITLES = {"ttfb_ms": "TTFB", "ttft_ms": "TTFT", "itl_ms": "ITL", "e2e_ms": "E2E"}
+TIMELINE = tuple((m, METRICS[m].title, METRICS[m].unit) for m in names(series=True))
+CDF_TITLES = {m: METRICS[m].title for m in names(cdf=True)}
 
 
 def _t(text: object) -> str:
@@ -143,12 +145,14 @@ class _Page:
     def x_max(self) -> float:
         return max([p.end - self.t0 for p in self.r.phases] + [len(self.r.timeline), 1.0])
 
-    def timed(self, key: str, title: str, lines: list[svg.Line], y_label: str) -> str:
-        """A chart on the run's time axis, with phase edges and fault windows."""
+    def timed(self, key: str, title: str, lines: list[svg.Line], y_label: str,
+              log_when_wide: bool = False) -> str:
+        """A chart on the run's time axis, with phase edges and fault windows; each its own
+        y scale (a latency's log where its values span more than svg.WIDE)."""
         return svg.render(svg.Chart(key=key, title=title, lines=lines, y_label=y_label,
                                     x_label="seconds since the first phase began",
                                     bands=self.step_bands() + self.bands(), edges=self.edges(),
-                                    x_max=self.x_max()))
+                                    x_max=self.x_max(), log_when_wide=log_when_wide))
 
 
 def render_html(result: RunResult) -> str:
@@ -158,10 +162,10 @@ def render_html(result: RunResult) -> str:
         _steps(page)
         _timeline(page)
         _panels(page)
-    else:
+    else:    # the verdicts, then the charts, then the table of every figure
         _verdicts(page)
-        _measured(page)
         _timeline(page)
+        _measured(page)
     _cdfs(page)
     _classes(page)
     _faults(page)
@@ -183,8 +187,7 @@ def write_html(result: RunResult, path: Path) -> Path:
 
 def _header(page: _Page) -> None:
     r = page.r
-    word = verdict_word(r)
-    cls = "ok" if word == "ALL SLOs MET" else "bad"
+    word, cls = verdict_word(r), verdict_tone(r)
     page.add(f'<h1>{_t(r.scenario_name)} <span class="v {cls}">{_t(word)}</span></h1>',
              f'<div class="meta">{_t(when(r.started_at))} · '
              f'{_t(duration(r.finished_at - r.started_at))} · exit code {r.exit_code} · '
@@ -213,6 +216,8 @@ def _verdicts(page: _Page) -> None:
                 page.add("<td>-</td>")
             elif not cell.ran:
                 page.add(f'<td class="nr" title="{tip}">not run</td>')
+            elif cell.not_judged:
+                page.add(_not_judged_cell(cell, tip))
             elif not cell.gating:
                 page.add(f'<td class="ng" title="{tip}">{_t(cell.text)} '
                          f'({"met" if cell.passed else "broken"}, not gating)</td>')
@@ -224,9 +229,9 @@ def _verdicts(page: _Page) -> None:
                 page.add(f'<td class="{state}" title="{tip}">{_t(cell.text)} {mark}</td>')
         page.add("</tr>")
     page.add("</table>")
-    legend = inconclusive_legend(r.checks)
-    if legend:
-        page.add(f'<p class="note">{_t(legend)}</p>')
+    for legend in (inconclusive_legend(r.checks), not_judged_legend(r.checks)):
+        if legend:
+            page.add(f'<p class="note">{_t(legend)}</p>')
     for line in recovery_time_lines(r):
         page.add(f'<p class="note recovery-time">{_t(line)}</p>')
     broken = [c for c in r.checks if c.ran and c.gating and not c.passed]
@@ -312,6 +317,13 @@ def _load_text(r: RunResult, p: PhaseResult, whose: bool = True) -> str:
     own = p.load is not None
     load = p.load if p.load is not None else _dict(r.scenario_echo.get("load"))
     users, rate, spike = load.get("users"), load.get("rate"), _dict(load.get("spike"))
+    if not own and rate is None:
+        # The scenario's open loop has its rate in load.arrival ("1 users" was shown for a
+        # 10/s scenario: its unused default users); a trace sets its own times.
+        arrival = _dict(load.get("arrival"))
+        rate = arrival.get("rate")
+        if load.get("trace") is not None:
+            return "the trace's arrivals" + (" (the scenario's)" if whose else "")
     if isinstance(rate, dict):
         text = f"{_t_num(rate.get('from'))} → {_t_num(rate.get('to'))} req/s"
     elif rate is not None:
@@ -345,25 +357,34 @@ def _strip_rows(page: _Page) -> list[tuple[str, list[svg.Segment]]]:
     for band, f in _fault_windows(page):
         by_name.setdefault(f.name, []).append(svg.Segment(
             band.x0, band.x1, f.type, "fw", f"{band.label}: {band.x0:.1f} s to {band.x1:.1f} s"
-            + (f"; {f.error}" if f.error else "")))
+            + (f"; {f.error}" if f.error else ""), band.color))
     for name in dict.fromkeys(f.name for f in r.faults):
         rows.append((name, by_name.get(name, [])))
     return rows
 
 
 def _fault_windows(page: _Page) -> list[tuple[svg.Band, FaultRecord]]:
-    """Each fault record's windows on the time axis (a flapping one: its on-states)."""
+    """Each fault record's windows on the time axis (a flapping one: its on-states), each
+    fault in its own colour with its label on its own line, a flapping one's named on its
+    first window only (the rest on hover), so no two labels overprint."""
     out = []
+    names = list(dict.fromkeys(f.name for f in page.r.faults))
     for f in page.r.faults:
         if f.applied_at is None:
             continue
+        k = names.index(f.name)
+        color, row = svg.FAULT_COLORS[k % len(svg.FAULT_COLORS)], k
         if f.edges:
             ends = [*(e.at for e in f.edges), page.r.finished_at]
-            out += [(svg.Band(e.at - page.t0, end - page.t0, f"{f.name} on"), f)
-                    for e, end in zip(f.edges, ends[1:], strict=True) if e.state == "on"]
+            ons = [(e.at, end) for e, end in zip(f.edges, ends[1:], strict=True)
+                   if e.state == "on"]
+            out += [(svg.Band(a - page.t0, b - page.t0, f"{f.name} on", color=color,
+                              label_row=row, labelled=i == 0), f)
+                    for i, (a, b) in enumerate(ons)]
             continue
         end = f.reverted_at if f.reverted_at is not None else page.r.finished_at
-        out.append((svg.Band(f.applied_at - page.t0, end - page.t0, f"{f.name} ({f.type})"), f))
+        out.append((svg.Band(f.applied_at - page.t0, end - page.t0, f"{f.name} ({f.type})",
+                             color=color, label_row=row), f))
     return out
 
 
@@ -412,7 +433,7 @@ def _panel(page: _Page, b: FaultBlock) -> None:
     if applied:
         page.add("<ul>" + "".join(
             f"<li>fault <b>{_t(f.name)}</b> ({_t(f.type)}): "
-            f"<code>{_t(pairs(f.configured, skip=('type', 'name', 'phase')))}</code>, "
+            f"<code>{_t(fault_settings(f))}</code>, "
             + (f'<span class="broken">{_t(f.error)}</span>' if f.error else
                "applied and reverted")
             + ("" if (flapped := flap_text(f)) is None else f"; {_t(flapped)}") + "</li>"
@@ -427,6 +448,8 @@ def _verdict_cell(cell: Cell, check: Check, skipped: frozenset[str]) -> str:
     under = f'<br><span class="ev">{_t(ev)}</span>' if ev else ""
     if not cell.ran:
         return f'<td class="nr" title="{tip}">not run</td>'
+    if cell.not_judged:
+        return _not_judged_cell(cell, tip)
     if not cell.gating:
         return (f'<td class="ng" title="{tip}">{_t(cell.text)} '
                 f'({"met" if cell.passed else "broken"}, not gating){under}</td>')
@@ -436,10 +459,20 @@ def _verdict_cell(cell: Cell, check: Check, skipped: frozenset[str]) -> str:
     return f'<td class="{state}" title="{tip}">{_t(cell.text)} {mark}{under}</td>'
 
 
+def _not_judged_cell(cell: Cell, tip: str) -> str:
+    """A timing its step's saturated load generator measured: neither met nor broken by it
+    (``tip``, and the legend under the grid, say why and how it gates)."""
+    if not cell.passed:
+        return f'<td class="broken nj" title="{tip}">{_t(cell.text)} ✗</td>'
+    cls = "ng nj" if not cell.gating else "nm nj"
+    return f'<td class="{cls}" title="{tip}">{_t(cell.text)}</td>'
+
+
 def _notes(page: _Page, checks: list[Check]) -> None:
     """Under a verdict table: what ``?`` means, the recovery checks' bases (counts and
     intervals on both sides), and each broken check in a sentence."""
     said = [legend] if (legend := inconclusive_legend(checks)) else []
+    said += [legend] if (legend := not_judged_legend(checks)) else []
     said += [basis for c in checks if (basis := recovery_basis(c))]
     broken = [sentence(c, skipped_steps(page.r)) for c in checks
               if c.ran and c.gating and not c.passed]
@@ -464,7 +497,8 @@ def _timeline(page: _Page) -> None:
                  for q in (50, 95)]
         if metric == "output_tokens_per_s":
             lines = lines[:1]
-        page.add(page.timed(f"timeline-{metric}", f"{title} ({unit})", lines, unit))
+        page.add(page.timed(f"timeline-{metric}", f"{title} ({unit})", lines, unit,
+                            log_when_wide=unit == "ms"))
     load_lines = [
         svg.Line("sent/s", svg.PALETTE["sent"], [(p.t + 0.5, float(p.sent)) for p in r.timeline]),
         svg.Line("errors/s", svg.PALETTE["errors"],
@@ -567,10 +601,18 @@ def _faults(page: _Page) -> None:
         step = record_step(r, f) if r.steps_form else f.phase
         page.add(f"<tr><td><b>{_t(f.name)}</b><br>{_t(f.type)}, {_t(step)}<br>"
                  f"{at} → {until}{err}</td>",
-                 f'<td class="kv">{_kv(f.configured)}</td><td class="kv">{_kv(f.applied)}</td>'
+                 f'<td class="kv">{_settings(f)}</td><td class="kv">{_kv(f.applied)}</td>'
                  f'<td class="kv">{_kv(f.reverted)}</td>'
                  f'<td class="kv">{_observed(page, f)}</td></tr>')
     page.add("</table>")
+
+
+def _settings(f: FaultRecord) -> str:
+    """What was injected, as the scenario writes it; the full configuration as sent (netem's
+    table, internal units) on hover. (Not in a closed <details> in the cell: its hidden text
+    measured as broken mid-word.)"""
+    said = "<br>".join(_t(x) for x in fault_settings(f).split(", "))
+    return f'<span title="as sent: {_t(pairs(f.configured))}">{said}</span>'
 
 
 def _kv(value: JsonValue) -> str:

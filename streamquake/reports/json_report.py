@@ -24,6 +24,6 @@ def _finite(obj: JsonValue) -> JsonValue:
 def write_json(result: RunResult, path: Path) -> Path:
     data: JsonDict = {k: _finite(v) for k, v in result.to_dict().items()}
     data["schema"] = "streamquake.report/1"
-    data["passed"] = not result.broken and result.interrupted is None
+    data["passed"] = not result.broken and not result.not_judged and result.interrupted is None
     path.write_text(json.dumps(data, indent=2, sort_keys=False))
     return path

@@ -6,8 +6,10 @@ was observed against the limit; a check that does not gate in its phase passes, 
 gating)", with the measurement in ``system-out``; a check whose phase never ran is ``skipped``
 ("not run"), and so is one that cannot be measured against this target when the scenario
 lets that pass (``verdicts.unmeasurable``: warn, the default); an interruption, a run that
-could not start and a fault that could not be applied or reverted are ``error`` cases. Each
-case's time is the duration of the phase it judged.
+could not start and a fault that could not be applied or reverted are ``error`` cases. A
+timing check that was not judged, its step's load generator being saturated, is ``skipped``
+with the guard's reason (a ``failure`` of type ``NotJudged`` under ``verdicts.saturated:
+fail``). Each case's time is the duration of the phase it judged.
 """
 
 from __future__ import annotations
@@ -41,12 +43,12 @@ def _case(suite: ET.Element, check: Check, scenario: str, seconds: float,
     if not check.ran:
         ET.SubElement(case, "skipped").text = text
         return "skipped"
-    if not check.measurable and check.passed:
+    if (not check.measurable or check.not_judged) and check.passed:
         ET.SubElement(case, "skipped").text = text
         return "skipped"
     if check.gating and not check.passed:
-        kind = "NotMeasurable" if not check.measurable else \
-            "NoData" if check.observed is None else "SLOBroken"
+        kind = "NotJudged" if check.not_judged else "NotMeasurable" if not check.measurable \
+            else "NoData" if check.observed is None else "SLOBroken"
         failure = ET.SubElement(case, "failure", message=f"SLO broken: {text}", type=kind)
         failure.text = text
         return "failure"

@@ -20,6 +20,7 @@ from streamquake.run.events import (
     Events,
     FaultApplied,
     FaultReverted,
+    HeldByHand,
     Message,
     PhaseStarted,
     RunFinished,
@@ -32,21 +33,26 @@ if TYPE_CHECKING:
     from streamquake.run.watch import RollingStats
     from streamquake.scenario import Scenario, SLOSpec
     from streamquake.scenario.steps import StepSpec
-from streamquake.reports.phrasing import pairs, value_text
+from streamquake.reports.phrasing import flat, value_text
 
 
 def attach_live_log(events: Events, console: Console) -> None:
-    t_start = time.monotonic()
+    """Each line stamped in the reports' time base: seconds since the first phase began
+    (negative while the parts start; the lines before the run is planned carry no stamp)."""
+    t0: list[float] = []                # the first phase's start (epoch s), from RunStarted
     steps: dict[str, StepSpec] = {}     # the steps form's timeline, from RunStarted
 
     def say(text: str) -> None:
-        console.print(f"[dim]{time.monotonic() - t_start:6.1f}s[/] {text}", highlight=False,
-                      soft_wrap=True)
+        stamp = f"{time.time() - t0[0]:+7.1f}s" if t0 else " " * 8
+        console.print(f"[dim]{stamp}[/] {text}", highlight=False, soft_wrap=True)
 
     def on_message(event: Message) -> None:
         say(escape(event.text))
 
     def on_started(event: RunStarted) -> None:
+        t0.append(event.starts_at)
+        say(f"the first phase begins in {max(0.0, event.starts_at - time.time()):.1f} s: these "
+            "times count from it, as the reports' do")
         if event.scenario.steps is not None:
             steps.update((s.name, s) for s in event.scenario.timeline)
 
@@ -67,8 +73,13 @@ def attach_live_log(events: Events, console: Console) -> None:
 
     def on_reverted(event: FaultReverted) -> None:
         record = event.record
-        what = f"[red]{escape(record.error)}[/]" if record.error else escape(pairs(record.reverted))
-        say(f"[green]fault reverted[/] {escape(record.name)}: {what}")
+        # Its settings as the scenario wrote them (``drop=15%``), not the proxy's own echo of
+        # them in its units (``fault.drop=0.15``); then what it read back on the revert.
+        what = f"[red]{escape(record.error)}[/]" if record.error else escape(" ".join(
+            f"{k}={v}" for k, v in flat(record.reverted)
+            if k != "name" and not k.startswith("fault.")))
+        settings = f" ({escape(record.settings)})" if record.settings else ""
+        say(f"[green]fault reverted[/] {escape(record.name)}{settings}: {what}")
 
     events.on(Message, on_message)
     events.on(RunStarted, on_started)
@@ -93,6 +104,7 @@ class LiveView:
         # The steps form names each step with its kind and the one after it.
         self.steps = list(scenario.timeline) if scenario.steps is not None else []
         self.faults: dict[str, str] = {}
+        self.by_hand: tuple[str, ...] = ()
         self.stats: RollingStats | None = None
         self._live: Live | None = None
         self._last_line = 0.0
@@ -102,11 +114,20 @@ class LiveView:
         events.on(PhaseStarted, self._on_phase)
         events.on(FaultApplied, self._on_applied)
         events.on(FaultReverted, self._on_reverted)
+        events.on(HeldByHand, self._on_by_hand)
         events.on(Tick, self._on_tick)
         events.on(RunFinished, lambda e: self.stop())
 
     def _on_applied(self, event: FaultApplied) -> None:
         self.faults[event.record.name] = event.record.type
+
+    def _on_by_hand(self, event: HeldByHand) -> None:
+        self.by_hand = event.faults
+
+    def _faults(self) -> str:
+        """This run's faults in force, and any held here by hand (not by this run)."""
+        own = ", ".join(f"{n} ({t})" for n, t in self.faults.items()) or "none"
+        return own + (f"; by hand: {', '.join(self.by_hand)}" if self.by_hand else "")
 
     def _on_reverted(self, event: FaultReverted) -> None:
         self.faults.pop(event.record.name, None)
@@ -161,15 +182,16 @@ class LiveView:
 
     def line(self) -> str:
         s = self.stats
-        faults = ", ".join(f"{n} ({t})" for n, t in self.faults.items()) or "none"
-        head = f"live: {self._when()} | faults: {faults}"
+        head = f"live: {self._when()} | faults: {self._faults()}"
         if s is None:
             return head
         lat = " | ".join(
             f"{m.removesuffix('_ms').upper()} p50 {_ms(s.p50[m])} p95 {_ms(s.p95[m])} "
             f"(n={s.counts[m]})" for m in LATENCIES)
         err = f"{s.errors / s.requests:.1%}" if s.requests else "-"
-        return f"{head} | {s.per_s:.1f} req/s | errors {err} | {lat} (last {s.window_s:.0f} s)"
+        flying = "-" if s.in_flight is None else str(s.in_flight)
+        return (f"{head} | {s.per_s:.1f} req/s | in flight {flying} | errors {err} | {lat} "
+                f"(last {s.window_s:.0f} s)")
 
     def _render(self) -> Table:
         table = Table(title=self._when(" · "), title_justify="left",
@@ -187,9 +209,9 @@ class LiveView:
         if s is not None:
             err = f"{s.errors / s.requests:.1%}" if s.requests else "-"
             table.add_row("requests/s", f"{s.per_s:.1f}", "", str(s.requests))
+            table.add_row("in flight", "-" if s.in_flight is None else str(s.in_flight), "", "")
             table.add_row("errors", err, "", str(s.errors))
-        faults = ", ".join(f"{n} ({t})" for n, t in self.faults.items()) or "none"
-        table.add_row("faults", escape(faults), "", "")
+        table.add_row("faults", escape(self._faults()), "", "")
         for slo in self.slos:
             value, style = self._light(slo)
             table.add_row(escape(slo.label), f"[{style}]{value}[/]", "", "")

@@ -11,6 +11,7 @@ from streamquake.reports.phrasing import (
     flap_text,
     inconclusive_legend,
     interruption,
+    not_judged_legend,
     pairs,
     recovery_basis,
     recovery_time_lines,
@@ -24,6 +25,7 @@ from streamquake.reports.table import (
     Cell,
     error_rows,
     fault_blocks,
+    fault_settings,
     fmt_value,
     record_step,
     status_row,
@@ -43,6 +45,10 @@ def _md(cell: Cell | None) -> str:
         return "-"
     if not cell.ran:
         return "not run"
+    if cell.not_judged:     # not_judged_legend, under the grid, says why and how it gates
+        if not cell.passed:
+            return f"**{cell.text} ❌**"
+        return f"{cell.text} (not gating)" if not cell.gating else f"{cell.text} ⏸️"
     if not cell.gating:
         return f"{cell.text} ({'met' if cell.passed else 'broken'}, not gating)"
     if not cell.measurable and cell.passed:
@@ -64,7 +70,7 @@ def _fault_rows(result: RunResult, fault: FaultRecord) -> str:
         state += f"; {_esc(flapped)}"
     step = record_step(result, fault) if result.steps_form else fault.phase
     return (f"| {_esc(fault.name)} | {fault.type} | {step} | "
-            f"`{_esc(pairs(fault.configured, skip=('type', 'name', 'phase')))}` | "
+            f"`{_esc(fault_settings(fault))}` | "
             f"{_at(result, fault.applied_at)} | {_at(result, fault.reverted_at)} | "
             f"`{_esc(pairs(fault.reverted))}` | {state} |")
 
@@ -81,6 +87,16 @@ def render_markdown(result: RunResult) -> str:
     stopped = interruption(result)
     if stopped:
         lines += ["", f"> **{_esc(stopped)}**"]
+    # The verdicts first: a CI reader looks for them, then for what stands behind them.
+    if result.checks and not result.steps_form:
+        lines += ["", "### SLO verdicts", "", head]
+        lines += [f"| {_esc(label)} | " + " | ".join(_md(c.get(p)) for p in PHASE_COLUMNS) + " |"
+                  for label, c in verdict_rows(result)]
+        for legend in (inconclusive_legend(result.checks), not_judged_legend(result.checks)):
+            if legend:
+                lines += ["", _esc(legend)]
+        if times := recovery_time_lines(result):
+            lines += [""] + [f"- {_esc(line)}" for line in times]
     if result.steps_form:
         lines += _steps_sections(result)
     elif result.phases:
@@ -100,15 +116,6 @@ def render_markdown(result: RunResult) -> str:
             lines.append("No request failed in any phase.")
     lines += _slow_consumers(result, head, PHASE_COLUMNS if not result.steps_form else tuple(
         p.name for p in result.phases if p.kind != "warmup"))
-    if result.checks and not result.steps_form:
-        lines += ["", "### SLO verdicts", "", head]
-        lines += [f"| {_esc(label)} | " + " | ".join(_md(c.get(p)) for p in PHASE_COLUMNS) + " |"
-                  for label, c in verdict_rows(result)]
-        legend = inconclusive_legend(result.checks)
-        if legend:
-            lines += ["", _esc(legend)]
-        if times := recovery_time_lines(result):
-            lines += [""] + [f"- {_esc(line)}" for line in times]
     if result.faults:
         lines += ["", "### Faults", "",
                   f"| fault | type | {'step' if result.steps_form else 'phase'} | settings | "
@@ -156,7 +163,7 @@ def _steps_sections(result: RunResult) -> list[str]:
         applied = step_fault_records(result, b.step)
         if applied:
             lines += [""] + [f"- fault {_esc(f.name)} ({f.type}): "
-                             f"`{_esc(pairs(f.configured, skip=('type', 'name', 'phase')))}`, "
+                             f"`{_esc(fault_settings(f))}`, "
                              + (f"**{_esc(f.error)}**" if f.error else "applied and reverted")
                              for f in applied]
     rest = unblocked_checks(result, blocks)
@@ -173,6 +180,7 @@ def _notes(checks: list[Check]) -> list[str]:
     """Under a verdict table: what ``?`` means, and the recovery checks' baselines with their
     counts and intervals."""
     said = [legend] if (legend := inconclusive_legend(checks)) else []
+    said += [legend] if (legend := not_judged_legend(checks)) else []
     said += [basis for c in checks if (basis := recovery_basis(c))]
     return [line for text in said for line in ("", _esc(text))]
 

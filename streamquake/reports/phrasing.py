@@ -6,18 +6,20 @@ from __future__ import annotations
 import datetime
 
 from streamquake.jsontypes import JsonValue
+from streamquake.metric_catalog import METRICS, RATE_METRICS, unit_text
 from streamquake.result import Check, FaultRecord, PhaseResult, RecoveryTime, RunResult
 
-RATE_METRICS = ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate", "usage_deficit")
 COUNT_METRICS = ("requests", "sent", "not_sent")
 
 
 def unit(metric: str) -> str:
+    """A catalog metric's unit (nothing for a rate: a percentage); else what its name ends in:
+    the stats' own figures (``hub_lag_p99_ms``, ``client_saturated_s``)."""
+    if metric in METRICS:
+        return unit_text(metric)
     if metric.endswith("_ms"):
         return " ms"
-    if metric == "output_tokens_per_s":
-        return " tokens/s"
-    if metric in ("client_saturated_s", "recovery_time_s"):   # seconds
+    if metric == "client_saturated_s":   # seconds
         return " s"
     return ""
 
@@ -39,10 +41,13 @@ def metric_label(check: Check) -> str:
 
 
 def state(check: Check) -> str:
-    """``met``, ``broken``, ``not run`` (its phase never started), ``not measurable`` (this
-    target or load cannot give the metric) or ``no data``."""
+    """``met``, ``broken``, ``not run`` (its phase never started), ``not judged`` (its step's
+    load generator was saturated), ``not measurable`` (this target or load cannot give the
+    metric) or ``no data``."""
     if not check.ran:
         return "not run"
+    if check.not_judged:
+        return "not judged"
     if not check.measurable:
         return "not measurable"
     if check.observed is None:
@@ -93,7 +98,8 @@ def inconclusive_legend(checks: list[Check]) -> str | None:
     the count of values a percentile that too few values bound would need."""
     reasons: dict[tuple[str, str], list[str]] = {}
     for c in checks:
-        if not (c.inconclusive and c.ran and c.measurable and c.observed is not None):
+        if not (c.inconclusive and c.ran and c.measurable and c.observed is not None
+                and not c.not_judged):
             continue
         conf = f"{(c.confidence or 0.95) * 100:g}%"
         why = (f"p{c.percentile:g} needs at least {c.samples_needed} values to be bounded"
@@ -115,9 +121,47 @@ def inconclusive_legend(checks: list[Check]) -> str | None:
 NOT_GATING_LEGEND = "(value ✓/✗): measured and met/broken, but not gating in that step"
 
 
+def not_judged_gate(check: Check) -> str:
+    """How a check that was not judged gates (the scenario's ``verdicts.saturated``)."""
+    if not check.passed:
+        return "the scenario's verdicts.saturated: fail makes that a failure"
+    if not check.gating:
+        return "not gating"
+    return ("the run exits 6 unless something broke (verdicts.saturated: fail or warn "
+            "decides otherwise)")
+
+
+def not_judged_legend(checks: list[Check]) -> str | None:
+    """The line under a verdict grid that shows ``not judged``: which checks, each saturated
+    step's reason once (run/saturation.py words it ``the load generator was saturated (step N
+    of M s: why; ...)``), and how they gate."""
+    where: dict[str, list[str]] = {}
+    steps: dict[str, None] = {}
+    gates: dict[str, None] = {}
+    for c in checks:
+        if not c.not_judged or not c.ran:
+            continue
+        label = (c.name if c.kind == "recovery" else metric_label(c)) + (
+            f" [{c.cls}]" if c.cls else "")
+        if c.phase not in (phases := where.setdefault(label, [])):
+            phases.append(c.phase)
+        head, _, inner = c.not_judged.partition(" (")
+        for step in inner.removesuffix(")").split("; ") if inner else [head]:
+            steps[step] = None
+        if c.gating or not c.passed:
+            gates[not_judged_gate(c)] = None
+    if not where:
+        return None
+    return ("not judged, the load generator being saturated (its timings are the client's as "
+            "much as the server's): " + "; ".join(f"{label} in {', '.join(p)}"
+                                                  for label, p in where.items())
+            + ". Saturated: " + "; ".join(steps) + "." + "".join(f" {g[0].upper()}{g[1:]}."
+                                                               for g in gates))
+
+
 def recovery_time_lines(result: RunResult, step: str | None = None) -> list[str]:
-    """``time to recovery after slow (in back): came back after 3.4 s (window 2 s, 12
-    requests, ±0.2 s)``, for each judged fault (or the one fault step ``step``)."""
+    """``time to recovery after slow (in back): came back after 2.9 s (2.6-3.4 s at 95%; window
+    of 72 requests, 12.0 s)``, for each judged fault (or the one fault step ``step``)."""
     return [recovery_time_text(rt) for rt in result.recovery_times
             if step is None or rt.step == step]
 
@@ -152,19 +196,27 @@ def sentence(check: Check, skipped: frozenset[str] = frozenset()) -> str:
         return f"not run: the run aborted before fault step {step}, so it ran without its faults"
     if not check.ran:
         return f"not run: the run stopped before the {check.phase} phase began"
+    if check.not_judged:
+        seen = "no value" if check.observed is None else value_text(check.metric,
+                                                                     check.observed)
+        limit = "" if check.threshold != check.threshold else f" against {_limit(check)}"
+        return (f"not judged: {check.not_judged}; {what} in {where} measured {seen}{limit}; "
+                f"{not_judged_gate(check)}")
     if not check.measurable:
         reason = check.detail.removeprefix("not measurable").lstrip(": ")
         gates = "" if check.passed else \
             "; the scenario's verdicts.unmeasurable: fail makes that a failure"
         return f"{what} is not measurable in {where}: {reason}{gates}"
     if check.observed is None and check.metric == "recovery_time_s":
-        return f"{what}: {check.detail} in {where}, so it cannot meet {_limit(check)}"
+        return f"{what}: {check.detail} in {where}, so " + (
+            f"it is unknown whether it meets {_limit(check)}" if check.inconclusive else
+            f"it cannot meet {_limit(check)}")
     if check.observed is None:
-        return f"{what}: no data in {where} (nothing in this phase measured it), so it " \
-               f"cannot meet {_limit(check)}"
+        why = check.detail.removeprefix("no data: ") or "nothing in this phase measured it"
+        return f"{what}: no data in {where} ({why}), so it cannot meet {_limit(check)}"
     if check.threshold != check.threshold:
         return f"{what} was {value_text(check.metric, check.observed)} in {where}{basis}"
-    seen = value_text(check.metric, check.observed)
+    seen = ("at least " if check.at_least else "") + value_text(check.metric, check.observed)
     text = f"{what} was {seen} in {where}; {rule} {_limit(check)}"
     if not check.passed:
         text += _margin(check)

@@ -8,7 +8,8 @@ lines only; a line still being written is read on the next pass) and listens to 
 events for the phase and the faults. Each measurement counts in the phase the verdicts count
 it in, by the one rule (``loadgen/scorecard.py``'s ``attribute``), so the final figures are the
 report's: a request is read once its phases are known (it ended before the latest phase's
-planned end), and what spans a phase edge is ``streamquake_unattributed_total``.
+planned end): every measurement of a request counts in the step it was due in, whenever it
+ended, and one its timeout cut off is counted in ``streamquake_censored_total``.
 
 Exposed (labels ``scenario``, ``phase``, ``class``): ``streamquake_ttfb_seconds``,
 ``streamquake_ttft_seconds``, ``streamquake_itl_seconds``, ``streamquake_e2e_seconds``
@@ -16,7 +17,8 @@ Exposed (labels ``scenario``, ``phase``, ``class``): ``streamquake_ttfb_seconds`
 ``streamquake_requests_sent_total``, ``streamquake_request_errors_total`` (+``kind``),
 ``streamquake_retried_attempts_total`` (+``kind``), ``streamquake_stalled_requests_total``,
 ``streamquake_chunks_missing_total``, ``streamquake_chunks_expected_total`` and
-``streamquake_unattributed_total`` (+``metric``) (counters); ``streamquake_fault_active``
+``streamquake_unattributed_total`` (+``metric``; 0 under the rule for steps) and
+``streamquake_censored_total`` (+``metric``) (counters); ``streamquake_fault_active``
 (``fault``, ``type``, ``fault_phase``; 1 while applied), ``streamquake_phase`` (1 for the
 current phase) and ``streamquake_run_info``.
 
@@ -48,6 +50,7 @@ from streamquake.loadgen.metrics import UNATTRIBUTED
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
 from streamquake.loadgen.scorecard import Window, attribute, ended_at
 from streamquake.loadgen.tail import SampleTail
+from streamquake.metric_catalog import CATALOG
 from streamquake.run.events import Events, FaultApplied, FaultReverted, PhaseStarted, RunStarted
 from streamquake.version import __version__
 
@@ -56,6 +59,7 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.
 ITL_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.03, 0.05, 0.075, 0.1, 0.25, 0.5, 1.0,
                2.5, 5.0)
 PHASES = ("warmup", "baseline", "fault", "recovery")
+_BUCKETS = {"itl_ms": ITL_BUCKETS}      # a gap between events is short; the rest, latencies
 
 
 @dataclass
@@ -69,15 +73,11 @@ class MetricsServer:
 
     def __post_init__(self) -> None:
         r, base = self.registry, ["scenario", "phase", "class"]
+        # The metric catalog's exported histograms, by metric name (_Series observes them).
         self.hist = {
-            "ttfb": Histogram("streamquake_ttfb_seconds", "Request sent to first response byte",
-                              base, buckets=LATENCY_BUCKETS, registry=r),
-            "ttft": Histogram("streamquake_ttft_seconds", "Request sent to first generated text",
-                              base, buckets=LATENCY_BUCKETS, registry=r),
-            "itl": Histogram("streamquake_itl_seconds", "Gap between content events",
-                             base, buckets=ITL_BUCKETS, registry=r),
-            "e2e": Histogram("streamquake_e2e_seconds", "Request sent to end of stream "
-                             "(successful requests)", base, buckets=LATENCY_BUCKETS, registry=r),
+            m.name: Histogram(f"streamquake_{m.prometheus}_seconds", m.about, base,
+                              buckets=_BUCKETS.get(m.name, LATENCY_BUCKETS), registry=r)
+            for m in CATALOG if m.prometheus is not None
         }
         self.requests = Counter("streamquake_requests", "Requests whose end counts in the "
                                 "phase (the report's requests)", base, registry=r)
@@ -90,6 +90,9 @@ class MetricsServer:
         self.unattributed = Counter("streamquake_unattributed", "Measurements that spanned a "
                                     "phase edge, counted in no phase", [*base, "metric"],
                                     registry=r)
+        self.censored = Counter("streamquake_censored", "Measurements a request's timeout "
+                                "cut off (known only as at least that long), counted in the "
+                                "phase the request was due in", [*base, "metric"], registry=r)
         self.stalled = Counter("streamquake_stalled_requests",
                                "Successful requests with at least one stall", base, registry=r)
         self.missing = Counter("streamquake_chunks_missing", "SSE events missing by id",
@@ -234,16 +237,22 @@ class _Series:
     def add_unattributed(self, metric: str, n: int = 1) -> None:
         self.m.unattributed.labels(*self.labels, metric).inc(n)
 
+    def add_ended_after(self, metric: str, n: int = 1) -> None:
+        pass
+
+    def add_censored(self, metric: str, at_least_ms: float, at: float | None = None) -> None:
+        self.m.censored.labels(*self.labels, metric).inc()
+
     def add_first_byte(self, s: RequestSample) -> None:
         if s.ttfb_ms is not None:
-            self.m.hist["ttfb"].labels(*self.labels).observe(s.ttfb_ms / 1e3)
+            self.m.hist["ttfb_ms"].labels(*self.labels).observe(s.ttfb_ms / 1e3)
 
     def add_first_token(self, s: RequestSample) -> None:
         if s.ttft_ms is not None:
-            self.m.hist["ttft"].labels(*self.labels).observe(s.ttft_ms / 1e3)
+            self.m.hist["ttft_ms"].labels(*self.labels).observe(s.ttft_ms / 1e3)
 
     def add_gaps(self, gaps_ms: list[float], at: float | None = None) -> None:
-        itl = self.m.hist["itl"].labels(*self.labels)
+        itl = self.m.hist["itl_ms"].labels(*self.labels)
         for gap in gaps_ms:
             itl.observe(gap / 1e3)
 
@@ -258,4 +267,4 @@ class _Series:
         if s.stalls > 0:
             m.stalled.labels(*self.labels).inc()
         if s.e2e_ms is not None:
-            m.hist["e2e"].labels(*self.labels).observe(s.e2e_ms / 1e3)
+            m.hist["e2e_ms"].labels(*self.labels).observe(s.e2e_ms / 1e3)

@@ -6,6 +6,7 @@ request's measurements go to the phases the run counted them in, by the run's on
 from __future__ import annotations
 
 import json
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +28,8 @@ class Share:
     gaps: list[float] = field(default_factory=list)
     ended: bool = False            # its end (outcome, E2E, tokens/s, stalls, chunks) counts here
     late_errors: dict[str, int] = field(default_factory=dict)
+    # Measurements its timeout cut off: metric -> the lower bounds (ms) they are known by.
+    censored: dict[str, list[float]] = field(default_factory=dict)
 
     def add_retried(self, s: RequestSample) -> None:
         pass
@@ -39,6 +42,12 @@ class Share:
 
     def add_unattributed(self, metric: str, n: int = 1) -> None:
         pass
+
+    def add_ended_after(self, metric: str, n: int = 1) -> None:
+        pass
+
+    def add_censored(self, metric: str, at_least_ms: float, at: float | None = None) -> None:
+        self.censored.setdefault(metric, []).append(at_least_ms)
 
     def add_first_byte(self, s: RequestSample) -> None:
         self.first_byte = True
@@ -104,11 +113,21 @@ def _float(value: JsonValue, default: float = 0.0) -> float:
     return default
 
 
+# A report.json is a few MiB at most (samples are beside it): past this it is no report.
+REPORT_MAX_BYTES = 512 << 20
+
+
 def load_run(path: Path) -> LoadedRun:
     """``path``: a run's output directory or its report.json. Samples are read from
     ``<dir>/run/samples`` when they are there (compare needs them for confidence intervals)."""
     report = path / "report.json" if path.is_dir() else path
     try:
+        st = report.stat()
+        if not stat.S_ISREG(st.st_mode) or st.st_size > REPORT_MAX_BYTES:
+            what = ("a file of more than 512 MiB" if stat.S_ISREG(st.st_mode)
+                    else "not a run directory or a file")
+            raise ScenarioError(f"{report}: {what}, so no run's report; give a run's --out "
+                                "directory or its report.json")
         data = json.loads(report.read_text(encoding="utf-8"))
     except OSError as exc:
         raise ScenarioError(f"{report}: cannot read the report ({exc.strerror or exc}); give "

@@ -14,6 +14,7 @@ from pathlib import Path
 from rich.console import Console
 
 from streamquake.errors import EXIT_ENVIRONMENT, StreamquakeError
+from streamquake.loadgen.templates import Redactor, expand_headers, expand_path
 from streamquake.result import RunResult
 from streamquake.run.events import Events
 from streamquake.run.runner import Runner
@@ -35,6 +36,7 @@ class RunRequest:
     metrics_host: str = "127.0.0.1"
     metrics_file: Path | None = None
     as_json: bool = False
+    otlp: str | None = None         # an OTLP/HTTP endpoint, checked (reports/otlp.py)
 
 
 def run_and_report(req: RunRequest, console: Console, err_console: Console,
@@ -93,6 +95,9 @@ def run_and_report(req: RunRequest, console: Console, err_console: Console,
     for path in written:
         size = f" ({path.stat().st_size / 1024:.0f} KB)" if path.suffix == ".html" else ""
         console.print(f"wrote {path}{size}", highlight=False)
+    if req.otlp is not None:
+        again = _send_otlp(req.otlp, result, scenario, req.out, console)
+        failed += [f for f in again if f[0] not in {path for path, _ in failed}]
     if req.as_json:
         from streamquake.reports.verdicts_json import verdicts_document
 
@@ -116,3 +121,47 @@ def _record_history(path: Path, result: RunResult, out: Path, console: Console) 
         console.print(f"history: run {run_id} appended to {path}", highlight=False)
     except StreamquakeError as exc:
         result.errors.append(str(exc))
+
+
+def _send_otlp(url: str, result: RunResult, scenario: Scenario | None, out: Path,
+               console: Console) -> list[tuple[Path, str]]:
+    """After the reports are written (a receiver that hangs or a Ctrl-C here loses none of
+    them): send the run to the OTLP endpoint. A failure is a warning on the terminal and in the
+    reports, written again to say it; never a changed verdict or exit code. Returns the reports
+    that could not be written again."""
+    from rich.markup import escape
+
+    from streamquake.reports.otlp import export_run
+    from streamquake.reports.outputs import write_reports
+
+    sent = export_run(result, out / "run" / "samples", url, _redactor(scenario))
+    if sent.spans or sent.points:
+        console.print(f"sent {sent.spans} spans and {sent.points} metric points to {url}",
+                      highlight=False, markup=False)
+    elif not sent.problems:
+        why = ("the run kept no per-request samples (load.samples: none), which the spans and "
+               "metrics are made from" if sent.no_samples else "the run made no requests")
+        console.print(f"sent nothing to {url}: {why}", highlight=False, markup=False)
+    if not sent.problems:
+        return []
+    for problem in sent.problems:
+        console.print(f"[yellow]warning:[/] {escape(problem)}", soft_wrap=True)
+    result.errors += sent.problems
+    return write_reports(result, out)[1]
+
+
+def _redactor(scenario: Scenario | None) -> Callable[[str], str] | None:
+    """The load process's own redaction (loadgen/templates.py Redactor), for the failure reasons a
+    span carries; None (no reason text sent) where it cannot be built."""
+    if scenario is None:
+        return None
+    import os
+
+    target = scenario.target
+    try:
+        return Redactor.for_request(target.headers, expand_headers(target.headers, os.environ),
+                                    target.path or "",
+                                    expand_path(target.path, os.environ) if target.path else "",
+                                    os.environ)
+    except StreamquakeError:
+        return None

@@ -4,38 +4,45 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from streamquake.errors import EXIT_NOT_JUDGED
 from streamquake.jsontypes import JsonDict
-from streamquake.reports.phrasing import value_text
+from streamquake.metric_catalog import CATALOG, METRICS, RATE_METRICS
+from streamquake.reports.phrasing import pairs, value_text
 from streamquake.result import Check, FaultRecord, RunResult
 
 PHASE_COLUMNS = ("baseline", "fault", "recovery")
-SUMMARY_METRICS = (
+# The phase summary's layout: rows of its own (counts, shares, the client's health) as
+# (label, key, stat), and a metric's name for that metric's rows as the catalog words them.
+# ``_REST``: the catalog's other metrics with rows, in its order (so a new one shows).
+_REST = "(the catalog's other metrics)"
+_LAYOUT: tuple[str | tuple[str, str, str | None], ...] = (
     ("requests sent", "sent", None),
     ("arrivals not sent", "not_sent", None),            # open loop only, as the two below
-    ("queue delay p95 ms", "queue_delay_ms", "p95"),
-    ("TTFT p95 from schedule ms", "ttft_scheduled_ms", "p95"),
-    ("not attributed: TTFB/TTFT/ITL/end", "unattributed", None),
-    ("errors", "error_rate", None),
+    "queue_delay_ms",
+    "ttft_scheduled_ms",
+    ("ended after its step: TTFT/end", "ended_after", None),
+    ("cut off by the timeout: TTFT/end", "censored", None),
+    "error_rate",
     ("retried attempts (not requests)", "requests_retried", None),   # with load.retries
-    ("send p95 ms (connect + write)", "send_ms", "p95"),
-    ("send: DNS p95 ms", "dns_ms", "p95"),              # these three where some were measured
-    ("send: connect p95 ms", "connect_ms", "p95"),
-    ("send: TLS handshake p95 ms", "tls_ms", "p95"),
-    ("send: write p95 ms", "write_ms", "p95"),
-    ("TTFB p95 ms", "ttfb_ms", "p95"),
-    ("TTFT p50 ms", "ttft_ms", "p50"),
-    ("TTFT p95 ms", "ttft_ms", "p95"),
-    ("ITL p50 ms", "itl_ms", "p50"),
-    ("ITL p95 ms", "itl_ms", "p95"),
+    "send_ms",
+    "dns_ms", "connect_ms", "tls_ms",                   # these three where some were measured
+    "write_ms",
+    "ttfb_ms",
+    "ttft_ms",
+    "ttfa_ms",                                          # these three where streams had
+    ("reasoning events", "reasoning", "events"),        # reasoning or tool calls
+    ("tool-call argument events", "tool_calls", "events"),
+    "itl_ms",
     ("ITL gaps sharing a stamp", "shared_stamp_share", None),
     ("streams arriving in bursts", "bunching", "share"),
-    ("E2E p95 ms", "e2e_ms", "p95"),
-    ("tokens/s p50", "output_tokens_per_s", "p50"),
-    ("stall rate", "stall_rate", None),
+    "e2e_ms",
+    "output_tokens_per_s",
+    "stall_rate",
     ("client stalls, not the server's", "client_stalls", None),   # run/saturation.py
-    ("chunk loss", "chunk_loss", None),
-    ("usage tokens not seen as events", "usage_deficit", None),
+    "chunk_loss",
+    "usage_deficit",
     ("tokens counted, no usage", "tokens_counted", None),
+    _REST,
     ("client saturated", "client_saturated", None),
     ("client CPU % max", "client", "cpu_pct_max"),
     ("client hub lag p99 ms", "client", "hub_lag_p99_ms"),
@@ -46,6 +53,22 @@ SUMMARY_METRICS = (
 )
 
 
+def _summary_rows() -> tuple[tuple[str, str, str | None], ...]:
+    placed = {item for item in _LAYOUT if isinstance(item, str)}
+    rest = [m.name for m in CATALOG if m.rows and m.name not in placed]
+    out: list[tuple[str, str, str | None]] = []
+    for item in _LAYOUT:
+        if isinstance(item, tuple):
+            out.append(item)
+            continue
+        for name in rest if item == _REST else [item]:
+            out += [(label, name, stat) for label, stat in METRICS[name].rows]
+    return tuple(out)
+
+
+SUMMARY_METRICS = _summary_rows()
+
+
 @dataclass
 class Cell:
     text: str
@@ -53,11 +76,14 @@ class Cell:
     gating: bool
     ran: bool = True         # False: the phase never ran ("not run", never a failure)
     measurable: bool = True  # False: "not measurable" here, a warning unless it gates as failed
+    not_judged: bool = False  # its step's load generator was saturated: neither met nor broken
+                              #   by its value (``passed`` False: verdicts.saturated: fail)
 
 
 OPEN_LOOP_ROWS = frozenset({"not_sent", "queue_delay_ms", "ttft_scheduled_ms"})
 NEW_CONNECTION_ROWS = frozenset({"dns_ms", "connect_ms", "tls_ms"})
-_UNATTRIBUTED = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")   # loadgen/metrics.py UNATTRIBUTED
+ANSWER_PART_ROWS = frozenset({"ttfa_ms", "reasoning", "tool_calls"})
+AT_LEAST = "≥"     # before a figure that censored values could move: a lower bound
 
 
 def fmt_value(metric: str, value: float | None) -> str:
@@ -65,20 +91,34 @@ def fmt_value(metric: str, value: float | None) -> str:
         return "-"
     if metric == "client_saturated":
         return "yes" if value else "no"
-    if metric in ("error_rate", "stall_rate", "chunk_loss", "not_sent_rate", "usage_deficit",
-                  "shared_stamp_share", "bunching"):
+    if metric in RATE_METRICS or metric in ("shared_stamp_share", "bunching"):
         return f"{value * 100:.1f}%"
     if metric in ("requests", "sent", "not_sent", "client_stalls", "client_saturated_s",
-                  "tokens_counted", "requests_retried"):
+                  "tokens_counted", "requests_retried", "reasoning", "tool_calls"):
         return f"{int(value)}"
     return f"{value:.1f}"
 
 
-def _unattributed(stats: JsonDict) -> str:
-    counts = stats.get("unattributed")
-    if not isinstance(counts, dict):
-        return "-"
-    return "/".join(str(counts.get(m, 0)) for m in _UNATTRIBUTED)
+def _late_or_cut(stats: JsonDict, key: str) -> str:
+    """Requests due in the step whose first token / end came after it (``ended_after``), or
+    that the timeout cut off before them (``censored``): ``3/5``."""
+    if key == "ended_after":
+        counts = stats.get("ended_after")
+        if not isinstance(counts, dict):
+            return "-"
+        return "/".join(str(counts.get(m, 0)) for m in ("ttft_ms", "e2e_ms"))
+    parts = []
+    for metric in ("ttft_ms", "e2e_ms"):
+        summary = stats.get(metric)
+        n = summary.get("censored", 0) if isinstance(summary, dict) else 0
+        parts.append(str(n if isinstance(n, int) else 0))
+    return "/".join(parts)
+
+
+def _bound_mark(stats: JsonDict, metric: str, stat: str | None) -> str:
+    summary = stats.get(metric)
+    at_least = summary.get("at_least") if isinstance(summary, dict) else None
+    return AT_LEAST if isinstance(at_least, list) and stat in at_least else ""
 
 
 def _open_loop(result: RunResult) -> bool:
@@ -101,12 +141,17 @@ def verdict_rows(result: RunResult, checks: list[Check] | None = None
 def _cell(check: Check) -> Cell:
     if not check.ran:
         return Cell(text="not run", passed=None, gating=check.gating, ran=False)
+    if check.not_judged:
+        seen = "" if check.observed is None else value_text(check.metric, check.observed) + " "
+        return Cell(text=f"{seen}not judged", passed=check.passed, gating=check.gating,
+                    not_judged=True)
     if not check.measurable:
         return Cell(text="not measurable", passed=check.passed, gating=check.gating,
                     measurable=False)
     # "?": inconclusive (words.inconclusive_legend says why, under the grid).
     mark = " ?" if check.inconclusive else ""
-    seen = "-" if check.observed is None else value_text(check.metric, check.observed)
+    seen = "-" if check.observed is None else \
+        (AT_LEAST if check.at_least else "") + value_text(check.metric, check.observed)
     return Cell(text=seen + mark, passed=check.passed, gating=check.gating)
 
 
@@ -121,18 +166,22 @@ def summary_rows(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS
         if metric in NEW_CONNECTION_ROWS and not any(
                 _dict_of(p.stats.get(metric)).get("count") for p in result.phases):
             continue
+        if metric in ANSWER_PART_ROWS and not _answer_parts(result):
+            continue
         if metric == "requests_retried" and not _retrying(result):
             continue
         cells = {}
         for phase in columns:
             stats: JsonDict = by_phase.get(phase, {})
-            if metric == "unattributed":
-                cells[phase] = _unattributed(stats) if stats else "-"
+            if metric in ("ended_after", "censored"):
+                cells[phase] = _late_or_cut(stats, metric) if stats else "-"
                 continue
             value = stats.get(metric)
+            bound = _bound_mark(stats, metric, stat) if value is not None else ""
             if stat is not None:
                 value = value.get(stat) if isinstance(value, dict) else None
-            cells[phase] = fmt_value(metric, value if isinstance(value, int | float) else None)
+            text = fmt_value(metric, value if isinstance(value, int | float) else None)
+            cells[phase] = bound + text if text != "-" else text
         rows.append((label, cells))
     return rows
 
@@ -142,6 +191,12 @@ def _retrying(result: RunResult) -> bool:
     load = result.scenario_echo.get("load")
     return (isinstance(load, dict) and load.get("retries") not in (None, "none")) or any(
         p.stats.get("requests_retried") for p in result.phases)
+
+
+def _answer_parts(result: RunResult) -> bool:
+    """Some stream had reasoning or tool-call arguments besides its text."""
+    return any(_dict_of(p.stats.get(k)).get("events") for p in result.phases
+               for k in ("reasoning", "tool_calls"))
 
 
 def _dict_of(value: object) -> dict[str, object]:
@@ -195,12 +250,36 @@ def top_reasons(result: RunResult, limit: int = 5) -> list[str]:
     return lines
 
 
+SATURATED_WORDS = "the load generator was saturated"
+
+
 def verdict_word(result: RunResult) -> str:
+    """The run's last line. Timings a saturated load generator measured decide neither "SLO
+    BROKEN" nor "ALL SLOs MET" (run/saturation.py): ``NOT JUDGED`` (exit 6), ``NOT JUDGED,
+    FAILED`` (verdicts.saturated: fail) or ``ALL JUDGED SLOs MET`` (warn, or not gating)."""
     if result.interrupted:
         return f"INTERRUPTED ({result.interrupted})"
-    if result.failure or result.exit_code not in (0, 1):
+    if result.failure or result.exit_code not in (0, 1, EXIT_NOT_JUDGED):
         return f"RUN FAILED (exit {result.exit_code})"
-    return "SLO BROKEN" if result.broken else "ALL SLOs MET"
+    unjudged = [c for c in result.checks if c.ran and c.not_judged]
+    n = f"{len(unjudged)} check{'s' if len(unjudged) != 1 else ''}"
+    if result.broken and all(c.not_judged for c in result.broken):
+        return f"NOT JUDGED, FAILED: {SATURATED_WORDS} ({n}; verdicts.saturated: fail)"
+    if result.broken:
+        return "SLO BROKEN" + (f" ({n} not judged: {SATURATED_WORDS})" if unjudged else "")
+    if result.not_judged:
+        return f"NOT JUDGED: {SATURATED_WORDS} ({n} not judged; nothing judged broke)"
+    if unjudged:
+        return f"ALL JUDGED SLOs MET ({n} not judged: {SATURATED_WORDS})"
+    return "ALL SLOs MET"
+
+
+def verdict_tone(result: RunResult) -> str:
+    """``ok`` (all met), ``warn`` (met as far as judged, or not judged) or ``bad``."""
+    word = verdict_word(result)
+    if word == "ALL SLOs MET":
+        return "ok"
+    return "warn" if word.startswith(("ALL JUDGED", "NOT JUDGED:")) else "bad"
 
 
 # Steps form (``result.steps_form``): an overview of the timeline, then one block per judged
@@ -247,10 +326,11 @@ def verdict_counts(checks: list[Check]) -> str:
     """``2 met, 1 broken``: a step's checks by state (not gating ones apart); ``-``: none."""
     counts: dict[str, int] = {}
     for c in checks:
-        word = ("not run" if not c.ran else "not gating" if not c.gating else
+        word = ("not run" if not c.ran else "not judged" if c.not_judged else
+                "not gating" if not c.gating else
                 "not measurable" if not c.measurable else "met" if c.passed else "broken")
         counts[word] = counts.get(word, 0) + 1
-    order = ("met", "broken", "not measurable", "not gating", "not run")
+    order = ("met", "broken", "not judged", "not measurable", "not gating", "not run")
     return ", ".join(f"{counts[w]} {w}" for w in order if w in counts) or "-"
 
 
@@ -264,6 +344,13 @@ def step_rows(result: RunResult) -> list[tuple[str, str, str, str, str, str, str
                      fmt_value("sent", sent if isinstance(sent, int | float) else None),
                      verdict_counts([c for c in result.checks if c.phase == p.name])))
     return rows
+
+
+def fault_settings(f: FaultRecord) -> str:
+    """A fault's settings as the scenario writes them (``drop=15%, first_event_delay=400ms``),
+    as the terminal says them; the internal form (``drop=0.15 first_event_delay_ms=400``)
+    only for a record that has no such text."""
+    return f.settings or pairs(f.configured, skip=("type", "name", "phase"))
 
 
 def step_fault_records(result: RunResult, step: str) -> list[FaultRecord]:

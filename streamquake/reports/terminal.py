@@ -16,6 +16,7 @@ from streamquake.reports.phrasing import (
     flap_text,
     inconclusive_legend,
     interruption,
+    not_judged_legend,
     recovery_basis,
     recovery_time_lines,
 )
@@ -33,6 +34,7 @@ from streamquake.reports.table import (
     top_reasons,
     unblocked_checks,
     verdict_rows,
+    verdict_tone,
     verdict_word,
 )
 from streamquake.result import Check, FaultRecord, RunResult
@@ -43,6 +45,10 @@ def _render(cell: Cell | None, compact: bool = False) -> str:
         return "[dim]-[/]"
     if not cell.ran:
         return "[dim]not run[/]"
+    if cell.not_judged:     # not_judged_legend says why and how it gates
+        if not cell.passed:
+            return f"[bold red]{cell.text} ✗[/]"
+        return f"[dim]({cell.text})[/]" if not cell.gating else f"[yellow]{cell.text} ~[/]"
     if not cell.gating and compact:     # NOT_GATING_LEGEND says what the brackets mean
         return f"[dim]({cell.text} {'✓' if cell.passed else '✗'})[/]"
     if not cell.gating:
@@ -78,9 +84,8 @@ def print_result(result: RunResult, console: Console) -> None:
     stopped = interruption(result)
     if stopped:
         console.print(f"[yellow]{escape(stopped)}[/]", soft_wrap=True)
-    word = verdict_word(result)
-    style = "green" if word == "ALL SLOs MET" else "bold red"
-    console.print(f"[{style}]{word}[/]")
+    style = {"ok": "green", "warn": "bold yellow"}.get(verdict_tone(result), "bold red")
+    console.print(f"[{style}]{escape(verdict_word(result))}[/]", soft_wrap=True)
 
 
 def _print_phases(result: RunResult, console: Console) -> None:
@@ -106,9 +111,9 @@ def _print_phases(result: RunResult, console: Console) -> None:
     for label, verdict_cells in verdict_rows(result):
         verdicts.add_row(escape(label), *(_render(verdict_cells.get(p)) for p in PHASE_COLUMNS))
     print_table(verdicts, console)
-    legend = inconclusive_legend(result.checks)
-    if legend:
-        console.print(legend, markup=False, highlight=False, emoji=False, soft_wrap=True)
+    for legend in (inconclusive_legend(result.checks), not_judged_legend(result.checks)):
+        if legend:
+            console.print(legend, markup=False, highlight=False, emoji=False, soft_wrap=True)
     for line in recovery_time_lines(result):
         console.print(line, markup=False, highlight=False, emoji=False, soft_wrap=True)
 
@@ -192,8 +197,10 @@ def _print_block(result: RunResult, block: FaultBlock, console: Console) -> None
 def _legends(checks: list[Check], console: Console) -> None:
     """Under a grid of compact cells: what brackets and ``?`` mean, and the recovery checks'
     baselines with their counts and intervals; wrapped at the console's width."""
-    said = [NOT_GATING_LEGEND] if any(c.ran and not c.gating for c in checks) else []
+    said = [NOT_GATING_LEGEND] if any(c.ran and not c.gating and not c.not_judged
+                                      for c in checks) else []
     said += [legend] if (legend := inconclusive_legend(checks)) else []
+    said += [legend] if (legend := not_judged_legend(checks)) else []
     said += [basis for c in checks if (basis := recovery_basis(c))]
     for text in said:
         console.print(text, markup=False, highlight=False, emoji=False)

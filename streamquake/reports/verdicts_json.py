@@ -8,7 +8,12 @@ from pathlib import Path
 
 from streamquake.jsontypes import JsonDict, JsonValue
 from streamquake.reports.phrasing import sentence, skipped_steps, state
-from streamquake.result import RunResult
+from streamquake.result import Check, RunResult
+
+
+def _where(c: Check) -> str:
+    return (c.name + (f" [{c.cls}]" if c.cls else "") + f" in {c.phase}"
+            + (f" after {c.judges}" if c.judges else ""))
 
 
 def verdicts_document(result: RunResult, out: Path) -> JsonDict:
@@ -20,11 +25,14 @@ def verdicts_document(result: RunResult, out: Path) -> JsonDict:
         "schema": "streamquake.verdicts/1",
         "scenario": result.scenario_name,
         "exit_code": result.exit_code,
-        "passed": not result.broken and result.interrupted is None and not result.aborted,
+        "passed": not result.broken and result.interrupted is None and not result.aborted
+        and not result.not_judged,
         "interrupted": result.interrupted,
         "aborted": result.aborted,
-        "broken": [c.name + (f" [{c.cls}]" if c.cls else "") + f" in {c.phase}"
-                   + (f" after {c.judges}" if c.judges else "") for c in result.broken],
+        "broken": [_where(c) for c in result.broken],
+        # Gating timing checks of steps whose load generator was saturated, neither met nor
+        # broken (exit 6 when nothing broke); each check's not_judged says why.
+        "not_judged": [_where(c) for c in result.not_judged],
         "skipped_steps": [s for s in sorted(skipped)],
         "checks": checks,
         "warnings": list(result.errors),

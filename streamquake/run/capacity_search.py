@@ -11,22 +11,38 @@ queue grows for longer, a stable one gives more samples), and inconclusive again
 there. Each condition stops at the asked precision, at ``max_probes``, or when its
 share of the time budget would not hold another probe (the last probe's length says how long
 one takes), so the whole search ends within the budget and at most one probe's misjudged length.
+
+Each probe also counts its goodput (the requests that met every per-request SLO) and each
+condition has a knee, the probed rate beyond which goodput falls behind the offered rate
+(run/goodput.py): the capacity judges percentiles at a confidence, the knee what share of
+requests got an answer within every SLO.
 """
 
 from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from streamquake.errors import ScenarioError
+from streamquake.errors import EXIT_REVERT_FAILED, ScenarioError
+from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.tail import SampleTail
 from streamquake.result import Check, RunResult
 from streamquake.run.events import Events
+from streamquake.run.goodput import (
+    Goodput,
+    Knee,
+    RequestSLO,
+    goodput_of,
+    knee_of,
+    request_slos,
+    rule_text,
+)
 from streamquake.run.runner import Runner
+from streamquake.run.verdicts import needed
 from streamquake.scenario import Scenario
 
 Verdict = Literal["pass", "fail", "inconclusive"]
@@ -79,6 +95,8 @@ class Probe:
     verdict: Verdict
     why: str
     checks: list[ProbeCheck] = field(default_factory=list)
+    goodput: Goodput | None = None  # of the requests due in the measured step (None:
+                                    #   load.samples is none)
     wall_s: float = 0.0
     out: str = ""
 
@@ -107,6 +125,14 @@ class Condition:
         """The bracket's geometric middle (None until both ends are found)."""
         low, high = self.low, self.high
         return math.sqrt(low * high) if low is not None and high is not None else None
+
+    @property
+    def knee(self) -> Knee:
+        """Where goodput stops growing with the offered rate (run/goodput.py), over the
+        probes whose load generator sent the rate asked (the others measured it, not the
+        target)."""
+        return knee_of((p.rate, p.goodput) for p in self.probes if p.goodput is not None
+                       and p.sent_per_s >= SENT_SHARE * p.rate)
 
     @property
     def contradictions(self) -> list[Probe]:
@@ -167,6 +193,7 @@ class CapacityResult:
     conditions: list[Condition] = field(default_factory=list)
     interrupted: str | None = None
     exit_code: int = 0
+    goodput_rule: str = ""         # what a request must do to count as goodput, in words
 
     @property
     def losses(self) -> list[Loss]:
@@ -246,27 +273,26 @@ def _checks(result: RunResult) -> list[Check]:
 
 
 def _check_verdict(c: Check) -> Verdict:
-    return "inconclusive" if c.inconclusive else "pass" if c.passed else "fail"
+    # A timing the load generator's saturation distorted says nothing of the target.
+    return "inconclusive" if c.inconclusive or c.not_judged else "pass" if c.passed else "fail"
 
 
-def _answered(result: RunResult, work_dir: Path | None) -> float | None:
-    """Successful streams (from any step) that ended in the measured step, per second."""
-    step = next(p for p in result.phases if p.name == MEASURE)
-    if work_dir is None:
-        return None
-    ended = sum(1 for s in SampleTail(work_dir / "samples").poll()
+def _answered(samples: list[RequestSample], start: float, end: float) -> float:
+    """Successful streams (from any step) that ended in [start, end), per second."""
+    ended = sum(1 for s in samples
                 if s.error is None and not s.retried and s.e2e_ms is not None
-                and step.start <= s.sent + s.e2e_ms / 1000.0 < step.end)
-    return ended / (step.end - step.start)
+                and start <= s.sent + s.e2e_ms / 1000.0 < end)
+    return ended / (end - start)
 
 
 def judge_probe(result: RunResult, rate: float, work_dir: Path | None,
-                policy: Literal["warn", "fail", "pass"] = "warn") -> Probe:
+                policy: Literal["warn", "fail", "pass"] = "warn",
+                slos: Sequence[RequestSLO] = ()) -> Probe:
     """The probe's verdict from its run (``work_dir``: where its samples are; None: none were
     written): a conclusive failure of any SLO fails it; otherwise an error or a load generator
     that fell short of the rate makes it inconclusive, and so does an inconclusive SLO unless
     the scenario's ``verdicts.inconclusive`` (``policy``) gates it as a pass or a failure; else
-    it passes."""
+    it passes. With its samples, its answered/s and its goodput against ``slos`` too."""
     step = next(p for p in result.phases if p.name == MEASURE)
     measured = step.end - step.start
     sent = step.stats.get("sent")
@@ -295,19 +321,52 @@ def judge_probe(result: RunResult, rate: float, work_dir: Path | None,
         verdict, why = "inconclusive", "no SLO could be measured"
     else:
         verdict, why = "pass", "; ".join(_said(c) for c in checks)
-    return Probe(rate, measured, sent_per_s, _answered(result, work_dir), verdict, why, checks)
+    if work_dir is None:
+        return Probe(rate, measured, sent_per_s, None, verdict, why, checks)
+    samples = SampleTail(work_dir / "samples").poll()
+    return Probe(rate, measured, sent_per_s, _answered(samples, step.start, step.end), verdict,
+                 why, checks, goodput_of(samples, step.start, step.end, slos))
 
 
 def _said(c: ProbeCheck) -> str:
     if c.observed is None:
         return f"{c.name}: no value"
-    ci = (f" [{_v(c.ci_low)}, {_v(c.ci_high)}]" if c.ci_low is not None
+    ci = (f" [{value_text(c.ci_low)}, {value_text(c.ci_high)}]" if c.ci_low is not None
           or c.ci_high is not None else "")
-    return f"{c.name}: {_v(c.observed)}{ci}"
+    return f"{c.name}: {value_text(c.observed)}{ci}"
 
 
-def _v(value: float | None) -> str:
-    return "?" if value is None else f"{value:.3g}"
+def value_text(value: float | None) -> str:
+    """A probe's SLO value or bound, in 3 figures."""
+    if value is None:
+        return "?"
+    return "0" if abs(value) < 1e-9 else f"{value:.3g}"    # not 3.47e-18: rounding's dust
+
+
+INDEPENDENCE = 2.0   # requests a percentile's batch-means count as one independent value
+                     # (n=36 were "worth 13 independent" in a short run), so to spare
+
+
+def values_for(scenario: Scenario) -> float:
+    """Requests a probe's measured step needs for its strictest percentile SLO to be bounded
+    on its limit's side (0 with none); a class's SLO sees only its share of the requests."""
+    total = sum(c.weight for c in scenario.load.classes) or 1.0
+    slos = [(s, 1.0) for s in scenario.slos]
+    slos += [(s, c.weight / total) for c in scenario.load.classes for s in c.slos]
+    needs = [n / share for s, share in slos if share > 0 and (n := needed(
+        "<=" if s.max is not None else ">=", s.percentile, None, None,
+        scenario.verdicts.confidence)) is not None]
+    return INDEPENDENCE * max(needs, default=0.0)
+
+
+def probe_lengths(scenario: Scenario, plan: SearchPlan, rate: float,
+                  factor: float) -> tuple[float, float]:
+    """A probe's warm-up and measured step at ``rate`` (``factor``: 2 for a repeat): the
+    measured step is long enough for the strictest percentile SLO to be judged at all. A p95
+    needs 72 independent values to be bounded at 95%: a 6 s probe at 4/s had 24, was
+    inconclusive twice, and the search ended there, far below the capacity."""
+    measure_s = max(plan.probe_s * factor, values_for(scenario) * factor / rate)
+    return plan.warmup_s * factor, measure_s
 
 
 def conditions_of(scenario: Scenario, asked: tuple[str, ...] | None) -> list[Condition]:
@@ -337,7 +396,8 @@ def search_capacity(scenario: Scenario, scenario_file: str, out: Path, plan: Sea
     conditions = conditions_of(scenario, plan.faults)
     slos = ", ".join(s.label for s in scenario.slos) or "the classes' SLOs"
     result = CapacityResult(scenario.name, scenario_file, slos, scenario.verdicts.confidence,
-                            plan.precision, time.time())
+                            plan.precision, time.time(),
+                            goodput_rule=rule_text(request_slos(scenario)))
     deadline = result.started_at + plan.budget_s
     arrival = scenario.load.arrival
     start = plan.start or (arrival.rate_per_s if arrival is not None else 1.0)
@@ -355,7 +415,7 @@ def search_capacity(scenario: Scenario, scenario_file: str, out: Path, plan: Sea
             if len(cond.probes) >= plan.max_probes:
                 cond.stopped = f"max probes ({plan.max_probes})"
                 break
-            warm_s, measure_s = plan.warmup_s * factor, plan.probe_s * factor
+            warm_s, measure_s = probe_lengths(scenario, plan, rate, factor)
             if rate * measure_s < MIN_REQUESTS:
                 cond.stopped = (f"{rate:.3g} requests/s would send under {MIN_REQUESTS} "
                                 f"requests in a {measure_s:g} s probe: too few to judge")
@@ -367,15 +427,22 @@ def search_capacity(scenario: Scenario, scenario_file: str, out: Path, plan: Sea
                                 plan.lease_s)
             overhead_s = max(0.0, probe.wall_s - BEFORE_S - warm_s - measure_s)
             cond.probes.append(probe)
+            good = "" if probe.goodput is None else f"; goodput {probe.goodput.text}"
             say(f"{cond.name}: {rate:.3g} requests/s: {probe.verdict.upper()} "
-                f"(sent {probe.sent_per_s:.3g}/s; {probe.why})")
+                f"(sent {probe.sent_per_s:.3g}/s; {probe.why}{good})")
             if run.interrupted:
                 result.interrupted, result.exit_code = run.interrupted, run.exit_code
                 cond.stopped = f"interrupted ({run.interrupted})"
                 result.finished_at = time.time()
                 return result
+            if run.exit_code == EXIT_REVERT_FAILED:
+                # A fault may still be in place: every later probe would measure it too.
+                result.exit_code = run.exit_code
+                cond.stopped = "a fault could not be reverted (run `streamquake recover`)"
+                result.finished_at = time.time()
+                return result
         say(f"{cond.name}: capacity {cond.sureness(result.confidence)}; stopped: "
-            f"{cond.stopped}")
+            f"{cond.stopped}; knee {cond.knee.text}")
     result.finished_at = time.time()
     return result
 
@@ -398,6 +465,6 @@ def _probe(scenario: Scenario, scenario_file: str, out: Path, cond: Condition, r
     runner = Runner(derived, scenario_file, probe_out, events=Events(), lease_s=lease_s)
     run = runner.run()
     probe = judge_probe(run, rate, runner.work_dir if derived.load.samples == "all" else None,
-                        derived.verdicts.inconclusive)
+                        derived.verdicts.inconclusive, request_slos(derived))
     probe.wall_s, probe.out = time.monotonic() - began, str(probe_out)
     return probe, run

@@ -64,17 +64,26 @@ class Tick:
 
 
 @dataclass(frozen=True)
+class HeldByHand:
+    """With each tick: the faults held here by hand, not by this run (run/by_hand.py), as
+    ``name (type)``; empty when none is."""
+
+    faults: tuple[str, ...]
+
+
+@dataclass(frozen=True)
 class Message:
     """A line for humans: starting parts, waiting, reverting..."""
 
     text: str
 
 
-Event = RunStarted | PhaseStarted | FaultApplied | FaultReverted | RunFinished | Tick | Message
+Event = (RunStarted | PhaseStarted | FaultApplied | FaultReverted | RunFinished | Tick | HeldByHand
+         | Message)
 EVENTS: tuple[type[Event], ...] = (RunStarted, PhaseStarted, FaultApplied, FaultReverted,
-                                   RunFinished, Tick, Message)
+                                   RunFinished, Tick, HeldByHand, Message)
 E = TypeVar("E", RunStarted, PhaseStarted, FaultApplied, FaultReverted, RunFinished, Tick,
-            Message)
+            HeldByHand, Message)
 
 
 class Events:

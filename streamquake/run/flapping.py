@@ -7,16 +7,17 @@ checked before each apply, a new journal entry (and claim) per on-state, its rev
 phase's stack, so the phase's end, an abort, an error or a signal reverts it whatever its state.
 
 The split: the window is cut at the edges (when each apply or revert began) into "on" and "off"
-sub-windows, and each request of the phase is attributed to them by the rule for phases
-(loadgen/scorecard.py ``attribute``): it belongs to the state it was due (or sent) in, and a
-measurement that ends after the next edge saw both states and counts as ``unattributed``. It is
+sub-windows, and each request of the phase is attributed to them by the strict rule for
+windows inside a step (loadgen/scorecard.py ``attribute(strict=True)``): it belongs to the state
+it was due (or sent) in, and a measurement that ends after the next edge saw both states and
+counts as ``unattributed`` (the step itself counts every measurement of its requests). It is
 made from the per-request samples after the run, so it needs ``load.samples: all``.
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -34,14 +35,17 @@ STATES = ("on", "off")
 
 @dataclass
 class Flapper:
-    """One flapping fault in its window: the planned on-intervals (epoch s), and its state."""
+    """One flapping fault in its window: its on-intervals (epoch s), drawn one at a time as
+    the run reaches them (a window of 10^9 s flapping every 100 ms holds one, not 5*10^9),
+    and its state."""
 
     fault: PlannedFault
-    ons: list[tuple[float, float]]
+    ons: Iterator[tuple[float, float]]
     record: FaultRecord | None = None
     step: str | None = None                         # the step (window) it flaps in
     on_stack: contextlib.ExitStack | None = None    # the current on-state's revert, while on
-    _next: int = field(default=0)                   # index into ons of the next on-edge
+    _coming: tuple[float, float] | None = field(default=None)   # the next (or current) on
+    _drawn: bool = field(default=False)
 
     @classmethod
     def plan(cls, fault: PlannedFault, window: PhaseWindow, seed: int) -> Flapper:
@@ -50,14 +54,20 @@ class Flapper:
         # or its phase's, is drawn as ever).
         label = fault.spec.label if window.name == fault.phase else \
             f"{fault.spec.label}@{window.name}"
-        ons = fault.spec.flap.on_intervals(window.end - window.start, seed, label)
-        return cls(fault, [(window.start + a, window.start + b) for a, b in ons],
-                   step=window.name)
+        ons = fault.spec.flap.iter_on_intervals(window.end - window.start, seed, label)
+        start = window.start
+        return cls(fault, ((start + a, start + b) for a, b in ons), step=window.name)
+
+    def _peek(self) -> tuple[float, float] | None:
+        if not self._drawn:
+            self._coming, self._drawn = next(self.ons, None), True
+        return self._coming
 
     def next_edge(self) -> float | None:
-        if self.on_stack is not None:
-            return self.ons[self._next - 1][1]
-        return self.ons[self._next][0] if self._next < len(self.ons) else None
+        coming = self._peek()
+        if coming is None:
+            return None
+        return coming[1] if self.on_stack is not None else coming[0]
 
     def switch(self, now: float, ledger: Ledger, phase_stack: contextlib.ExitStack) -> None:
         """Make the edge that is due by ``now``, if one is (LeaseLapsed: none applied)."""
@@ -67,8 +77,8 @@ class Flapper:
         if self.on_stack is not None:
             self.on_stack.close()          # the off-edge: the ledger reverts and records it
             self.on_stack = None
+            self._drawn = False            # the next on-interval is drawn when asked for
             return
-        self._next += 1
         self.on_stack = phase_stack.enter_context(contextlib.ExitStack())
         self.record = ledger.apply(self.on_stack, self.fault, self.record, step=self.step)
 
@@ -92,7 +102,7 @@ def split_states(record: FaultRecord, window: PhaseWindow,
     subs = state_windows(record, window)
     stats = {state: Stats() for state in STATES}
     for s in samples:
-        attribute(s, subs, lambda state: stats[state])
+        attribute(s, subs, lambda state: stats[state], strict=True)
     return stats
 
 

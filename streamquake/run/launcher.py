@@ -23,7 +23,7 @@ from typing import IO, TYPE_CHECKING
 from streamquake import procs
 from streamquake.errors import StreamquakeError
 from streamquake.jsontypes import JsonDict
-from streamquake.loadgen.plan import LOCUSTFILE, PLAN_ENV, LoadPlan
+from streamquake.loadgen.plan import LOCUSTFILE, PLAN_ENV, LoadPlan, lift_literal_secrets
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.loadgen.scorecard import Scorecard, WindowLike, read_scorecards
 
@@ -145,6 +145,8 @@ def start_locust(
     samples_dir = Path(plan.samples_path)
     samples_dir.mkdir(parents=True, exist_ok=True)
     plan_path = run_dir / "load-plan.json"
+    # No secret on disk: credentials written literally go to the load processes' environment.
+    plan, lifted = lift_literal_secrets(plan)
     plan_path.write_text(plan.model_dump_json(indent=2))
     # Whole seconds: Locust's --stop-timeout takes no fraction (a 1.8 s timeout waits 2 s).
     stop_timeout = math.ceil(plan.timeout_s if stop_timeout_s is None else stop_timeout_s)
@@ -157,7 +159,7 @@ def start_locust(
         "--run-time", f"{run_time}s", "--stop-timeout", f"{stop_timeout:g}",
         "--only-summary", "--exit-code-on-error", "0",
     ]
-    env = procs.child_env({PLAN_ENV: str(plan_path)})
+    env = procs.child_env({PLAN_ENV: str(plan_path), **lifted})
     launches: list[tuple[list[str], Path]] = []
     if workers > 0 or remote_workers > 0:
         host, port = "127.0.0.1", _free_port()

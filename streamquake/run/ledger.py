@@ -16,6 +16,7 @@ from streamquake.faults.contract import Describes, FaultSpec, Injector, RunConte
 from streamquake.faults.written import settings_text
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
+from streamquake.killpoints import killpoint
 from streamquake.result import FaultRecord, FlapEdge
 from streamquake.run.events import Events, FaultApplied, FaultReverted
 from streamquake.run.lease import RunLease
@@ -96,18 +97,29 @@ class Ledger:
             except LeaseLapsed as exc:
                 record.error = f"not applied: {exc}"
                 raise
-        entry = self.journal.add(fault.journal_type or record.type, record.name)
-        self._held.add(entry.entry_id)
-        stack.callback(self._revert, record, fault.injector, entry)
+        # Shielded: a SIGINT/SIGTERM between the journal's entry and its revert on the stack
+        # left the entry with nothing to revert it (a double SIGTERM at a step edge: exit 143,
+        # the next run refused until `recover`); held, it is raised once the revert is there.
+        with self.signals.shield():
+            entry = self.journal.add(fault.journal_type or record.type, record.name)
+            killpoint("fault.journalled")
+            self._held.add(entry.entry_id)
+            stack.callback(self._revert, record, fault.injector, entry)
         if edge is not None:
             record.edges.append(edge)
         started = time.perf_counter()
         try:
             record.applied = fault.injector.apply(entry)
         except InjectorError as exc:
-            record.error = f"apply failed: {exc}"
+            # A stop (SIGSTOP, a starved machine) between the lease check and the change: the
+            # watchdog undid the run meanwhile, which is why the apply failed ("removed by
+            # another process", a device gone). The lease is checked again: that is exit 5.
+            lapsed = self.lease.lapsed(self._held) if self.lease is not None else None
+            record.error = f"not applied: {lapsed}" if lapsed else f"apply failed: {exc}"
             if edge is not None:
                 edge.error = record.error
+            if lapsed:
+                raise LeaseLapsed(lapsed) from exc
             raise
         record.apply_ms = (time.perf_counter() - started) * 1000
         if edge is not None:

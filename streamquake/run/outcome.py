@@ -5,6 +5,7 @@ from __future__ import annotations
 from streamquake.errors import (
     EXIT_ABORTED,
     EXIT_ENVIRONMENT,
+    EXIT_NOT_JUDGED,
     EXIT_OK,
     EXIT_REVERT_FAILED,
     EXIT_SLO_BROKEN,
@@ -23,7 +24,9 @@ def exit_code_for(result: RunResult, revert_failed: bool) -> int:
         return EXIT_ABORTED
     if any(f.error for f in result.faults):
         return EXIT_ENVIRONMENT
-    return EXIT_SLO_BROKEN if result.broken else EXIT_OK
+    if result.broken:
+        return EXIT_SLO_BROKEN      # a real break (errors, a judged timing) outranks the rest
+    return EXIT_NOT_JUDGED if result.not_judged else EXIT_OK
 
 
 def redacted_echo(scenario: Scenario) -> JsonDict:

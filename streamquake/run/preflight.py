@@ -8,6 +8,7 @@ import os
 from streamquake.errors import ScenarioError
 from streamquake.faults.contract import Injector, Preflights
 from streamquake.journal import Journal, JournalRecord
+from streamquake.loadgen.templates import expand_headers, expand_path
 from streamquake.scenario import Scenario
 
 
@@ -45,8 +46,6 @@ def header_problems(scenario: Scenario) -> list[str]:
     """What the load process would refuse in target.headers and target.path once ``${VAR}``
     is expanded from this environment (an unset variable, a line break in a value), found
     before anything starts rather than by Locust."""
-    from streamquake.loadgen.client import expand_headers, expand_path  # gevent: load side
-
     try:
         expand_headers(scenario.target.headers, os.environ)
         if scenario.target.path:

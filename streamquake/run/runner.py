@@ -10,10 +10,12 @@ SIGTERM and even SIGKILL (through ``streamquake recover``) all end with nothing 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import time
 from pathlib import Path
 
 from streamquake.errors import (
+    EXIT_NOT_JUDGED,
     EXIT_OK,
     EXIT_SLO_BROKEN,
     LeaseLapsed,
@@ -27,16 +29,25 @@ from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.scorecard import Scorecard
 from streamquake.result import Check, JudgedFault, PhaseResult, RunResult
 from streamquake.run import preflight, probe
-from streamquake.run.events import Events, PhaseStarted, RunFinished, RunStarted, Tick
+from streamquake.run.by_hand import ByHand
+from streamquake.run.events import (
+    Events,
+    HeldByHand,
+    PhaseStarted,
+    RunFinished,
+    RunStarted,
+    Tick,
+)
 from streamquake.run.flapping import Flapper, attribute_states
 from streamquake.run.launcher import LocustRun
 from streamquake.run.lease import RunLease
 from streamquake.run.ledger import WHOLE_RUN, Ledger, PlannedFault
+from streamquake.run.mismatch import mismatch_checks
 from streamquake.run.outcome import exit_code_for, redacted_echo
 from streamquake.run.parts import start_loadgen, start_parts
 from streamquake.run.recovery_time import recovery_times
 from streamquake.run.saturation import SaturationGuard
-from streamquake.run.scoring import score
+from streamquake.run.scoring import proxy_drops, score
 from streamquake.run.series import cdfs, environment, per_second
 from streamquake.run.signals import Interrupted, Signals
 from streamquake.run.stream_limits import stream_limits_check
@@ -69,6 +80,9 @@ class Runner:
         self.aborted_in: str | None = None       # the step the run aborted in
         self.watch = Watch(self.work_dir / "samples", [])
         self.phase_start: float | None = None    # the live figures never reach back past it
+        self.phase_name: str | None = None
+        self.by_hand: ByHand | None = None       # faults others hold here meanwhile
+        self._by_hand_seen: dict[str, str] = {}  # held fault id -> its name, once warned
         self.guard = SaturationGuard(self.work_dir, [], self.events)
         self.lease_s = lease_s
         self.lease: RunLease | None = None
@@ -118,6 +132,7 @@ class Runner:
                                             "load processes' scorecards")
                     self.guard = SaturationGuard(self.work_dir, windows, self.events, {
                         s.name: s.kind for s in self.scenario.timeline})
+                    self.by_hand = stack.enter_context(ByHand(self.ledger.owner))
                     self._walk(windows, planned, load, whole_run)
                     self.events.message("waiting for in-flight requests to finish")
                     load.wait()
@@ -149,9 +164,28 @@ class Runner:
                               stopped_at)
         if failure is not None:
             result.failure = str(failure)
-            if result.exit_code in (EXIT_OK, EXIT_SLO_BROKEN):
+            if result.exit_code in (EXIT_OK, EXIT_SLO_BROKEN, EXIT_NOT_JUDGED):
                 result.exit_code = failure.exit_code
         return result
+
+    def _held_by_hand(self) -> None:
+        """Name the faults held by hand here (not by this run) in the live view, and warn once
+        per fault: their effect is in this run's figures."""
+        if self.by_hand is None:
+            return
+        held = self.by_hand.held()
+        names = tuple(f"{f.name} ({f.type})" for f in held)
+        self.events.emit(HeldByHand(names))
+        for f in held:
+            if f.id in self._by_hand_seen:
+                continue
+            self._by_hand_seen[f.id] = f.name
+            where = f"step {self.phase_name}" if self.phase_name else "the run's start-up"
+            warning = (f"fault '{f.name}' ({f.type}) was held by hand on {f.host} by {f.owner} "
+                       f"(not by this run) in {where}: its effect is in this run's figures, "
+                       "and nothing in them tells it apart")
+            self.warnings.append(warning)
+            self.events.message(f"warning: {warning}")
 
     def _probe(self, url: str) -> None:
         """Before any fault and any load: can each class stream at all? (run/probe.py)"""
@@ -204,7 +238,7 @@ class Runner:
             for w in windows:
                 sleep_until(w.start, load, self.work_dir, self._tick)
                 self._release(held, w.name, planned)
-                self.phase_start = w.start
+                self.phase_start, self.phase_name = w.start, w.name
                 self.events.emit(PhaseStarted(w.name, w.end - w.start, w.start))
                 with contextlib.ExitStack() as phase_stack:
                     refused = self.aborted is None and not self._apply(
@@ -269,7 +303,10 @@ class Runner:
         """Feed the watch; report rolling stats; True once, when an abort condition holds."""
         self.watch.poll()
         self.guard.poll()
-        self.events.emit(Tick(self.watch.rolling(since=self.phase_start)))
+        rolling = dataclasses.replace(self.watch.rolling(since=self.phase_start),
+                                      in_flight=self.guard.in_flight(time.time()))
+        self._held_by_hand()
+        self.events.emit(Tick(rolling))
         if self.aborted is None and self.lease is not None and (
                 lapsed := self.lease.lapsed()) is not None:
             self.aborted = lapsed
@@ -282,7 +319,8 @@ class Runner:
     def _result(self, started: float, windows: list[PhaseWindow], card: Scorecard,
                 interrupted: str | None, target_info: JsonDict,
                 telemetry: JsonDict, stopped_at: float | None = None) -> RunResult:
-        scored = score(self.scenario, windows, card)
+        scored = score(self.scenario, windows, card,
+                       proxy_drops(telemetry, self.ledger.records, windows))
         scored.warnings += attribute_states(self.ledger.records, windows, self.work_dir / "samples",
                                             sampled=self.scenario.load.samples != "none")
         warm = {s.name for s in self.scenario.timeline if s.kind == "warmup"}
@@ -292,6 +330,8 @@ class Runner:
                                      sampled=self.scenario.load.samples != "none")
         scored.warnings += said
         checks = evaluate(self.scenario, measured, scored.class_stats, times)
+        checks, mismatch = mismatch_checks(self.scenario, measured, checks)
+        scored.warnings += mismatch
         load_processes, worker_warnings = summarise_workers(self.work_dir, windows)
         client_warnings, client_checks = self.guard.mark(
             scored.phases, scored.stats, fail=self.scenario.load.saturation == "fail")
@@ -300,6 +340,9 @@ class Runner:
                               before.name if before is not None else None,
                               after.name if after is not None else None)
                   for before, step, after in judged_pairs(self.scenario.timeline)]
+        # The harness's own trouble is never the service's: no timing of a saturated step
+        # decides a verdict (run/saturation.py), whatever evaluate() found.
+        self.guard.leave_unjudged(checks, judged, self.scenario.verdicts.saturated)
         _mark_stopped(scored.phases, checks, stopped_at, judged)
         if self.scenario.steps is not None and self.aborted_in is not None:
             _mark_skipped(scored.phases, checks, self.aborted_in)

@@ -23,8 +23,19 @@ A phase is ``client_saturated`` when at least a tenth of its seconds (and at lea
 the live view says so once per phase as soon as that holds, and every report shows the phase's
 figures. With ``load.saturation: fail`` a saturated measured phase also breaks the gate.
 
-The thresholds sit far from both sides measured here (README, "the saturation guard"): a
-process keeping up (5-46% CPU, up to 9,000 events/s) shows hub lag p90 <= 2.5 ms and
+The harness's own trouble is never the service's: in a saturated measured step no *timing*
+decides a verdict (:meth:`SaturationGuard.leave_unjudged`, after the verdicts are evaluated).
+Each timing check there (a percentile SLO, ``stall_rate``, ``recovery_time_s``, a recovery
+comparison whose baseline or recovery step is saturated) is *not judged*, with the guard's
+reason, and gates as the scenario's ``verdicts.saturated``: ``not_judged`` (exit 6 when nothing
+broke), ``fail`` or ``warn``. Errors and counts (``error_rate``, ``not_sent_rate``,
+``chunk_loss``, ``usage_deficit``) are still judged: a late reader sees a failed request fail
+and a missing chunk missing. ``stall_rate`` is a timing: a stall is a gap over a time limit,
+and the split of a gap into the client's own lateness and the server's is exact only for reads
+the kernel stamped, an estimate from the hub's lag for the rest.
+
+The thresholds sit far from both sides measured here (docs/measurement.md, "the saturation
+guard"): a process keeping up (5-46% CPU, up to 9,000 events/s) shows hub lag p90 <= 2.5 ms and
 kernel-to-seen p90 <= 0.5 ms; a saturated one (90-99% CPU, or sharing its core at far less)
 hub-lag medians of 2-175 ms and kernel-to-seen medians of 3-300 ms.
 """
@@ -43,7 +54,8 @@ from streamquake.loadgen.holds import GC_FULL, GC_KINDS
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.self_measure import FILE_PREFIX, bucket_ms
 from streamquake.loadgen.tail import new_lines
-from streamquake.result import Check, PhaseResult
+from streamquake.metric_catalog import RECOVERY_TIME, TIMING_METRICS
+from streamquake.result import Check, JudgedFault, PhaseResult
 from streamquake.run.events import Events
 from streamquake.run.timeline import PhaseWindow
 from streamquake.stats import counts_percentile, percentile
@@ -59,6 +71,10 @@ PHASE_SHARE = 0.10
 MEASURED = ("baseline", "fault", "recovery")      # step kinds (warmup is not measured)
 CHECK_NAME = "load generator not saturated"
 CHECK_METRIC = "client_saturated_s"
+# TIMING_METRICS (the metric catalog's ``timing``) are what a saturated load generator distorts:
+# every time it measures. A stall is a gap over a time limit, so stall_rate is one; the other
+# rates are counts, which a late reader still counts right.
+NOT_JUDGED = "the load generator was saturated"
 
 
 def _hist_rank(hist: dict[int, int], p: float) -> float | None:
@@ -82,6 +98,7 @@ class LoadSecond:
     # kind -> [holds, longest wall ms, longest CPU ms, total wall ms, holds over 10 ms CPU]
     holds: dict[str, list[float]] = field(default_factory=dict)
     gc_max_ms: float = 0.0        # the longest garbage collection of the second, wall ms
+    in_flight: int | None = None  # requests sent and not ended, at the second's end
 
     @classmethod
     def from_dict(cls, d: JsonDict) -> LoadSecond:
@@ -97,6 +114,7 @@ class LoadSecond:
             holds={str(k): [float(str(x)) for x in v][:5] for k, v in holds.items()
                    if isinstance(v, list) and len(v) >= 5} if isinstance(holds, dict) else {},
             gc_max_ms=float(str(d.get("gc_max_ms", 0.0))),
+            in_flight=int(str(d["in_flight"])) if d.get("in_flight") is not None else None,
         )
 
     @property
@@ -156,6 +174,9 @@ class SaturationTail:
         return new
 
 
+IN_FLIGHT_FRESH_S = 3.0    # a process's in-flight count older than this is not shown
+
+
 def needed_seconds(seconds: float) -> int:
     """Saturated seconds that make a phase of ``seconds`` saturated."""
     return max(1, math.ceil(PHASE_SHARE * seconds))
@@ -182,6 +203,7 @@ class _Phase:
     frozen_share_max: float | None = None
     holds: dict[str, list[float]] = field(default_factory=dict)   # as LoadSecond.holds
     gc_max_ms: float | None = None
+    reasons: list[str] = field(default_factory=list)      # the first saturated second's
 
     def add(self, second: LoadSecond) -> None:
         self.count += 1
@@ -218,12 +240,22 @@ class SaturationGuard:
         self.events = events
         self._phases = [_Phase(w) for w in windows]
         self._kinds = dict(kinds or {})     # step name -> kind (a phase is named as its kind)
+        self.distorted: dict[str, str] = {}  # saturated measured step -> why (after mark)
+        self._in_flight: dict[int, tuple[float, int]] = {}   # pid -> (second's end, count)
 
     def _measured(self, name: str) -> bool:
         return self._kinds.get(name, name) in MEASURED
 
+    def in_flight(self, now: float) -> int | None:
+        """Requests sent and not ended, over every load process that said so within the last
+        few seconds (None: none did)."""
+        fresh = [n for end, n in self._in_flight.values() if now - end <= IN_FLIGHT_FRESH_S]
+        return sum(fresh) if fresh else None
+
     def poll(self) -> None:
         for second in self.tail.poll():
+            if second.in_flight is not None:
+                self._in_flight[second.pid] = (second.end, second.in_flight)
             phase = next((p for p in self._phases
                           if p.window.start <= second.mid < p.window.end), None)
             if phase is None:
@@ -233,6 +265,8 @@ class SaturationGuard:
             if not reasons:
                 continue
             phase.saturated.add(int(second.mid - phase.window.start))
+            if not phase.reasons:
+                phase.reasons = reasons
             need = needed_seconds(phase.window.end - phase.window.start)
             if self._measured(phase.window.name) and not phase.warned and \
                     len(phase.saturated) >= need:
@@ -263,6 +297,9 @@ class SaturationGuard:
                 continue
             if figures["saturated"]:
                 warnings.append(_warning(result.name, figures))
+                self.distorted[result.name] = (
+                    f"{result.name} {figures['saturated_s']} of {figures['seconds']} s: "
+                    + ", ".join(phase.reasons))
             if fail:
                 need = needed_seconds(phase.window.end - phase.window.start)
                 checks.append(Check(
@@ -271,6 +308,38 @@ class SaturationGuard:
                     passed=not figures["saturated"], gating=True,
                     detail=_warning(result.name, figures) if figures["saturated"] else ""))
         return warnings, checks
+
+    def leave_unjudged(self, checks: list[Check], judged: list[JudgedFault],
+                       policy: str) -> None:
+        """After :meth:`mark` and the verdicts: each timing check whose step (a recovery
+        comparison's, or time to recovery's: its baseline step too) was saturated is not
+        judged, and gates as ``policy`` (``verdicts.saturated``): ``not_judged`` lets it pass
+        and the run exit 6 (``RunResult.not_judged``), ``fail`` fails it, ``warn`` makes it
+        not gating. A check with no data (no request succeeded) or not measurable is left as
+        it is: that is not the client's lateness. Mutates ``checks``."""
+        if not self.distorted:
+            return
+        before = {j.step: j.before for j in judged}
+        for check in checks:
+            if not _timing(check) or not check.ran or not check.measurable or (
+                    check.observed is None and check.metric != RECOVERY_TIME):
+                continue
+            steps = [check.phase]
+            if check.kind == "recovery" or check.metric == RECOVERY_TIME:
+                steps.append(before.get(check.judges or "", "baseline") or "")
+            why = [self.distorted[s] for s in dict.fromkeys(steps) if s in self.distorted]
+            if not why:
+                continue
+            check.not_judged = f"{NOT_JUDGED} ({'; '.join(why)})"
+            check.inconclusive = False
+            check.samples_needed = None
+            check.passed = policy != "fail"
+            if policy == "warn":
+                check.gating = False
+
+
+def _timing(check: Check) -> bool:
+    return check.kind == "recovery" or (check.kind == "slo" and check.metric in TIMING_METRICS)
 
 
 def _figures(phase: _Phase, stats: Stats | None) -> JsonDict:

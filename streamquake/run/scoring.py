@@ -1,43 +1,42 @@
 """The statistics of each phase and class, from the load processes' merged scorecard.
 
 Which measurement counts in which phase is decided where it is measured, in each load process
-(``loadgen/scorecard.py`` has the rule and the README "Which phase a measurement counts in"):
-a request belongs to the phase in which it was due (open loop) or sent (closed loop); each
-measurement counts there only if it ended within that phase; inter-token gaps count in the
-phase they happened in. What no phase can own is counted in ``unattributed``, never dropped.
-Here the (phase, class) cells become each phase's totals, its classes, and the warnings.
+(``loadgen/scorecard.py`` has the rule, and docs/measurement.md "Which step a measurement
+counts in"):
+a request belongs to the step in which it was due (open loop) or sent (closed loop), and every
+measurement of it counts there, whenever it ended (``ended_after`` says how many ended after
+the step); one its timeout cut off counts as censored. Here the (phase, class) cells become
+each phase's totals, its classes, and the warnings.
 """
 
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from streamquake.loadgen.metrics import UNATTRIBUTED, Stats
+from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
 from streamquake.loadgen.scorecard import Scorecard, WindowLike, due_at, ended_at, window_at
-from streamquake.result import PhaseResult
+from streamquake.result import FaultRecord, PhaseResult
 from streamquake.scenario import Scenario
 
 
 def assign_phases(
     samples: list[RequestSample], windows: Sequence[WindowLike]
 ) -> tuple[dict[str, list[RequestSample]], dict[str, int]]:
-    """Whole requests per phase, by the rule for a request's end (its outcome and E2E): due
-    (open loop) or sent (closed loop) in the phase, and ended within it. Returns (those
-    requests, how many due there ended after the phase) per phase. Used where a request is
-    taken whole (samples.csv, ``compare``); the verdicts attribute each measurement instead
-    (loadgen/scorecard.py)."""
+    """Whole requests per phase: due (open loop) or sent (closed loop) in it, however late
+    they ended (the rule, loadgen/scorecard.py). Returns (those requests, how many of them
+    ended after the phase) per phase."""
     scored: dict[str, list[RequestSample]] = {w.name: [] for w in windows}
     ended_after = {w.name: 0 for w in windows}
     for s in samples:
         w = window_at(due_at(s), windows)
         if w is None:
             continue
-        if ended_at(s) <= w.end:
-            scored[w.name].append(s)
-        else:
+        scored[w.name].append(s)
+        if ended_at(s) > w.end:
             ended_after[w.name] += 1
     return scored, ended_after
 
@@ -50,8 +49,11 @@ class Scored:
     warnings: list[str] = field(default_factory=list)
 
 
-def score(scenario: Scenario, windows: Sequence[WindowLike], card: Scorecard) -> Scored:
-    """Each phase's totals (every class's cell merged), its classes, and the warnings."""
+def score(scenario: Scenario, windows: Sequence[WindowLike], card: Scorecard,
+          dropped: ProxyDrops | None = None) -> Scored:
+    """Each phase's totals (every class's cell merged), its classes, and the warnings.
+    ``dropped``: when the streams went through the SSE proxy, what it dropped and when
+    (:func:`proxy_drops`), to say where the tokens a usage counted but no event brought went."""
     out = Scored()
     for w in windows:
         total = out.stats[w.name] = Stats()
@@ -69,10 +71,11 @@ def score(scenario: Scenario, windows: Sequence[WindowLike], card: Scorecard) ->
         step = steps.get(w.name)
         if w.name not in warm:
             out.warnings += _not_sent_warning(scenario, w.name, stats)
-            out.warnings += _unattributed_warning(w.name, stats)
+            out.warnings += _ended_after_warning(w.name, step.kind if step else w.name, stats)
             out.warnings += _shared_stamp_warning(scenario, w.name, stats)
             out.warnings += _bunched_warning(w.name, stats)
-            out.warnings += _usage_warning(w.name, stats)
+            out.warnings += _usage_warning(w.name, stats, *_dropped_during(
+                dropped, w, stats, scenario.target.timeout_s))
         out.phases.append(PhaseResult(
             name=w.name, start=w.start, end=w.end, stats=stats.to_dict(),
             classes={k: v.to_dict() for k, v in out.class_stats[w.name].items()},
@@ -107,21 +110,19 @@ def _not_sent_warning(scenario: Scenario, phase: str, stats: Stats) -> list[str]
             "an SLO on not_sent_rate can gate on it"]
 
 
-def _unattributed_warning(phase: str, stats: Stats) -> list[str]:
-    """When more measurements fell across the phase's end than within it, the phase is too
-    short for its requests and its numbers stand on the few that fit."""
-    heavy = []
-    for metric in UNATTRIBUTED:
-        left = stats.unattributed.get(metric, 0)
-        kept = stats.requests if metric == "e2e_ms" else stats.count(metric)
-        if left > kept:
-            heavy.append(f"{metric} {left} of {left + kept}")
-    if not heavy:
+ENDED_AFTER_WARN_SHARE = 0.25
+
+
+def _ended_after_warning(phase: str, kind: str, stats: Stats) -> list[str]:
+    """A step that is not a fault's, many of whose requests ended after it: they count here
+    (every request is judged in the step it was due in), so its figures carry what the next
+    step did to them. A fault step's requests outlasting it are the fault's own tail."""
+    late = stats.ended_after.get("e2e_ms", 0)
+    if kind == "fault" or not stats.requests or late <= ENDED_AFTER_WARN_SHARE * stats.requests:
         return []
-    return [f"phase {phase}: more measurements spanned a phase edge than fit in the phase, "
-            f"so they were not attributed ({', '.join(heavy)}; e2e_ms stands for requests "
-            "whose end, and so outcome, fell after the phase); make the phase longer than a "
-            "few request durations"]
+    return [f"phase {phase}: {late:,} of its {stats.requests:,} requests ended after it; each "
+            "counts in the step it was due in, so this step's figures also hold what came "
+            "after it; make the step longer than a few request durations"]
 
 
 SHARED_MIN_GAPS = 100
@@ -157,25 +158,105 @@ def _bunched_warning(phase: str, stats: Stats) -> list[str]:
     share = stats.bunched_share
     if share is None or share < BUNCHED_WARN_SHARE:
         return []
+    held = (f"; response headers held back with the whole answer in {stats.bunched_held:,}"
+            if stats.bunched_held else "")
     return [f"phase {phase}: {stats.bunched:,} of {stats.bunch_judged:,} streams arrived in "
             f"bursts (content in {stats.bunched_reads:,} reads for {stats.bunched_events:,} "
-            f"events; first token with the end in {stats.bunched_first_with_end:,}): an "
-            "intermediary (a proxy with buffering on, gzip, a CDN) is holding the stream back, "
-            "or the server writes its events in batches; users see the text in lumps, and TTFT "
-            "and ITL time the lumps. Behind nginx: proxy_buffering off (or the upstream's "
-            "X-Accel-Buffering: no), and no gzip on text/event-stream"]
+            f"events; first token with the end in {stats.bunched_first_with_end:,}{held}): an "
+            "intermediary (a proxy with buffering on, gzip, a CDN, a gateway that waits for the "
+            "whole answer) is holding the stream back, or the server writes its events in "
+            "batches; users see the text in lumps, and TTFT and ITL time the lumps. Behind "
+            "nginx: proxy_buffering off (or the upstream's X-Accel-Buffering: no), and no gzip "
+            "on text/event-stream"]
 
 
-def _usage_warning(phase: str, stats: Stats) -> list[str]:
-    """Streams whose usage counted more output tokens than content events arrived: chunks
-    lost on the way (a proxy, a gateway), where the server numbers no events to count them."""
+def _dropped_during(dropped: ProxyDrops | None, w: WindowLike, stats: Stats,
+                    timeout_s: float) -> tuple[int | None, int]:
+    """What the proxy dropped while the phase lasted, and (when some of its requests ran on
+    past its end) what it dropped in the request timeout after: (None, 0) without a proxy."""
+    if dropped is None:
+        return None, 0
+    late = stats.ended_after.get("e2e_ms", 0)
+    return (dropped.within(w.start, w.end),
+            dropped.within(w.end, w.end + timeout_s) if late else 0)
+
+
+def _usage_warning(phase: str, stats: Stats, dropped: int | None = None,
+                   dropped_after: int = 0) -> list[str]:
+    """Streams whose usage counted more output tokens than content events arrived. Either
+    the server never sent them as events (a token it counts but does not stream, such as a
+    reasoning model's closing tag, or several tokens in one event) or they were lost on the
+    way: the SSE proxy's own count of what it dropped (``dropped`` while the phase lasted,
+    ``dropped_after`` while requests of it ran on past its end) tells the two apart where the
+    streams went through it; elsewhere both are said."""
     if not stats.usage_short:
         return []
-    return [f"phase {phase}: {stats.usage_short:,} of {stats.successes:,} successful streams "
+    unseen = stats.usage_unseen
+    said = (f"phase {phase}: {stats.usage_short:,} of {stats.successes:,} successful streams "
             "brought fewer content events than their usage's output tokens "
-            f"({stats.usage_unseen:,} of {stats.usage_tokens:,} tokens, "
-            f"{stats.value('usage_deficit') or 0:.1%}, never arrived as events; usage_deficit): "
-            "chunks were lost on the way, or the server puts several tokens in one event"]
+            f"({unseen:,} of {stats.usage_tokens:,} tokens, "
+            f"{stats.value('usage_deficit') or 0:.1%}, never arrived as events; usage_deficit): ")
+    never = ("the server never sent them as events: it counts tokens it does not stream one "
+             "by one (a reasoning model's closing tag, an end token) or puts several in one "
+             "event")
+    if dropped is None:
+        why = ("either the server never sent them as events (it counts tokens it does not "
+               "stream one by one, or puts several in one event) or they were lost on the way "
+               "(a gateway, a proxy); nothing here counts what an intermediary dropped, so "
+               "which one cannot be told")
+    elif dropped == 0:
+        why = ("the SSE proxy in front of the server dropped no event while this step "
+               f"lasted (its own count), so {never}")
+    elif dropped < unseen:
+        why = (f"the SSE proxy's faults dropped {dropped:,} events while this step lasted "
+               f"(its own count), so {unseen - dropped:,} or more were never sent: {never}")
+    else:
+        why = (f"the SSE proxy's faults dropped {dropped:,} events while this step lasted "
+               "(its own count): enough to account for them, lost on the way (the server may "
+               "also have left some unsent, which this cannot tell apart)")
+    if dropped_after:
+        late = stats.ended_after.get("e2e_ms", 0)
+        why += (f"; {late:,} of its requests ran on past its end, while the proxy's faults "
+                f"dropped {dropped_after:,} events, and may have lost some there")
+    return [said + why]
+
+
+@dataclass(frozen=True)
+class ProxyDrops:
+    """What the run's SSE proxy dropped, and when: ``spans`` (on, off, events dropped), one
+    per fault record that counted drops; ``unplaced``, the drops its records cannot place
+    (a flapping fault's earlier edges), which count wherever the proxy was."""
+
+    spans: tuple[tuple[float, float, int], ...]
+    unplaced: int
+
+    def within(self, start: float, end: float) -> int:
+        """Events dropped by faults that were on at some moment in (start, end): all that
+        can have been dropped from requests while they ran then (at most)."""
+        return self.unplaced + sum(n for on, off, n in self.spans if on < end and off > start)
+
+
+def proxy_drops(telemetry: Mapping[str, object], records: Sequence[FaultRecord],
+                windows: Sequence[WindowLike]) -> ProxyDrops | None:
+    """The SSE proxy's own count of the events it dropped (``telemetry.sse_proxy.totals``),
+    placed in time by the faults' records (``reverted.stats.events_dropped``, on from when
+    applied to when reverted or its step ended, whichever came first: the runner reverts at
+    the step's end). None when the streams did not go through the proxy, or its counters did
+    not come back."""
+    proxy = telemetry.get("sse_proxy")
+    totals = proxy.get("totals") if isinstance(proxy, dict) else None
+    total = totals.get("events_dropped") if isinstance(totals, dict) else None
+    if not isinstance(total, int):
+        return None
+    ends = {w.name: w.end for w in windows}
+    spans = []
+    for r in records:
+        stats = r.reverted.get("stats") if isinstance(r.reverted, dict) else None
+        n = stats.get("events_dropped") if isinstance(stats, dict) else None
+        if isinstance(n, int) and n > 0 and r.applied_at is not None:
+            off = min(r.reverted_at or math.inf, ends.get(r.phase, math.inf))
+            spans.append((r.applied_at, off, n))
+    return ProxyDrops(tuple(spans), max(0, total - sum(n for _, _, n in spans)))
 
 
 def _counted_tokens_warning(phases: Sequence[Stats]) -> list[str]:

@@ -21,10 +21,11 @@ from streamquake.loadgen.scorecard import (
     series_values,
     window_at,
 )
+from streamquake.metric_catalog import names
 from streamquake.result import Cdf, SecondStats
 from streamquake.version import __version__
 
-CDF_METRICS: tuple[str, ...] = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")
+CDF_METRICS: tuple[str, ...] = names(cdf=True)     # from the metric catalog
 # 1..99 in steps of 1, then the tail: enough to draw a CDF, small enough for the report.
 CDF_PERCENTILES: tuple[float, ...] = (*(float(p) for p in range(1, 100)), 99.5, 99.9, 100.0)
 

@@ -11,8 +11,12 @@ from typing import Protocol
 from streamquake.errors import StreamquakeError
 from streamquake.scenario import Scenario
 
-STARTUP_LEAD_S = 3.0
-TICK_S = 0.5        # time the load process gets to import Locust and spawn users
+# The time the load processes get to import Locust and spawn their users before the first
+# window opens. Locust's start took 3 to 6.5 s on a busy 2-core machine (load average 9-12), and a
+# load that starts after a short warm-up leaves the baseline with no request at all (a run
+# warning says so when it happens anyway).
+STARTUP_LEAD_S = 6.0
+TICK_S = 0.5
 
 
 @dataclass(frozen=True)

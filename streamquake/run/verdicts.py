@@ -21,6 +21,10 @@ from streamquake.scenario.steps import judged_pairs
 class PhaseStats(Protocol):
     def percentile(self, metric: str, p: float) -> float | None: ...
 
+    def percentile_bound(self, metric: str, p: float) -> tuple[float | None, bool]: ...
+
+    def censored_count(self, metric: str) -> int: ...
+
     def percentile_interval(self, metric: str, p: float, confidence: float
                             ) -> tuple[float | None, float | None, int]: ...
 
@@ -80,9 +84,13 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
     """``slo`` in the step ``phase`` (of ``kind``; a phase is the step named as its kind)."""
     verdicts = verdicts or VerdictSpec()
     observed = observe(stats, slo.metric, slo.percentile)
+    # A percentile that censored values (cut off by the timeout) could move is known only as
+    # a lower bound: it can show a limit broken, never met.
+    at_least = slo.percentile is not None and not stats.percentile_bound(
+        slo.metric, slo.percentile)[1]
     if slo.max is not None:
         op, threshold = "<=", slo.max
-        passed = observed is not None and observed <= threshold
+        passed = observed is not None and observed <= threshold and not at_least
     else:
         assert slo.min is not None
         op, threshold = ">=", slo.min
@@ -91,6 +99,10 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
     certain = sure(op, threshold, low, high) if observed is not None else True
     why = "" if observed is not None else (
         stats.unavailable(slo.metric) or "no data: no successful request in this phase")
+    if at_least:
+        why = (f"at least {observed:.1f}: {stats.censored_count(slo.metric)} of {n} values "
+               "were cut off by the request timeout, so the percentile is known only as a "
+               "lower bound")
     measurable = not why.startswith(NOT_MEASURABLE)
     if not measurable:
         passed = verdicts.unmeasurable != "fail"
@@ -117,6 +129,7 @@ def check_slo(slo: SLOSpec, phase: str, stats: PhaseStats, cls: str | None = Non
         samples_needed=needed(op, slo.percentile, low, high, verdicts.confidence)
         if certain is None else None,
         measurable=measurable,
+        at_least=at_least,
     )
 
 
@@ -193,22 +206,28 @@ def recovery_limit(spec: RecoverySpec, metric: str, base: float | None) -> float
 
 def check_recovery_time(slo: SLOSpec, rt: RecoveryTime, kind: str,
                         verdicts: VerdictSpec | None = None, judges: str | None = None) -> Check:
-    """``slo`` on ``recovery_time_s`` for one judged fault: a service that never came back
-    within its recovery step breaks any limit (observed None)."""
+    """``slo`` on ``recovery_time_s`` for one judged fault, from the interval its windows allow
+    (run/recovery_time.py): met when the latest time meets the limit, broken when the earliest
+    breaks it or the service is shown not back at the step's end, otherwise inconclusive. The
+    time itself comes from windows too short to bound it, so an inconclusive one breaks nothing
+    unless the scenario's ``verdicts.inconclusive`` is ``fail``."""
     verdicts = verdicts or VerdictSpec()
     op, threshold = ("<=", slo.max) if slo.max is not None else (">=", slo.min)
     assert threshold is not None
     seen = rt.time_s if rt.recovered else None
-    passed = seen is not None and (seen <= threshold if op == "<=" else seen >= threshold)
+    certain = False if rt.not_recovered else sure(op, threshold, rt.earliest_s, rt.latest_s)
+    passed = certain if certain is not None else verdicts.inconclusive != "fail"
     measurable = not rt.detail
     if not measurable:
-        passed = verdicts.unmeasurable != "fail"
+        passed, certain = verdicts.unmeasurable != "fail", True
     return Check(name=slo.label, kind="slo", phase=rt.after, metric=slo.metric, op=op,
                  threshold=threshold, observed=seen, passed=passed,
                  gating=rt.after in slo.phases or kind in slo.phases,
                  detail=f"{NOT_MEASURABLE}: {rt.detail}" if rt.detail else
                  f"after {rt.step}: {rt.text}",
-                 samples=rt.requests, measurable=measurable, judges=judges)
+                 samples=rt.requests, measurable=measurable, judges=judges,
+                 ci_low=rt.earliest_s, ci_high=rt.latest_s, confidence=rt.confidence,
+                 inconclusive=certain is None)
 
 
 def _limit(spec: RecoverySpec, op: str, base: float | None) -> float | None:

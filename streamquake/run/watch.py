@@ -12,12 +12,13 @@ from pathlib import Path
 
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.tail import SampleTail
+from streamquake.metric_catalog import names
 from streamquake.run.timeline import TICK_S
 from streamquake.scenario.schema import AbortCondition
 from streamquake.stats import percentile
 
 LIVE_WINDOW_S = 10.0
-LATENCIES = ("ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms")
+LATENCIES = names(live=True)     # the live view's rolling p50/p95, from the metric catalog
 
 
 def _ended(s: RequestSample) -> float:
@@ -35,9 +36,7 @@ def _values(samples: list[RequestSample], metric: str) -> list[float]:
     if metric == "e2e_ms":
         return [s.e2e_ms for s in samples if s.error is None and s.e2e_ms is not None]
     if metric == "output_tokens_per_s":
-        return [s.output_tokens / ((s.e2e_ms - s.ttft_ms) / 1000.0) for s in samples
-                if s.error is None and s.e2e_ms is not None and s.ttft_ms is not None
-                and s.e2e_ms > s.ttft_ms and s.output_tokens > 0]
+        return [tps for s in samples if (tps := s.tokens_per_s) is not None]
     return [v for s in samples if (v := getattr(s, metric, None)) is not None]
 
 
@@ -48,8 +47,12 @@ def _rate(samples: list[RequestSample], metric: str) -> tuple[float | None, int]
     ok = [s for s in samples if s.error is None]
     if metric == "stall_rate":
         return (sum(s.stalls > 0 for s in ok) / len(ok) if ok else None), len(ok)
-    expected = sum(s.expected_events for s in samples)
-    return (sum(s.missing_events for s in samples) / expected if expected else None), len(samples)
+    if metric == "chunk_loss":
+        expected = sum(s.expected_events for s in samples)
+        return ((sum(s.missing_events for s in samples) / expected if expected else None),
+                len(samples))
+    # A rate the catalog lets an abort condition name must be read here.
+    raise KeyError(f"no live rate for {metric!r}")
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,7 @@ class RollingStats:
     p50: dict[str, float | None] = field(default_factory=dict)
     p95: dict[str, float | None] = field(default_factory=dict)
     counts: dict[str, int] = field(default_factory=dict)
+    in_flight: int | None = None   # sent and not ended now (the load processes' own count)
 
 
 class Watch:

@@ -3,9 +3,12 @@ from the fault catalog, so a new family needs no change here."""
 
 from __future__ import annotations
 
+import base64
+import difflib
 import functools
 import re
 import typing
+import urllib.parse
 from typing import TYPE_CHECKING, Annotated, Literal
 
 from pydantic import (
@@ -22,12 +25,21 @@ from streamquake.agentwire.ref import AgentRef
 from streamquake.envref import ENV_REF, is_env_name, not_a_name
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.envelope import FaultSpec, PhaseName
+from streamquake.metric_catalog import ABORT_METRICS, GATING_METRICS
+
+# Re-exported (streamquake.scenario names them): the catalog's.
+from streamquake.metric_catalog import HIGHER_IS_BETTER as HIGHER_IS_BETTER
+from streamquake.metric_catalog import HISTOGRAM_METRICS as HISTOGRAM_METRICS
+from streamquake.metric_catalog import RATE_METRICS as RATE_METRICS
+from streamquake.metric_catalog import RECOVERY_TIME as RECOVERY_TIME
 from streamquake.scenario.network import NetworkConfig
 from streamquake.scenario.steps import StepSpec, step_load_problems, timeline_problems
 from streamquake.target.config import Protocol, TargetConfig
 from streamquake.units import (
     DURATION,
+    MAX_USERS,
     PERCENTAGE,
+    SHORTEST_S,
     DurationMs,
     DurationS,
     Fraction,
@@ -40,42 +52,35 @@ from streamquake.units import (
     format_duration,
     format_ms,
     format_percent,
+    not_shorter_than,
     parse_duration_ms,
     parse_duration_s,
     parse_fraction,
 )
 
+
+def url_without_credentials(url: str) -> tuple[str, str | None]:
+    """``http://user:pw@host/v1`` -> (``http://host/v1``, ``user:pw``); (url, None) without."""
+    m = re.match(r"^([A-Za-z][A-Za-z0-9+.-]*://)([^/?#]*)@", url)
+    if m is None:
+        return url, None
+    return m.group(1) + url[m.end():], m.group(2)
+
+
 SCORED_PHASES: tuple[PhaseName, ...] = ("baseline", "fault", "recovery")
 PHASE_ORDER: tuple[PhaseName, ...] = ("warmup", "baseline", "fault", "recovery")
 
-HistogramMetric = Literal[
-    "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
-    "queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms",     # open loop: from the schedule
-    "send_ms",                     # attempt start -> request written (pool, connect, write)
-    "dns_ms", "connect_ms", "tls_ms", "write_ms",                  # send_ms in parts
-]
-RateMetric = Literal["error_rate", "stall_rate", "chunk_loss", "not_sent_rate", "usage_deficit"]
-Metric = Literal[
-    "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
-    "queue_delay_ms", "ttft_scheduled_ms", "e2e_scheduled_ms", "send_ms",
-    "dns_ms", "connect_ms", "tls_ms", "write_ms",
-    "error_rate", "stall_rate", "chunk_loss", "not_sent_rate",
-    "usage_deficit",               # usage's output tokens that never arrived as events
-    "recovery_time_s",             # per judged fault: revert -> back within tolerance
-]
-# Abort conditions read the live samples (run/watch.py), which hold requests, not the arrivals
-# that were never sent, nor a schedule-based E2E: the metrics measured there.
-AbortMetric = Literal[
-    "ttfb_ms", "ttft_ms", "itl_ms", "e2e_ms", "output_tokens_per_s",
-    "error_rate", "stall_rate", "chunk_loss",
-]
-HISTOGRAM_METRICS: tuple[str, ...] = typing.get_args(HistogramMetric)
-RATE_METRICS: tuple[str, ...] = typing.get_args(RateMetric)
-# Metrics where a bigger number is the better one.
-HIGHER_IS_BETTER: frozenset[str] = frozenset({"output_tokens_per_s"})
-# One value per judged fault (run/recovery_time.py), in seconds; "never came back" breaks it.
-RECOVERY_TIME = "recovery_time_s"
-
+# The names each field accepts, from the metric catalog (its order is the error messages').
+if TYPE_CHECKING:
+    HistogramMetric = str
+    Metric = str
+    AbortMetric = str
+else:
+    HistogramMetric = Literal[HISTOGRAM_METRICS]
+    Metric = Literal[GATING_METRICS]
+    # Abort conditions read the live samples (run/watch.py), which hold requests, not the
+    # arrivals that were never sent, nor a schedule-based E2E: the metrics measured there.
+    AbortMetric = Literal[ABORT_METRICS]
 
 
 class TargetSpec(ScenarioModel):
@@ -91,6 +96,30 @@ class TargetSpec(ScenarioModel):
     # One real streaming request per class before the load (run/probe.py); false skips it, for
     # a target that is meant to fail.
     probe: bool = True
+
+    @model_validator(mode="before")
+    @classmethod
+    def _url_credentials(cls, data: object) -> object:
+        """``http://user:KEY@host``: the credentials leave the URL for an ``Authorization:
+        Basic`` header (what curl and browsers send for them), so that every report, plan and
+        log that names the URL names it without them, and the header is redacted as any is."""
+        if not isinstance(data, dict) or not isinstance(url := data.get("url"), str):
+            return data
+        base, creds = url_without_credentials(url)
+        if creds is None:
+            return data
+        headers = data.get("headers") or {}
+        if not isinstance(headers, dict):
+            return data          # the headers' own error says what is wrong
+        if any(str(k).lower() == "authorization" for k in headers):
+            raise ValueError("url: the URL holds credentials (user:password@) and headers "
+                             "has an Authorization header too: give them once, in headers")
+        if ENV_REF.search(creds):
+            raise ValueError("url: credentials in the URL (user:password@) cannot use "
+                             "${VAR}: give them as a header instead, e.g. headers: "
+                             "{Authorization: \"Basic ${CREDENTIALS_BASE64}\"}")
+        token = base64.b64encode(urllib.parse.unquote(creds).encode()).decode()
+        return {**data, "url": base, "headers": {**headers, "Authorization": f"Basic {token}"}}
 
     @field_validator("url")
     @classmethod
@@ -108,6 +137,18 @@ class TargetSpec(ScenarioModel):
             for name in ENV_REF.findall(value):
                 if not is_env_name(name):
                     raise ValueError(not_a_name(name))
+        return v
+
+    @field_validator("path")
+    @classmethod
+    def _request_path(cls, v: str | None) -> str | None:
+        bad = next((c for c in v or "" if c <= " " or c == "\x7f"), None)
+        if bad is not None:
+            raise ValueError(f"{v!r} holds {bad!r}, which a request path cannot: percent-encode "
+                             "it (a space is %20) or remove it, e.g. /v1/chat/completions")
+        if v is not None and v.startswith("//"):
+            raise ValueError(f"{v!r} starts with '//', which names a host, not a path: write "
+                             "one '/', e.g. /v1/chat/completions")
         return v
 
     @field_validator("headers")
@@ -222,11 +263,21 @@ class VerdictSpec(ScenarioModel):
     An SLO whose metric cannot be measured against this target (``chunk_loss`` from a server
     that numbers no events, an open-loop metric in a closed loop) is *not measurable*, and
     ``unmeasurable`` says how that gates: ``warn`` (reported, not failed), ``fail`` or ``pass``.
-    A metric with no data because requests failed is not that: it fails."""
+    A metric with no data because requests failed is not that: it fails.
+    A timing check (a percentile, ``stall_rate``, ``recovery_time_s``, a recovery comparison)
+    in a step whose load generator was saturated (run/saturation.py) is *not judged*: its
+    timings are the client's as much as the server's. ``saturated`` says how that gates:
+    ``not_judged`` (the run exits 6 when nothing else broke), ``fail`` (exit 1) or ``warn``
+    (shown, not gating). Errors and counts are judged whatever the client's load."""
 
     confidence: Fraction = Field(default=0.95, gt=0.5, lt=1.0)
     inconclusive: Literal["warn", "fail", "pass"] = "warn"
     unmeasurable: Literal["warn", "fail", "pass"] = "warn"
+    saturated: Literal["not_judged", "fail", "warn"] = "not_judged"
+
+
+_SHORT_SLO = re.compile(r"(?P<metric>[a-z_]+)\s*:?\s*(?:p\(?(?P<pct>\d+(?:\.\d+)?)\)?\s*)?"
+                        r"(?P<op><=|>=|<|>)\s*(?P<value>[^<>=]+)")
 
 
 class SLOSpec(ScenarioModel):
@@ -247,6 +298,50 @@ class SLOSpec(ScenarioModel):
             return {k: parse_duration_s(v) if k in ("max", "min") and isinstance(v, str) else v
                     for k, v in data.items()}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _unit_fits(cls, data: object) -> object:
+        """A threshold in its metric's unit: a rate as a percentage (a bare number is a
+        fraction, so ``max: 1`` would be 100%, an SLO that never breaks, and ``max: 5`` 500%),
+        a time as a duration."""
+        if not isinstance(data, dict) or not isinstance(metric := data.get("metric"), str):
+            return data
+        for key in ("max", "min"):
+            v = data.get(key)
+            if metric in RATE_METRICS:
+                if isinstance(v, str) and not v.strip().endswith("%"):
+                    raise ValueError(f"{key}: '{metric}' is a rate: write a percentage, e.g. "
+                                     f"{key}: 1%")
+                if isinstance(v, int | float) and not isinstance(v, bool) and v >= 1:
+                    raise ValueError(
+                        f"{key}: {v:g} is read as a fraction, {v:.0%} of requests"
+                        f"{', which never breaks' if key == 'max' else ''}: write "
+                        f"{v:g}% for {v:g} percent (a bare number is a fraction: "
+                        f"{v / 100:g}), or 100% if that is meant")
+            elif metric.endswith("_ms") and isinstance(v, str) and v.strip().endswith("%"):
+                raise ValueError(f"{key}: '{metric}' is a time: write a duration, e.g. "
+                                 f"{key}: 350ms")
+        return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _short_form(cls, data: object) -> object:
+        """(Defined last: pydantic runs "before" validators last-defined first.) k6's
+        threshold strings as a short form: ``"ttft_ms p95 < 350ms"``, ``"ttft_ms:
+        p(95)<350ms"``, ``"error_rate < 1%"`` (``<`` and ``<=`` both mean ``max``, ``>`` and
+        ``>=`` ``min``: a limit is met at equality here, as in the long form)."""
+        if not isinstance(data, str):
+            return data
+        m = _SHORT_SLO.fullmatch(data.strip())
+        if m is None:
+            raise ValueError(f"{data[:80]!r}: write an SLO as a mapping, e.g. {{metric: ttft_ms, "
+                             "percentile: 95, max: 350ms}, or in short as \"ttft_ms p95 < 350ms\"")
+        out: dict[str, object] = {"metric": m["metric"],
+                                  "max" if m["op"].startswith("<") else "min": m["value"].strip()}
+        if m["pct"] is not None:
+            out["percentile"] = float(m["pct"])
+        return out
 
     @model_validator(mode="after")
     def _shape(self) -> SLOSpec:
@@ -276,7 +371,7 @@ class ReadSpec(ScenarioModel):
     (``2kB/s``, ``16kbit``), and/or pauses ``pause`` after every ``every`` events, on
     connections of its own whose receive buffer is ``receive_buffer`` (SO_RCVBUF, before the
     connect; the kernel doubles it and keeps its own minimum), so that the server's writes
-    back up (README "A slow consumer")."""
+    back up (docs/measurement.md, "A slow consumer")."""
 
     rate_bytes_per_s: RateOrBytes | None = Field(default=None, alias="rate", gt=0)
     pause_s: DurationS = Field(default=0.0, alias="pause", ge=0)
@@ -303,7 +398,7 @@ class ReadSpec(ScenarioModel):
 
 class RequestClass(ScenarioModel):
     name: PlainName = "default"
-    weight: float = Field(default=1.0, gt=0)
+    weight: float = Field(default=1.0, gt=0, le=1e6)
     prompt: str | None = None
     prompts: list[str] | None = None
     dataset: str | None = None     # a JSONL/CSV file of prompts (and max_tokens), loadgen/trace.py
@@ -337,8 +432,9 @@ class StreamLimits(ScenarioModel):
 
 
 class LoadSpec(ScenarioModel):
-    users: int = Field(default=1, ge=1)
-    spawn_rate: float = Field(default=0.0, ge=0, description="users started per second; 0 = all")
+    users: int = Field(default=1, ge=1, le=MAX_USERS)
+    spawn_rate: float = Field(default=0.0, ge=0, le=1e7,
+                              description="users started per second; 0 = all")
     think_time: ThinkTime | None = None
     arrival: Arrival | None = None
     trace: TraceSpec | None = None
@@ -379,11 +475,15 @@ class LoadSpec(ScenarioModel):
         return self
 
 
+PhaseS = Annotated[DurationS, not_shorter_than(SHORTEST_S, "a phase", zero_leaves_out=True)]
+
+
 class PhasesSpec(ScenarioModel):
-    warmup_s: DurationS = Field(default=0.0, alias="warmup", ge=0)
-    baseline_s: DurationS = Field(alias="baseline", gt=0)
-    fault_s: DurationS = Field(alias="fault", ge=0)
-    recovery_s: DurationS = Field(alias="recovery", ge=0)
+    warmup_s: PhaseS = Field(default=0.0, alias="warmup")
+    baseline_s: Annotated[DurationS, not_shorter_than(SHORTEST_S, "the baseline")] = Field(
+        alias="baseline")
+    fault_s: PhaseS = Field(alias="fault")
+    recovery_s: PhaseS = Field(alias="recovery")
 
     def duration_s(self, phase: str) -> float:
         return float(getattr(self, f"{phase}_s"))
@@ -403,7 +503,8 @@ class RecoverySpec(ScenarioModel):
     )
     slack_ms: DurationMs = Field(default=5.0, alias="slack", ge=0)
     # Time to recovery (run/recovery_time.py): the requests due in each window this long.
-    window_s: DurationS = Field(default=2.0, alias="window", gt=0)
+    window_s: Annotated[DurationS, not_shorter_than(SHORTEST_S, "a recovery window")] = Field(
+        default=2.0, alias="window")
 
 
 def _fault_union() -> object:
@@ -495,10 +596,12 @@ class Scenario(ScenarioModel):
                     raise ValueError(f"{where}.phases.{k}: warm-up is never scored: name "
                                      "baseline, fault or recovery steps")
                 if name not in kinds and name not in steps:
-                    named = (f"; steps: {', '.join(s for s in steps if steps[s] != 'warmup')}"
-                             if self.steps is not None else "")
-                    raise ValueError(f"{where}.phases.{k}: '{name}' is no step and no kind "
-                                     f"(kinds: {', '.join(kinds)}{named})")
+                    scored = [s for s in steps if steps[s] != "warmup"]
+                    named = f"; steps: {', '.join(scored)}" if self.steps is not None else ""
+                    close = difflib.get_close_matches(name, [*kinds, *scored], n=1)
+                    guess = f"did you mean '{close[0]}'? " if close else ""
+                    raise ValueError(f"{where}.phases.{k}: '{name}' is no step and no kind: "
+                                     f"{guess}(kinds: {', '.join(kinds)}{named})")
         return self
 
     @model_validator(mode="after")

@@ -24,7 +24,15 @@ from typing import Annotated, Literal
 
 from pydantic import Field, model_validator
 
-from streamquake.units import DurationS, PlainName, RequestRate, ScenarioModel
+from streamquake.units import (
+    MAX_USERS,
+    SHORTEST_S,
+    DurationS,
+    PlainName,
+    RequestRate,
+    ScenarioModel,
+    not_shorter_than,
+)
 
 StepKind = Literal["warmup", "baseline", "fault", "recovery"]
 STEP_KINDS: tuple[StepKind, ...] = ("warmup", "baseline", "fault", "recovery")
@@ -52,7 +60,7 @@ class StepLoad(ScenarioModel):
     """A step's own load: ``users: 40`` (closed loop), or ``rate: 10`` / ``rate: {from: 5,
     to: 20}`` (open loop; requests/s), with an optional ``spike`` (open loop)."""
 
-    users: int | None = Field(default=None, ge=1)
+    users: int | None = Field(default=None, ge=1, le=MAX_USERS)
     rate: Annotated[RequestRate, Field(ge=0)] | Ramp | None = None
     spike: Spike | None = None
 
@@ -80,7 +88,8 @@ class StepLoad(ScenarioModel):
 class StepSpec(ScenarioModel):
     name: PlainName
     kind: StepKind
-    duration_s: DurationS = Field(alias="duration", gt=0)
+    duration_s: Annotated[DurationS, not_shorter_than(SHORTEST_S, "a step")] = Field(
+        alias="duration")
     faults: tuple[str, ...] = ()
     load: StepLoad | None = None
 

@@ -1,4 +1,5 @@
-"""The embedded target: an aiohttp app that streams simulated tokens in real wire formats."""
+"""The embedded target: an aiohttp app that streams simulated tokens in real wire formats, at the
+routes each format declares (``WireProtocol.routes``)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,15 @@ from aiohttp import web
 
 from streamquake import protocols
 from streamquake.errors import TargetError
-from streamquake.protocols import BadRequest, Completion, StreamEncoder, WireProtocol, stamp
+from streamquake.protocols import (
+    BadRequest,
+    Completion,
+    StreamEncoder,
+    WireProtocol,
+    stamp,
+)
 from streamquake.target.config import TargetConfig
-from streamquake.target.formats import TOKEN_JSON
+from streamquake.target.formats import TOKEN_JSON, TOOL_NAME, tool_piece
 from streamquake.target.timing import DelaySampler, ResponsePlan, plan_response
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
@@ -138,6 +145,7 @@ async def _generate(
     plan: ResponsePlan,
     delays: DelaySampler,
     record: StreamRecord | None = None,
+    reasoning_tokens: int = 0,
 ) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -150,6 +158,9 @@ async def _generate(
     opening = enc.opening()
     if opening:
         await write(opening)
+    # The answer's parts: reasoning first, then text or a tool call's arguments.
+    thinking = min(reasoning_tokens, len(plan.tokens))
+    last = len(plan.tokens) - 1
     # Absolute deadlines: a late wake-up shortens the next gap instead of shifting the rest.
     deadline = start + delays.ttft_s()
     for i, tok in enumerate(plan.tokens):
@@ -158,7 +169,16 @@ async def _generate(
         wait = deadline - loop.time()
         if wait > 0:
             await asyncio.sleep(wait)
-        await write_token(enc.token(TOKEN_JSON[tok]))
+        if i < thinking:
+            await write_token(enc.reasoning(TOKEN_JSON[tok]))
+        elif enc.tool_name is not None:
+            # A format that sends a call whole (Gemini) writes nothing until its last piece.
+            closes = i == last and not plan.truncated
+            frame = enc.tool_args(tool_piece(tok, i == thinking, closes), i == thinking, closes)
+            if frame:
+                await write_token(frame)
+        else:
+            await write_token(enc.token(TOKEN_JSON[tok]))
     await write(enc.closing(Completion(len(plan.tokens), plan.truncated)))
     await resp.write_eof()
 
@@ -185,10 +205,12 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
             delays = DelaySampler(cfg.ttft, cfg.itl, rng, state.scale)
             enc = fmt.encoder(gen, cfg.sse_event_ids)
             enc.stamp_send_time = cfg.stamp_send_time
+            enc.reasoning_first = cfg.reasoning_tokens > 0 and bool(plan.tokens)
+            enc.tool_name = TOOL_NAME if cfg.tool_call else None
             if record is not None:
                 record.admitted_ns = time.time_ns()
                 record.response_id = enc.response_id
-            await _generate(resp, enc, plan, delays, record)
+            await _generate(resp, enc, plan, delays, record, cfg.reasoning_tokens)
             if record is not None:
                 record.complete = True
     except ConnectionResetError:
@@ -210,25 +232,13 @@ def _stream_handler(
     fmt: WireProtocol,
 ) -> Callable[[web.Request], Awaitable[web.StreamResponse]]:
     async def handle(request: web.Request) -> web.StreamResponse:
-        return await _stream(request, fmt, None)
+        try:
+            model = fmt.url_model(request.match_info, request.query, request.path)
+        except BadRequest as exc:
+            return _json_error(fmt, exc.status, str(exc))
+        return await _stream(request, fmt, model)
 
     return handle
-
-
-async def _gemini(request: web.Request) -> web.StreamResponse:
-    fmt = protocols.get("gemini")
-    model, _, method = request.match_info["target"].partition(":")
-    if method == "generateContent":
-        return _json_error(
-            fmt, 400, "this target only simulates streaming: call :streamGenerateContent?alt=sse"
-        )
-    if method != "streamGenerateContent" or not model:
-        return _json_error(fmt, 404, f"unknown method {request.path!r}")
-    if request.query.get("alt") != "sse":
-        return _json_error(
-            fmt, 400, "this target only streams server-sent events: add ?alt=sse to the URL"
-        )
-    return await _stream(request, fmt, model)
 
 
 async def _healthz(request: web.Request) -> web.Response:
@@ -252,15 +262,12 @@ def build_app(config: TargetConfig) -> web.Application:
         app.on_cleanup.append(close_send_log)
     app.router.add_get("/healthz", _healthz)
     enabled = set(config.protocols)
-    if "openai" in enabled:
-        app.router.add_post("/v1/chat/completions", _stream_handler(protocols.get("openai")))
-    if "anthropic" in enabled:
-        app.router.add_post("/v1/messages", _stream_handler(protocols.get("anthropic")))
-    if "sse" in enabled:
-        app.router.add_post("/v1/stream", _stream_handler(protocols.get("sse")))
-    if "gemini" in enabled:
-        # google-genai calls /v1beta/ or /v1/ depending on its version and options.
-        app.router.add_post("/{version:v1beta|v1}/models/{target}", _gemini)
+    for name in protocols.names():
+        if name in enabled:
+            fmt = protocols.get(name)
+            for route in fmt.routes():
+                app.router.add_route(route.method, route.path,
+                                     _stream_handler(route.speaks or fmt))
     return app
 
 

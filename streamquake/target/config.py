@@ -56,8 +56,16 @@ Delay = Annotated[Fixed | Normal | LogNormal, Field(discriminator="dist"),
 class OutputLength(_Frozen):
     """Tokens to generate: uniform in [min, max]; a request's own max_tokens caps it."""
 
-    min: int = Field(default=64, ge=1)
-    max: int = Field(default=64, ge=1)
+    # A million tokens is beyond any model's context; more is a typo, not a length.
+    min: int = Field(default=64, ge=1, le=1_000_000)
+    max: int = Field(default=64, ge=1, le=1_000_000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> OutputLength:
+        if self.min > self.max:
+            raise ValueError(f"'min' ({self.min}) is more than 'max' ({self.max}): no length is "
+                             "in that range; swap them or make 'max' at least 'min'")
+        return self
 
 
 class TargetConfig(_Frozen):
@@ -65,6 +73,21 @@ class TargetConfig(_Frozen):
     ttft: Delay = Field(default_factory=lambda: Fixed.model_validate({"value": "200ms"}))
     itl: Delay = Field(default_factory=lambda: Fixed.model_validate({"value": "20ms"}))
     output_tokens: OutputLength = Field(default_factory=OutputLength)
+    reasoning_tokens: int = Field(
+        default=0, ge=0,
+        description="the first N tokens of every answer are reasoning, streamed as each format "
+        "streams thinking (OpenAI's reasoning_content, Anthropic thinking blocks, Gemini thought "
+        "parts, the Responses API's reasoning text); the rest are the answer. Formats without "
+        "reasoning (llama_cpp, sse, legacy completions) send them as text",
+    )
+    tool_call: bool = Field(
+        default=False,
+        description="the answer (after any reasoning) is one call of a function `search` whose "
+        "JSON arguments stream a token at a time (OpenAI tool_calls deltas, Anthropic "
+        "input_json_delta, the Responses API's function_call_arguments.delta; Gemini sends a "
+        "call whole once it is complete). An answer cut short by the request's max_tokens leaves "
+        "its arguments unclosed, as a real server's are",
+    )
     capacity: int = Field(default=256, ge=1, description="streams served at once; more wait")
     error_rate: Fraction = Field(default=0.0, description="fraction answered 500 before "
                                  "streaming")

@@ -23,3 +23,14 @@ TOKEN_JSON: tuple[bytes, ...] = tuple(json.dumps(w + " ").encode() for w in VOCA
 
 # See above: for benchmarks/target_events.py only.
 FORMATS: dict[str, WireProtocol] = {name: get(name) for name in names()}
+
+
+TOOL_NAME = "search"
+
+
+def tool_piece(word: int, first: bool, last: bool) -> bytes:
+    """One delta of the simulated tool call's JSON arguments, ``{"query": "<words>"}``, as a
+    JSON string: the first opens the object, the last closes it."""
+    text = VOCABULARY[word] + " "
+    piece = ('{"query": "' if first else "") + text + ('"}' if last else "")
+    return json.dumps(piece).encode()

@@ -13,6 +13,7 @@ import json
 import socket
 import struct
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -84,6 +85,10 @@ class Tap:
         self._threads: list[threading.Thread] = []
         self._sockets: list[socket.socket] = []
         self.failures: list[Exception] = []
+        # The longest any bytes waited in this relay (their kernel stamp to the end of their
+        # send on): a relay that falls behind on a busy machine passes on in bursts what came
+        # apart, and a client after it sees the bursts, not the engine's timing.
+        self.lag_max_s = 0.0
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
 
     def __enter__(self) -> Tap:
@@ -131,6 +136,7 @@ class Tap:
             while seg := _recv(src):
                 into.append(seg)
                 dst.sendall(seg.data)
+                self.lag_max_s = max(self.lag_max_s, time.time() - seg.t)
         except OSError:
             pass                          # a side that went away ends its pumps
         except Exception as exc:          # reported by exchanges()

@@ -23,6 +23,9 @@ def _above_zero(frac: float) -> float:
     return frac
 
 
+# No GPU draws this much (a rack does not): past it a value is a mistake, not a cap.
+MAX_POWER_W = 100_000.0
+
 class GpuClocksFault(FaultSpec):
     """``{type: gpu_clocks, gpus: all, sm_clocks_mhz: [500, 800], power_limit: 70%}``."""
 
@@ -36,7 +39,8 @@ class GpuClocksFault(FaultSpec):
         None, description="lock the memory clock in [low, high] MHz")
     mem_clocks: tuple[float, float] | None = Field(
         None, description="lock the memory clock in [low, high], shares of its maximum")
-    power_limit_w: PositiveFloat | None = Field(None, description="cap the power, in watts")
+    power_limit_w: PositiveFloat | None = Field(None, le=MAX_POWER_W,
+                                                description="cap the power, in watts")
     power_limit: Annotated[Fraction, AfterValidator(_above_zero)] | None = Field(
         None, description="cap the power, a share of its default limit")
 

@@ -189,6 +189,11 @@ def is_content_event(ev: SSEEvent, protocol: str | None = None) -> bool:
             return True
     if isinstance(obj, dict) and "error" in obj:
         return False
+    if isinstance(obj, dict) and str(obj.get("type")).startswith("response."):
+        # OpenAI's Responses API: text is a string ``delta`` of a ``*.delta`` event; its other
+        # events (``response.completed`` holds the whole output) are the stream's frame.
+        kind, delta = str(obj["type"]), obj.get("delta")
+        return kind.endswith(".delta") and type(delta) is str and bool(delta)
     return _scan_json(obj) == 1
 
 

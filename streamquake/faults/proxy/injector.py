@@ -38,6 +38,7 @@ from streamquake.errors import InjectorError, RevertError
 from streamquake.faults.contract import RunContext
 from streamquake.faults.proxy.resources import FaultProxy
 from streamquake.faults.proxy.spec import SSEProxyFault
+from streamquake.faults.proxy.wire import KEY_HEADER
 from streamquake.journal import JournalEntry
 
 _HTTP_TIMEOUT_S = 5.0
@@ -58,11 +59,14 @@ class ProxyTimeout(InjectorError):
     """The control URL accepted a connection but did not answer in time."""
 
 
-def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float) -> dict[str, Any]:
+def _call(method: str, url: str, body: dict[str, Any] | None, timeout_s: float,
+          key: str | None = None) -> dict[str, Any]:
     data = None if body is None else json.dumps(body).encode()
     req = urllib.request.Request(url, data=data, method=method)
     if data is not None:
         req.add_header("Content-Type", "application/json")
+    if key:
+        req.add_header(KEY_HEADER, key)
     try:
         with urllib.request.urlopen(req, timeout=timeout_s) as resp:
             answer: dict[str, Any] = json.loads(resp.read() or b"{}")
@@ -92,8 +96,8 @@ def _fault_url(control_url: str, name: str) -> str:
     return f"{control_url.rstrip('/')}/faults/{urllib.parse.quote(name, safe='')}"
 
 
-def _delete(control_url: str, name: str) -> dict[str, Any]:
-    return _call("DELETE", _fault_url(control_url, name), None, _HTTP_TIMEOUT_S)
+def _delete(control_url: str, name: str, key: str | None) -> dict[str, Any]:
+    return _call("DELETE", _fault_url(control_url, name), None, _HTTP_TIMEOUT_S, key)
 
 
 class SSEProxyInjector:
@@ -110,6 +114,11 @@ class SSEProxyInjector:
     def _proxy_url(self) -> str | None:
         proxy = self.ctx.find(FaultProxy)
         return proxy.control_url if proxy is not None else None
+
+    @property
+    def _key(self) -> str | None:
+        proxy = self.ctx.find(FaultProxy)
+        return proxy.control_key if proxy is not None else None
 
     @property
     def _control_url(self) -> str:
@@ -144,11 +153,14 @@ class SSEProxyInjector:
         # the same name would replace it. One run's own faults add up, each removed by name.
         where = urllib.parse.urlsplit(url).netloc
         entry.claim({f"proxy:{where}": f"the SSE proxy at {where}"}, per_owner=True)
-        entry.save({"proxy_control_url": url, "name": self.spec.label})
+        key = self._key
+        # The key too: `recover` must be able to take the fault out of a proxy left running.
+        entry.save({"proxy_control_url": url, "name": self.spec.label,
+                    **({"proxy_key": key} if key else {})})
         self._sent = True
         try:
             echo = _call("PUT", _fault_url(url, self.spec.label), self.spec.proxy_params(),
-                         _HTTP_TIMEOUT_S)
+                         _HTTP_TIMEOUT_S, key)
         except ProxyUnreachable as exc:
             raise InjectorError(
                 f"cannot apply fault '{self.spec.label}': the SSE proxy at {url} is gone ({exc})"
@@ -162,7 +174,7 @@ class SSEProxyInjector:
         if not self._sent:
             return {"name": self.spec.label, "removed": False, "note": "never sent to the proxy"}
         try:
-            return _delete(url, self.spec.label)
+            return _delete(url, self.spec.label, self._key)
         except ProxyUnreachable:
             return {"name": self.spec.label, "removed": False,
                     "note": "the proxy process is gone, and the fault ended with it"}
@@ -171,6 +183,24 @@ class SSEProxyInjector:
                 f"could not remove fault '{self.spec.label}' from the SSE proxy: {exc}; stop the "
                 "proxy process to end it"
             ) from exc
+
+    def ended(self) -> str | None:
+        """The proxy stopped (its faults went with it), or it no longer holds this fault (a
+        new proxy on its port); None while it does, or when it answers too late to tell."""
+        url = self._proxy_url
+        if not url or not self._sent:
+            return None
+        where = urllib.parse.urlsplit(url).netloc
+        try:
+            faults = _call("GET", f"{url.rstrip('/')}/faults", None, _PREFLIGHT_TIMEOUT_S,
+                           self._key).get("faults")
+        except ProxyUnreachable:
+            return f"the SSE proxy at {where} is gone, and the fault ended with it"
+        except InjectorError:
+            return None
+        if isinstance(faults, dict) and self.spec.label not in faults:
+            return f"the SSE proxy at {where} no longer holds it"
+        return None
 
     def describe(self) -> dict[str, Any]:
         return {"type": self.type_name, "name": self.spec.label, "phase": self.spec.phase,
@@ -182,7 +212,9 @@ class SSEProxyInjector:
         if not url or not name:
             return "nothing to undo: the fault was never sent to a proxy"
         try:
-            answer = _call("DELETE", _fault_url(url, name), None, _RECOVER_TIMEOUT_S)
+            key = state.get("proxy_key")
+            answer = _call("DELETE", _fault_url(url, name), None, _RECOVER_TIMEOUT_S,
+                           key if isinstance(key, str) else None)
         except ProxyUnreachable:
             return f"fault '{name}' ended with its proxy process ({url} no longer answers)"
         except ProxyTimeout:

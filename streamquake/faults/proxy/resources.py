@@ -28,6 +28,7 @@ class FaultProxy:
         self.insecure = insecure
         self.process: ProxyProcess | None = None
         self.control_url: str | None = None
+        self.control_key: str | None = None   # a private proxy's: its faults change only with it
         self.totals: JsonDict | None = None
 
     @classmethod
@@ -41,8 +42,9 @@ class FaultProxy:
         from streamquake.faults.proxy.server import start_proxy
 
         self.process = start_proxy(wiring.target_url, seed=ctx.seed, insecure=self.insecure,
-                                   log_path=Path(ctx.run_dir) / "proxy.log")
+                                   log_path=Path(ctx.run_dir) / "proxy.log", private=True)
         self.control_url = self.process.control_url
+        self.control_key = self.process.key
         wiring.load_url = self.process.url
 
     def stop(self) -> None:

@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hmac
 import json
 import logging
+import os
+import secrets
 import signal
 import socket
 import struct
@@ -48,7 +51,7 @@ from streamquake.faults.proxy.decisions import (
 )
 from streamquake.faults.proxy.framing import SSEFramer, count_events, parse_event
 from streamquake.faults.proxy.spec import fault_from_params
-from streamquake.faults.proxy.wire import CONTROL_PREFIX
+from streamquake.faults.proxy.wire import CONTROL_PREFIX, KEY_HEADER, PROXY_KEY_ENV
 from streamquake.procs import child_env, python_module_cmd, read_listening_line, spawn, stop
 from streamquake.units import parse_duration_s
 
@@ -69,6 +72,8 @@ class ProxyState:
     connect_timeout_s: float
     read_timeout_s: float
     insecure: bool = False
+    # A run's private proxy: faults change only with this key (KEY_HEADER); None: any caller.
+    control_key: str | None = None
     faults: dict[str, ActiveFault] = field(default_factory=dict)
     totals: Stats = field(default_factory=Stats)
     session: aiohttp.ClientSession | None = None
@@ -438,7 +443,23 @@ async def _relay_raw(resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
 # --- control API --------------------------------------------------------------------------------
 
 
+def _foreign(request: web.Request) -> web.Response | None:
+    """A 403 for a change to a private proxy's faults without its run's key; None if allowed."""
+    key = request.app[PROXY].control_key
+    if key is None or hmac.compare_digest(request.headers.get(KEY_HEADER, ""), key):
+        return None
+    log.warning("refused %s %s: not from the run this proxy belongs to", request.method,
+                request.path)
+    return web.json_response(
+        {"error": "this SSE proxy is a run's own: only that run puts faults into it or takes "
+                  "them out, so its verdicts measure its own faults; for a game day start a "
+                  "standing proxy (`streamquake proxy --upstream URL`) and inject into that"},
+        status=403)
+
+
 async def put_fault(request: web.Request) -> web.Response:
+    if (refused := _foreign(request)) is not None:
+        return refused
     proxy = request.app[PROXY]
     name = request.match_info["name"]
     try:
@@ -462,6 +483,8 @@ async def put_fault(request: web.Request) -> web.Response:
 
 
 async def delete_fault(request: web.Request) -> web.Response:
+    if (refused := _foreign(request)) is not None:
+        return refused
     proxy = request.app[PROXY]
     name = request.match_info["name"]
     af = proxy.faults.pop(name, None)
@@ -599,6 +622,7 @@ def main(argv: list[str] | None = None) -> None:
         upstream=upstream, seed=args.seed, insecure=args.upstream_insecure,
         connect_timeout_s=parse_duration_s(args.connect_timeout),
         read_timeout_s=parse_duration_s(args.read_timeout),
+        control_key=os.environ.pop(PROXY_KEY_ENV, None) or None,
     )
     run_serving(serve(state, args.host, args.port))
 
@@ -609,6 +633,7 @@ class ProxyProcess:
 
     proc: subprocess.Popen[bytes]
     url: str
+    key: str | None = None      # what its control API wants in KEY_HEADER to change faults
 
     @property
     def control_url(self) -> str:
@@ -631,17 +656,23 @@ class ProxyProcess:
 def start_proxy(upstream_url: str, seed: int = 0, ready_timeout_s: float = 15.0, *,
                 host: str = "127.0.0.1", port: int = 0, insecure: bool = False,
                 connect_timeout: str = "10s", read_timeout: str = "120s",
-                log_path: Path | None = None) -> ProxyProcess:
-    """Start the proxy as a child that dies with us; returns once it is listening."""
+                log_path: Path | None = None, private: bool = False) -> ProxyProcess:
+    """Start the proxy as a child that dies with us; returns once it is listening.
+    ``private``: a run's own, whose faults change only with the returned process's ``key``."""
     args = ["--upstream", upstream_url, "--host", host, "--port", str(port), "--seed", str(seed),
             "--connect-timeout", connect_timeout, "--read-timeout", read_timeout]
     if insecure:
         args.append("--upstream-insecure")
     cmd = python_module_cmd("streamquake.faults.proxy.server", *args)
+    key = secrets.token_urlsafe(24) if private else None
+    env = child_env()
+    env.pop(PROXY_KEY_ENV, None)
+    if key:
+        env[PROXY_KEY_ENV] = key
     log_file = open(log_path, "ab") if log_path is not None else None  # noqa: SIM115
     try:
         proc = spawn(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=log_file,
-                     env=child_env())
+                     env=env)
     finally:
         if log_file is not None:
             log_file.close()
@@ -650,7 +681,7 @@ def start_proxy(upstream_url: str, seed: int = 0, ready_timeout_s: float = 15.0,
     except BaseException:
         ProxyProcess(proc, "").stop()
         raise
-    return ProxyProcess(proc, url)
+    return ProxyProcess(proc, url, key)
 
 
 if __name__ == "__main__":

@@ -41,7 +41,8 @@ _FractionNotNull = Annotated[float, PERCENTAGE, BeforeValidator(_fraction_or_nul
 
 
 class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              allow_inf_nan=False)
 
     @model_validator(mode="before")
     @classmethod
@@ -85,7 +86,8 @@ _ACTIONS = (
 class SSEProxyFault(FaultSpec):
     """A fault the SSE proxy applies per event or per stream (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
+                              allow_inf_nan=False)
 
     type: Literal["sse_proxy"]
     drop: Fraction | None = Field(None, description="content events dropped")

@@ -105,7 +105,8 @@ def _register(url: str, upstream: str) -> Path:
 
 def _listen(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
-    if not sep or not host or not port.isdigit() or int(port) > 65535:
+    if (not sep or not host or not port.isascii() or not port.isdigit() or len(port) > 5
+            or int(port) > 65535):
         raise ScenarioError(f"--listen {text!r}: give HOST:PORT, e.g. 127.0.0.1:8081 (port 0: "
                             "any free port)")
     return host.strip("[]"), int(port)
@@ -127,6 +128,9 @@ def serve_standing(upstream: str, listen: str, *, seed: int = 0, insecure: bool 
         read_timeout_s = parse_duration_s(read_timeout)
     except ValueError as exc:
         raise ScenarioError(f"--read-timeout: {exc}") from None
+    if read_timeout_s < 0.1:
+        raise ScenarioError(f"--read-timeout {read_timeout}: every upstream pause would fail "
+                            "a request; give at least 100ms, e.g. --read-timeout 120s")
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format="streamquake-proxy: %(levelname)s %(message)s")
     state = ProxyState(upstream=target, seed=seed, insecure=insecure, connect_timeout_s=10.0,

@@ -41,7 +41,7 @@ class NetemFault(FaultSpec, TcPlacement):
 
     type: Literal["netem"] = "netem"
     profile: str | None = Field(None, description="a named network path whose settings are "
-                                "the defaults here (README: network profiles)")
+                                "the defaults here (docs: Faults, Profiles)")
     delay_ms: DurationMs = Field(0.0, alias="delay", ge=0, le=3_600_000,
                                  description="added to every packet")
     jitter_ms: DurationMs = Field(0.0, alias="jitter", ge=0, le=3_600_000,
