@@ -6,13 +6,20 @@ its gating timing checks are not judged, and a run where nothing broke then ends
 formats, counts or files written must not depend on that: ``assert_run_ok`` takes 0 or 6. A
 test about a verdict uses ``assert_verdict``: the code it expects, or 6 where the report says
 the checks that would have decided it were not judged.
+
+And what several tests need alike: a self-signed certificate for a TLS server on loopback, and
+waiting for a line a process prints.
 """
 
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from pathlib import Path
 from typing import Any, Protocol
+
+import pytest
 
 from streamquake.errors import EXIT_NOT_JUDGED, EXIT_OK, EXIT_SLO_BROKEN
 
@@ -90,3 +97,35 @@ def assert_run_ended(proc: Ended,
     """The run ran to its end with a verdict, whichever: 0, 1, or 6 (not judged). For a test
     that reads what a run measured and wrote, whatever its SLOs made of it."""
     assert proc.returncode in (EXIT_OK, EXIT_SLO_BROKEN, EXIT_NOT_JUDGED), _tail(proc, said)
+
+
+def self_signed_cert(directory: Path) -> tuple[Path, Path]:
+    """``(cert.pem, key.pem)`` in ``directory``: a P-256 certificate for ``localhost`` and
+    127.0.0.1, valid a day (openssl, as a user would make one)."""
+    cert, key = directory / "cert.pem", directory / "key.pem"
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
+         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
+         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
+        check=True, capture_output=True, timeout=30,
+    )
+    return cert, key
+
+
+def wait_for_line(proc: subprocess.Popen[str], text: str, times: int = 1,
+                  timeout_s: float = 60) -> list[str]:
+    """Read ``proc``'s stdout until ``text`` has appeared on ``times`` lines; return the lines
+    read. A process that ends first, or a deadline passed, fails the test with all it said (the
+    process killed). The test's own timeout bounds a process that prints nothing at all."""
+    assert proc.stdout is not None
+    seen: list[str] = []
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        seen.append(proc.stdout.readline())
+        if sum(text in s for s in seen) >= times:
+            return seen
+        if not seen[-1] and proc.poll() is not None:
+            break
+    proc.kill()
+    rest, _ = proc.communicate(timeout=60)
+    pytest.fail(f"never saw {text!r} {times} time(s):\n" + "".join(seen) + (rest or ""))

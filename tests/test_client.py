@@ -10,7 +10,6 @@ import json
 import random
 import socket
 import statistics
-import subprocess
 import sys
 import textwrap
 import urllib.request
@@ -25,6 +24,7 @@ from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.templates import expand_headers
 from tests.conftest import listening
+from tests.helpers import self_signed_cert
 
 SERVER_SRC = textwrap.dedent(
     r'''
@@ -110,13 +110,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, Path]]:
     tmp = tmp_path_factory.mktemp("tls")
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True, timeout=30,
-    )
+    cert, key = self_signed_cert(tmp)
     for url in start_server(tmp, str(cert), str(key)):
         yield url, cert
 

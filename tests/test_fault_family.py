@@ -13,7 +13,6 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ import pytest
 from streamquake.faults import catalog
 from streamquake.journal import Journal
 from tests.conftest import REPO, cli_cmd, run_cli
-from tests.helpers import assert_run_ok
+from tests.helpers import assert_run_ok, wait_for_line
 from tests.test_agent import call, start_agent, stop_agent
 
 FAMILY_ENV = {"STREAMQUAKE_FAULT_FAMILIES": "tests.example_family"}
@@ -53,19 +52,6 @@ def _start(scenario: Path, out: Path, state_dir: Path, *extra: str) -> subproces
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
 
-def _wait_for(proc: subprocess.Popen[str], text: str, timeout_s: float = 60) -> str:
-    assert proc.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        line = proc.stdout.readline()
-        seen.append(line)
-        if text in line:
-            return "".join(seen)
-        if not line and proc.poll() is not None:
-            break
-    proc.kill()
-    pytest.fail(f"never saw {text!r}:\n" + "".join(seen))
 
 
 @pytest.mark.timeout(60)
@@ -111,7 +97,7 @@ def test_example_family_is_found_and_validated(tmp_path: Path) -> None:
 def test_example_family_runs_and_reverts(tmp_path: Path, state_dir: Path) -> None:
     flag, out = tmp_path / "flag", tmp_path / "out"
     proc = _start(_scenario(tmp_path, flag), out, state_dir)
-    _wait_for(proc, "fault applied")
+    wait_for_line(proc, "fault applied")
     assert flag.read_text() == "fault on"          # the fault is real while its phase lasts
     assert stat.S_IMODE(flag.stat().st_mode) == 0o600      # its own scenario option, `mode`
     rest, _ = proc.communicate(timeout=60)
@@ -134,7 +120,7 @@ def test_example_family_killed_then_recovered(tmp_path: Path, state_dir: Path) -
     # The journal path on its own, as when the watchdog is gone too (its lease: lifecycle tests).
     proc = _start(_scenario(tmp_path, flag, fault_s=60), tmp_path / "out", state_dir,
                   "--no-watchdog")
-    _wait_for(proc, "fault applied")
+    wait_for_line(proc, "fault applied")
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=10)
     assert flag.exists()
@@ -154,7 +140,7 @@ def test_a_live_runs_fault_is_left_alone_and_one_removed_under_it_is_reported(
         tmp_path: Path, state_dir: Path) -> None:
     flag, out = tmp_path / "flag", tmp_path / "out"
     proc = _start(_scenario(tmp_path, flag, fault_s=6), out, state_dir)
-    _wait_for(proc, "fault applied")
+    wait_for_line(proc, "fault applied")
 
     # `recover` while the run is alive: its entry belongs to a live owner and is not touched.
     skipped = run_cli("recover", env=FAMILY_ENV)

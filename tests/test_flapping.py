@@ -14,7 +14,6 @@ import os
 import signal
 import statistics
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from streamquake.faults.flap import Flap
 from streamquake.scenario.advice import scenario_warnings
 from streamquake.scenario.loader import parse_scenario
 from tests.conftest import REPO, cli_cmd, run_cli
-from tests.helpers import assert_run_ok
+from tests.helpers import assert_run_ok, wait_for_line
 from tests.test_network_cli import _ours_in_kernel
 
 HEAD = """name: {name}
@@ -185,19 +184,6 @@ def test_a_flapping_fault_shows_its_pattern_per_second(tmp_path: Path, state_dir
     assert "flapped on 2 times" in (out / "summary.md").read_text()
 
 
-def _wait_for(proc: subprocess.Popen[str], line: str, times: int) -> list[str]:
-    assert proc.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        seen.append(proc.stdout.readline())
-        if sum(line in s for s in seen) >= times:
-            return seen
-        if not seen[-1] and proc.poll() is not None:
-            break
-    proc.kill()
-    rest, _ = proc.communicate(timeout=60)
-    pytest.fail(f"never saw {line!r} {times} times:\n" + "".join(seen) + rest)
 
 
 @pytest.mark.timeout(180)
@@ -212,7 +198,7 @@ def test_a_run_killed_while_flapping_on_is_recovered(kind: str, tmp_path: Path, 
                             cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, start_new_session=True)
     # The second on-edge: it was applied, reverted, and applied again under a new entry.
-    seen = _wait_for(proc, "fault applied", 2)
+    seen = wait_for_line(proc, "fault applied", 2, timeout_s=90)
     proc.send_signal(signal.SIGKILL)
     proc.communicate(timeout=60)
     assert any("fault reverted" in s for s in seen), "".join(seen)

@@ -24,7 +24,7 @@ from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from tests.conftest import REPO, cli_cmd, listening
-from tests.helpers import assert_run_ok
+from tests.helpers import assert_run_ok, self_signed_cert
 
 TIMEOUT_S = 1.5
 # Bounds are never passed by as much as a whole timeout more: only a hang (a bound not kept)
@@ -36,13 +36,7 @@ HANG_MS = TIMEOUT_S * 1000
 def hostile(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """(http URL, https URL with a self-signed certificate) of one hostile server process."""
     tmp = tmp_path_factory.mktemp("hostile")
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True, timeout=30,
-    )
+    cert, key = self_signed_cert(tmp)
     for urls in listening([sys.executable, str(REPO / "tests" / "hostile_server.py"),
                            str(cert), str(key)], "hostile server"):
         http, https = urls.split()

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import random
 import socket
-import subprocess
 import threading
 import time
 from collections.abc import Iterator
@@ -22,6 +21,7 @@ from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.stamps import Arrival, enable_kernel_timestamps
+from tests.helpers import self_signed_cert
 from tests.test_client import measure, plan_for, start_server
 
 BLOCK_S = 0.2
@@ -114,13 +114,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def tls_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     tmp = tmp_path_factory.mktemp("tls")
-    cert, key = tmp / "cert.pem", tmp / "key.pem"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
-         "-nodes", "-keyout", str(key), "-out", str(cert), "-days", "1", "-subj", "/CN=localhost",
-         "-addext", "subjectAltName=IP:127.0.0.1,DNS:localhost"],
-        check=True, capture_output=True, timeout=30,
-    )
+    cert, key = self_signed_cert(tmp)
     yield from start_server(tmp, str(cert), str(key))
 
 

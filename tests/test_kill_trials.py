@@ -24,6 +24,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import REPO, cli_cmd, how_ended, reap
+from tests.helpers import wait_for_line
 from tests.nvml_shim import FakeGpus
 from tests.test_network_cli import _none_left, _ours_in_kernel
 from tests.timing import descendants, recover_bound_s, timed_recover, wait_until
@@ -72,18 +73,6 @@ def _start(kind: str, tmp_path: Path, env: dict[str, str],
                             text=True, start_new_session=True)
 
 
-def _wait_for_fault(proc: subprocess.Popen[str]) -> None:
-    assert proc.stdout is not None
-    seen: list[str] = []
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        seen.append(proc.stdout.readline())
-        if "fault applied" in seen[-1]:
-            return
-        if not seen[-1] and proc.poll() is not None:
-            break
-    proc.kill()
-    pytest.fail("the run never applied its fault:\n" + "".join(seen))
 
 
 def _recover_once(env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -153,7 +142,7 @@ def test_a_killed_run_leaves_nothing(kind: str, how: str, tmp_path: Path, state_
     env = _env(kind, gpus, state_dir)
     before, original_gpus = _ours_in_kernel(), gpus.text()
     proc = _start(kind, tmp_path, env)
-    _wait_for_fault(proc)
+    wait_for_line(proc, "fault applied")
     children = descendants(proc.pid)
     assert children, "the run has a target and a load generator"
     if how == "kill":
