@@ -237,7 +237,8 @@ class Anthropic(WireProtocol):
         if cap is None:
             raise BadRequest("'max_tokens' is required")
         req.require_stream(obj)
-        return GenRequest(model=model_name, prompt_tokens=req.count_tokens(prompt), max_tokens=cap)
+        return GenRequest(model=model_name, prompt_tokens=req.count_tokens(prompt), max_tokens=cap,
+                          prompt=prompt)
 
     def error_body(self, status: int, message: str) -> JsonDict:
         kind = "api_error" if status >= 500 else "invalid_request_error"

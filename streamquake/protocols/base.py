@@ -101,6 +101,7 @@ class GenRequest:
     prompt_tokens: int
     max_tokens: int | None
     include_usage: bool = False
+    prompt: str = ""             # the prompt's text, for a target that caches prefixes
 
 
 @dataclass(frozen=True)
@@ -174,6 +175,10 @@ class StreamEncoder(ABC):
     # call's arguments. A format with no such parts sends them as text (these defaults).
     reasoning_first = False
     tool_name: str | None = None
+    # The engine's own account of the prompt (llama-server's ``timings``: prompt_n, cache_n,
+    # prompt_ms), set by a target that keeps a prefix cache; a format that carries it sends it
+    # on its last event.
+    timings: JsonDict | None = None
 
     def reasoning(self, text_json: bytes) -> bytes:
         """One reasoning (thinking) event."""

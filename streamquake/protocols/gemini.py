@@ -196,6 +196,7 @@ class Gemini(WireProtocol):
         return GenRequest(
             model=model or "gemini",
             prompt_tokens=req.count_tokens(prompt),
+            prompt=prompt,
             max_tokens=req.optional_positive_int(config, "maxOutputTokens"),
         )
 

@@ -64,7 +64,8 @@ class LlamaCppEncoder(StreamEncoder):
             "has_new_line": False, "truncated": False,
             "stop_type": "limit" if done.truncated else "eos", "stopping_word": "",
             "tokens_cached": prompt_n + done.output_tokens,
-            "timings": {"prompt_n": prompt_n, "predicted_n": done.output_tokens},
+            "timings": {"prompt_n": prompt_n, **(self.timings or {}),
+                        "predicted_n": done.output_tokens},
         }
         return self._event(dumps(final))
 
@@ -119,7 +120,7 @@ class LlamaCpp(WireProtocol):
         req.require_stream(obj)
         name = obj.get("model")
         return GenRequest(model=name if isinstance(name, str) and name else "llama-cpp",
-                          prompt_tokens=req.count_tokens(prompt),
+                          prompt_tokens=req.count_tokens(prompt), prompt=prompt,
                           max_tokens=n if n is not None and n > 0 else None)
 
     def error_body(self, status: int, message: str) -> JsonDict:

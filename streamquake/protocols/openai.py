@@ -126,14 +126,23 @@ class OpenAIEncoder(StreamEncoder):
 
     def closing(self, done: Completion) -> bytes:
         finish = "length" if done.truncated else "tool_calls" if self._called else "stop"
-        out = self._event(dumps(self._chunk({}, finish)))
+        finish_chunk: dict[str, object] = self._chunk({}, finish)
+        last = finish_chunk
         if self.request.include_usage:
-            usage = {
+            usage: dict[str, object] = {
                 "prompt_tokens": self.request.prompt_tokens,
                 "completion_tokens": done.output_tokens,
                 "total_tokens": self.request.prompt_tokens + done.output_tokens,
             }
-            out += self._event(dumps({**self._base, "choices": [], "usage": usage}))
+            if self.timings is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": self.timings.get("cache_n")}
+            last = {**self._base, "choices": [], "usage": usage}
+        if self.timings is not None:
+            # As llama-server sends them: on the last chunk before [DONE].
+            last["timings"] = {**self.timings, "predicted_n": done.output_tokens}
+        out = self._event(dumps(finish_chunk))
+        if last is not finish_chunk:
+            out += self._event(dumps(last))
         return out + self._event(b"[DONE]")
 
 
@@ -253,6 +262,7 @@ class OpenAI(WireProtocol):
         return GenRequest(
             model=model_name,
             prompt_tokens=req.count_tokens(prompt),
+            prompt=prompt,
             max_tokens=cap,
             include_usage=options.get("include_usage") is True,
         )
@@ -355,6 +365,7 @@ class OpenAICompletions(OpenAI):
         return GenRequest(
             model=model_name,
             prompt_tokens=req.count_tokens(prompt),
+            prompt=prompt,
             max_tokens=req.optional_positive_int(obj, "max_tokens"),
             include_usage=options.get("include_usage") is True,
         )

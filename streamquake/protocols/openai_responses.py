@@ -297,7 +297,8 @@ class OpenAIResponses(WireProtocol):
             prompt += " " + obj["instructions"]
         req.require_stream(obj)
         return GenRequest(model=model_name, prompt_tokens=req.count_tokens(prompt),
-                          max_tokens=req.optional_positive_int(obj, "max_output_tokens"))
+                          max_tokens=req.optional_positive_int(obj, "max_output_tokens"),
+                          prompt=prompt)
 
     def error_body(self, status: int, message: str) -> JsonDict:
         kind = "server_error" if status >= 500 else "invalid_request_error"

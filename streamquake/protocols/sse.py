@@ -75,6 +75,7 @@ class GenericSSE(WireProtocol):
         return GenRequest(
             model="sse",
             prompt_tokens=req.count_tokens(prompt),
+            prompt=prompt,
             max_tokens=req.optional_positive_int(obj, "max_tokens"),
         )
 

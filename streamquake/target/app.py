@@ -27,6 +27,7 @@ from streamquake.protocols import (
 )
 from streamquake.target.config import TargetConfig
 from streamquake.target.formats import TOKEN_JSON, TOOL_NAME, tool_piece
+from streamquake.target.prefix_cache import SlotCache, add_routes, prefilled
 from streamquake.target.timing import DelaySampler, ResponsePlan, plan_response
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
@@ -95,6 +96,7 @@ class TargetState:
     scale: Callable[[], float] | None
     requests: int = 0
     send_log: SendLog | None = None
+    cache: SlotCache | None = None
 
     def next_index(self) -> int:
         self.requests += 1
@@ -201,12 +203,14 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
     try:
         await resp.prepare(request)
         # Queue wait counts toward TTFT: the clock for the first token starts at admission.
-        async with state.slots:
+        # The prefill of what the prompt cache lacks counts toward TTFT too (prefix_cache).
+        async with state.slots, prefilled(state.cache, gen.prompt) as prefill:
             delays = DelaySampler(cfg.ttft, cfg.itl, rng, state.scale)
             enc = fmt.encoder(gen, cfg.sse_event_ids)
             enc.stamp_send_time = cfg.stamp_send_time
             enc.reasoning_first = cfg.reasoning_tokens > 0 and bool(plan.tokens)
             enc.tool_name = TOOL_NAME if cfg.tool_call else None
+            enc.timings = prefill.timings() if prefill is not None else None
             if record is not None:
                 record.admitted_ns = time.time_ns()
                 record.response_id = enc.response_id
@@ -250,9 +254,13 @@ def build_app(config: TargetConfig) -> web.Application:
     app = web.Application()
     scale = _gpu_scale() if config.gpu_clock_scale else None
     send_log = SendLog(config.send_log) if config.send_log is not None else None
+    cache = SlotCache(config.prefix_cache) if config.prefix_cache is not None else None
     app[STATE_KEY] = TargetState(
-        config=config, slots=asyncio.Semaphore(config.capacity), scale=scale, send_log=send_log
+        config=config, slots=asyncio.Semaphore(config.capacity), scale=scale, send_log=send_log,
+        cache=cache,
     )
+    if cache is not None:
+        add_routes(app, cache)
     if send_log is not None:
         log = send_log
 

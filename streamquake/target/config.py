@@ -68,6 +68,17 @@ class OutputLength(_Frozen):
         return self
 
 
+class PrefixCache(_Frozen):
+    """A prefix (KV) cache per slot, as llama-server keeps one: a request's prompt tokens that a
+    slot already holds cost nothing, every other one costs ``prefill_per_token`` before the
+    first token. Flushed through llama-server's slots API, which the target then serves."""
+
+    slots: int = Field(default=4, ge=1, le=1024, description="cache slots (llama-server's -np)")
+    prefill_per_token_ms: DurationMs = Field(
+        default=1.0, alias="prefill_per_token", le=10_000,
+        description="time to read one prompt token the cache does not hold (a whitespace word)")
+
+
 class TargetConfig(_Frozen):
     protocols: list[Protocol] = Field(default_factory=lambda: list(typing.get_args(Protocol)))
     ttft: Delay = Field(default_factory=lambda: Fixed.model_validate({"value": "200ms"}))
@@ -119,6 +130,13 @@ class TargetConfig(_Frozen):
         "sent (epoch ns), and which writes carried a content event; for benchmarks that join "
         "a client's event times to the true send times (benchmarks/truth.py). A relative path "
         "is relative to the target process's working directory. Off by default",
+    )
+    prefix_cache: PrefixCache | None = Field(
+        default=None,
+        description="keep a prefix cache per slot, which prompt tokens already cached skip "
+        "and llama-server's slots API (GET /slots, POST /slots/{id}?action=erase) empties; "
+        "OpenAI and llama_cpp streams then carry llama-server's `timings` (prompt_n, cache_n). "
+        "Off by default: no prefill time, no slots API",
     )
     tls_cert: str | None = None
     tls_key: str | None = None
