@@ -136,6 +136,11 @@ _GROUP_OF = {module: group for group, modules in GROUPS.items() for module in mo
 SLOW: tuple[str, ...] = (
     # Real runs through llama-server, gateways and the proxy (added after that measurement).
     "test_answer_parts.py", "test_engine_parts.py", "test_held_answers.py",
+    # Real runs of 20-30 s, and one SIGKILLed while it flushes (issue 32).
+    "test_engine_cache_flush.py::test_a_flush_raises_ttft_in_its_step_only_and_counts_its_erases",
+    "test_engine_cache_flush.py::test_a_run_killed_while_flushing_leaves_nothing_flushing",
+    "test_engine_cache_flush.py::test_on_llama_server_the_engines_own_timings_show_the_flush_in_"
+    "its_step_only",
     "test_secrets_echoed.py", "test_probe.py",
     # Added this session: real runs of 20-40 s each.
     "test_otlp.py", "test_live_in_flight.py", "test_held_by_hand.py",
