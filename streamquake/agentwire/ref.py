@@ -6,25 +6,23 @@ from __future__ import annotations
 import re
 from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, field_validator
+from pydantic import BeforeValidator, Field, field_validator
 
 from streamquake.envref import is_env_name
-from streamquake.units import DURATION, parse_duration_s, text_only
+from streamquake.units import DURATION, ScenarioModel, parse_duration_s, text_only
 
 DEFAULT_TOKEN_ENV = "STREAMQUAKE_AGENT_TOKEN"
 DEFAULT_LEASE_S = 15.0
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 
 
-class AgentRef(BaseModel):
+class AgentRef(ScenarioModel):
     """``{name: gpu-host, url: https://10.0.0.5:7355, token_env: GPU_AGENT_TOKEN, lease: 15s}``.
 
     The token itself never appears in a scenario: ``token_env`` names the environment variable
     that holds it. ``ca_cert`` verifies the agent's certificate (default: the system's CAs);
     ``client_cert``/``client_key`` answer an agent that asks for one (mTLS).
     """
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
     name: str
     url: str

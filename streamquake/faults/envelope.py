@@ -9,23 +9,16 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, field_validator, model_validator
+from pydantic import field_validator
 
 from streamquake.faults.flap import Flap
-from streamquake.units import PlainName, bools_as_text
+from streamquake.units import PlainName, ScenarioModel
 
 PhaseName = Literal["warmup", "baseline", "fault", "recovery"]
 LOCAL = "local"
 
 
-class FaultSpec(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, data: object) -> object:
-        return bools_as_text(cls, data)
-
+class FaultSpec(ScenarioModel):
     type: str
     name: PlainName | None = None
     phase: PhaseName = "fault"

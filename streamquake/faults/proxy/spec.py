@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 from streamquake.faults.envelope import ENVELOPE, FaultSpec
 from streamquake.units import (
@@ -15,8 +15,8 @@ from streamquake.units import (
     DurationMs,
     DurationS,
     Fraction,
+    ScenarioModel,
     Size,
-    bools_as_text,
     parse_duration_ms,
     parse_fraction,
 )
@@ -40,14 +40,8 @@ PositiveMs = Annotated[float, DURATION, BeforeValidator(_positive_ms)]
 _FractionNotNull = Annotated[float, PERCENTAGE, BeforeValidator(_fraction_or_null)]
 
 
-class _Part(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
-                              allow_inf_nan=False)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, data: object) -> object:
-        return bools_as_text(cls, data)
+class _Part(ScenarioModel):
+    pass
 
 
 class Stall(_Part):
@@ -85,9 +79,6 @@ _ACTIONS = (
 
 class SSEProxyFault(FaultSpec):
     """A fault the SSE proxy applies per event or per stream (see the module docstring)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
-                              allow_inf_nan=False)
 
     type: Literal["sse_proxy"]
     drop: Fraction | None = Field(None, description="content events dropped")
