@@ -58,6 +58,9 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     # Faults: the GPU scenario against the emulated NVML driver
     "streamquake run scenarios/gpu-downclock.yaml --out out/gpu":
         (DRY_RUN, "a real run of 33 s through the emulated NVML driver (tests/test_gpu_clocks.py)"),
+    # README, "Engine faults: the KV cache flushed"
+    "streamquake run scenarios/kv-cache-flush.yaml --out out/kv-cache-flush":
+        (DRY_RUN, "a real run of 28 s (tests/test_engine_cache_flush.py runs its like)"),
     # Capacity under fault
     "streamquake capacity capacity.yaml --warmup 6s --probe 4s --precision 20% --no-watchdog":
         (NOT_RUN, "a search of several minutes, on a scenario of the suite's "

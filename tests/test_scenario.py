@@ -28,8 +28,8 @@ EXPECTED = {
         "6:3: phases.baseline: expected a duration like '100ms' or '30s', got '10 sec'"
     ],
     "unknown_fault_type.yaml": [
-        "7:5: faults.0.type: 'chaos_monkey' is not a type known here (hint: one of: gpu_clocks, "
-        "netem, sse_proxy, tbf)"
+        "7:5: faults.0.type: 'chaos_monkey' is not a type known here (hint: one of: cache_flush, "
+        "gpu_clocks, netem, sse_proxy, tbf)"
     ],
     "percentile_missing.yaml": [
         "7:5: slos.0: 'ttft_ms' is a distribution: add 'percentile', e.g. 95"
