@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Annotated, Literal
 from urllib.parse import urlsplit
 
-from pydantic import AfterValidator, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, Field, field_validator
 
 from streamquake.faults.envelope import FaultSpec
 from streamquake.units import DurationMs
@@ -32,9 +32,6 @@ def _timeout(ms: float) -> float:
 class CacheFlushFault(FaultSpec):
     """``{type: cache_flush, every: 250ms}``: erase the serving engine's KV (prefix) cache
     through llama-server's slots API, once at apply or on a period inside the window."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True,
-                              allow_inf_nan=False)
 
     type: Literal["cache_flush"] = "cache_flush"
     every_ms: Annotated[DurationMs, AfterValidator(_every)] | None = Field(
