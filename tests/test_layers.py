@@ -1,6 +1,7 @@
 """The import contract (pyproject's [tool.importlinter]: one-way layers, no circles, no gevent in
-the header templates) holds, and it has teeth: one upward import, one circle or one path to
-gevent planted in a copy of the package breaks it."""
+the header templates, fault families' internals private and families independent) holds, and it
+has teeth: one upward import, one circle, one path to gevent, one reach into a family's
+internals or one family importing another, planted in a copy of the package, breaks it."""
 
 from __future__ import annotations
 
@@ -24,7 +25,7 @@ def _lint(root: Path) -> subprocess.CompletedProcess[str]:
 def test_the_package_keeps_its_import_contract() -> None:
     done = _lint(ROOT)
     assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
-    assert "3 kept, 0 broken" in done.stdout
+    assert "5 kept, 0 broken" in done.stdout
 
 
 @pytest.fixture
@@ -63,3 +64,24 @@ def test_gevent_reached_from_the_templates_breaks_the_contract(copy: Path) -> No
     done = _lint(copy)
     assert done.returncode != 0
     assert "streamquake.loadgen.templates is not allowed to import gevent" in done.stdout
+
+
+def test_a_reach_into_a_familys_internals_breaks_the_contract(copy: Path) -> None:
+    # The agent reading the proxy family's spec instead of going through the catalog.
+    _plant(copy / "streamquake" / "agent" / "holder.py",
+           "import streamquake.faults.proxy.spec  # noqa")
+    done = _lint(copy)
+    assert done.returncode != 0
+    assert "A fault family's internals are imported only inside faults/ BROKEN" in done.stdout
+    assert "- streamquake.agent.holder -> streamquake.faults.proxy.spec" in done.stdout
+
+
+def test_one_family_importing_another_breaks_the_contract(copy: Path) -> None:
+    # The tc family borrowing the proxy family's address parser.
+    _plant(copy / "streamquake" / "faults" / "tc" / "profiles.py",
+           "import streamquake.faults.proxy.standing  # noqa")
+    done = _lint(copy)
+    assert done.returncode != 0
+    assert "No fault family imports another BROKEN" in done.stdout
+    assert "streamquake.faults.tc is not allowed to import streamquake.faults.proxy" \
+        in done.stdout

@@ -97,6 +97,11 @@ EXPECTED = {
         "3:62: the tag !custom is not supported in a scenario (remove it)",
         "4:7: the tag !!set is not supported in a scenario (remove it)",
     ],
+    # The names come from the families that offer profiles (tc), through the catalog.
+    "unknown_network_profile.yaml": [
+        "5:3: network.profile: unknown network profile 'moon-link'; known profiles: "
+        "cross-region, same-az",
+    ],
     "many_problems.yaml": [
         "3:3: target.protocol: Input should be 'gemini', 'openai', 'anthropic', 'sse', "
         "'openai_responses' or 'llama_cpp' (hint: use one of the values listed)",

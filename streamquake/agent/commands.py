@@ -37,13 +37,7 @@ from streamquake.errors import (
     StreamquakeError,
     validation_sentences,
 )
-from streamquake.faults.catalog import fault_types
-from streamquake.faults.proxy.standing import (
-    START_HINT,
-    control_url_for,
-    proxy_address,
-    running_proxies,
-)
+from streamquake.faults.catalog import fault_types, standing_for, standings
 from streamquake.faults.written import settings_text
 from streamquake.units import format_clock, format_duration, parse_duration_s
 
@@ -138,30 +132,32 @@ def build_fault(type_name: str, words: list[str], name: str | None,
     return fault
 
 
-def _standing_proxy(type_name: str, proxy: str | None, where: Where) -> str | None:
-    """The control URL of the standing SSE proxy an sse_proxy fault goes into: ``--proxy``, or
-    else the one standing proxy that runs here."""
-    if type_name != "sse_proxy":
-        if proxy is not None:
-            raise ScenarioError(f"--proxy names a standing SSE proxy, for sse_proxy faults; "
-                                f"leave it out for {type_name}")
+def _standing_url(type_name: str, given: str | None, where: Where) -> str | None:
+    """The control URL of the standing resource (a standing SSE proxy) a fault of this type goes
+    into: ``--proxy``, or else the one of its kind that runs here."""
+    standing = standing_for(type_name)
+    if standing is None:
+        if given is not None:
+            what = " or ".join(f"a {s.what}, for {', '.join(sorted(s.types))} faults"
+                               for s in standings()) or "a standing resource"
+            raise ScenarioError(f"--proxy names {what}; leave it out for {type_name}")
         return None
-    if proxy is not None:
+    if given is not None:
         try:
-            return control_url_for(proxy)
+            return standing.control_url(given)
         except ValueError as exc:
             raise ScenarioError(f"--proxy: {exc}") from None
     if where.url is not None:
-        raise ScenarioError("with --at, name the standing SSE proxy the fault goes into: "
+        raise ScenarioError(f"with --at, name the {standing.what} the fault goes into: "
                             "--proxy HOST:PORT, as the agent's host reaches it")
-    found = running_proxies()
+    found = standing.running()
     if not found:
-        raise InjectorError(f"no standing SSE proxy runs here for an sse_proxy fault to act in: "
-                            f"start one with `{START_HINT}` (it prints its address), send the "
-                            "traffic through it, and inject again")
+        raise InjectorError(f"no {standing.what} runs here for {type_name} faults to act in: "
+                            f"start one with `{standing.start_hint}` (it prints its address), "
+                            "send the traffic through it, and inject again")
     if len(found) > 1:
         listed = ", ".join(f"{p.address} (-> {p.upstream})" for p in found)
-        raise ScenarioError(f"{len(found)} standing SSE proxies run here: {listed}; name one "
+        raise ScenarioError(f"{len(found)} {standing.plural} run here: {listed}; name one "
                             "with --proxy HOST:PORT")
     return found[0].control_url
 
@@ -175,7 +171,7 @@ def inject(console: Console, type_name: str, words: list[str], lease: str, name:
         raise ScenarioError(f"--for: {exc}") from None
     if lease_s <= 0:
         raise ScenarioError("--for must be longer than 0 s, e.g. --for 2m")
-    control_url = _standing_proxy(type_name, proxy, where)
+    control_url = _standing_url(type_name, proxy, where)
     owner = f"{getpass.getuser()}@{socket.gethostname()} (inject, pid {os.getpid()})"
     req = ApplyRequest(fault=fault, lease=lease_s, owner=owner, target=_parse_target(target),
                        proxy=control_url)
@@ -196,8 +192,9 @@ def inject(console: Console, type_name: str, words: list[str], lease: str, name:
         _print_json(console, held)
         return
     at = "the local agent" if where.url is None else f"the agent at {where.url}"
-    if control_url is not None:
-        at += f" into the SSE proxy at {proxy_address(control_url)}"
+    if control_url is not None and (standing := standing_for(type_name)) is not None:
+        at += (f" into the {standing.what.removeprefix('standing ')} at "
+               f"{standing.address(control_url)}")
     console.print(f"injected {held.name} ({held.type}) on {held.host} through {at}: held for "
                   f"{format_duration(held.lease_s)}, until {format_clock(held.expires_at)}; revert "
                   f"early with `streamquake revert {held.name}"

@@ -37,7 +37,7 @@ from streamquake.agentwire.api import (
     RevertedAll,
 )
 from streamquake.errors import StreamquakeError, validation_sentences
-from streamquake.faults.catalog import fault_types
+from streamquake.faults.catalog import fault_types, standing_for, standings
 from streamquake.faults.contract import (
     EndsByItself,
     FaultSpec,
@@ -46,9 +46,6 @@ from streamquake.faults.contract import (
     Preflights,
     RunContext,
 )
-from streamquake.faults.proxy.resources import FaultProxy
-from streamquake.faults.proxy.spec import SSEProxyFault
-from streamquake.faults.proxy.standing import control_url_for
 from streamquake.faults.written import as_written
 from streamquake.journal import Journal, JournalEntry
 from streamquake.jsontypes import JsonDict
@@ -268,19 +265,20 @@ class Holder:
             except ValidationError as exc:
                 problems = validation_sentences(exc, "network")
                 raise AgentError(400, "; ".join(problems), problems) from None
-        refused = self.allow.refusal(spec, HoldRequest(network, _standing_proxy(req, spec)))
+        refused = self.allow.refusal(spec, HoldRequest(network, _standing_url(req, spec)))
         if refused:
             raise AgentError(403, refused)
         return spec, network
 
     def _injector(self, req: ApplyRequest, spec: FaultSpec,
                   network: NetworkConfig | None) -> Injector:
-        proxy = _standing_proxy(req, spec)
+        standing = standing_for(spec.type)
+        url = _standing_url(req, spec)
         ctx = RunContext(
             target_host=req.target.host if req.target else "",
             target_port=req.target.port if req.target else 0,
             run_dir=self.state_dir, network=network, journal=self.journal,
-            resources=[FaultProxy.attached(proxy)] if proxy else [],
+            resources=[standing.attach(url)] if standing and url else [],
         )
         try:
             return fault_types()[spec.type].injector()(spec, ctx)
@@ -482,15 +480,19 @@ class Holder:
         return ended
 
 
-def _standing_proxy(req: ApplyRequest, spec: FaultSpec) -> str | None:
-    """The control URL of the standing SSE proxy the request names (``proxy``), if any."""
+def _standing_url(req: ApplyRequest, spec: FaultSpec) -> str | None:
+    """The control URL of the standing resource (a standing SSE proxy) the request names
+    (``proxy``), if any."""
     if req.proxy is None:
         return None
-    if not isinstance(spec, SSEProxyFault):
-        raise AgentError(400, f"`proxy` names a standing SSE proxy, for sse_proxy faults; "
-                         f"{spec.label} is a {spec.type} fault: leave it out")
+    standing = standing_for(spec.type)
+    if standing is None:
+        what = " or ".join(f"a {s.what}, for {', '.join(sorted(s.types))} faults"
+                           for s in standings()) or "a standing resource"
+        raise AgentError(400, f"`proxy` names {what}; {spec.label} is a {spec.type} fault: "
+                         "leave it out")
     try:
-        return control_url_for(req.proxy)
+        return standing.control_url(req.proxy)
     except ValueError as exc:
         raise AgentError(400, f"proxy: {exc}") from None
 

@@ -21,6 +21,7 @@ from streamquake.faults.contract import (
     FaultType,
     Recoverer,
     Recovers,
+    Standing,
 )
 
 FAMILIES_ENV = "STREAMQUAKE_FAULT_FAMILIES"
@@ -105,3 +106,20 @@ def recoverer(entry_type: str) -> Recoverer:
     if not isinstance(factory, Recovers):
         raise StreamquakeError(f"fault type {entry_type!r} cannot be recovered from the journal")
     return factory.recover
+
+
+def standing_for(type_name: str) -> Standing | None:
+    """The standing resource faults of this type go into (None: they go into none)."""
+    return family_of(type_name).standing
+
+
+def standings() -> list[Standing]:
+    """Every family's standing resource, in family order."""
+    return [f.standing for f in families() if f.standing is not None]
+
+
+def check_network_profile(name: str) -> None:
+    """Raise ValueError with a sentence unless a family offers the network profile ``name``."""
+    known = sorted(p for f in families() if f.network_profiles for p in f.network_profiles())
+    if name not in known:
+        raise ValueError(f"unknown network profile {name!r}; known profiles: {', '.join(known)}")

@@ -48,7 +48,8 @@ __all__ = [
     "FaultType",
     "HoldRequest", "Injector", "InjectorError", "InjectorFactory", "Journal", "JournalEntry",
     "JsonDict", "JsonValue", "NetworkView", "PreflightError", "Preflights", "Recoverer",
-    "Recovers", "Resource", "RevertError", "RunContext", "ScenarioView", "TargetView", "Wiring",
+    "Recovers", "Resource", "RevertError", "RunContext", "RunningStanding", "ScenarioView",
+    "Standing", "TargetView", "Wiring",
 ]
 
 
@@ -239,10 +240,49 @@ anything)."""
 @dataclass(frozen=True)
 class HoldRequest:
     """What a controller's request to an agent says around the fault: the network section it
-    runs under and the standing SSE proxy (control URL) the fault would go into."""
+    runs under and the standing resource (its control URL, e.g. a standing SSE proxy's) the
+    fault would go into."""
 
     network: NetworkView | None = None
-    proxy: str | None = None
+    standing: str | None = None
+
+
+@dataclass(frozen=True)
+class RunningStanding:
+    """A standing resource that runs on this host: its address, what it stands in front of,
+    and its control URL."""
+
+    address: str
+    upstream: str
+    control_url: str
+
+
+def _nothing_runs() -> Sequence[RunningStanding]:
+    return ()
+
+
+@dataclass(frozen=True)
+class Standing:
+    """A resource of a family's that a person starts and keeps up through a game day (the SSE
+    proxy's ``streamquake proxy``), which the family's hand-held faults go into: ``inject``'s
+    ``--proxy HOST:PORT`` names one, the agent's request carries its control URL, and the
+    injector finds it among the run's resources as ``attach(control_url)``.
+
+    ``what`` names it in sentences ("standing SSE proxy", ``plural`` "standing SSE proxies");
+    ``types`` the fault types that go
+    into one; ``control_url(text)`` turns what a person writes into its control URL (a
+    ValueError is a sentence); ``address(control_url)`` is how output names it; ``running()``
+    lists those up on this host; ``start_hint`` is the command that starts one.
+    """
+
+    what: str
+    plural: str
+    types: frozenset[str]
+    control_url: Callable[[str], str]
+    address: Callable[[str], str]
+    attach: Callable[[str], Resource]
+    start_hint: str
+    running: Callable[[], Sequence[RunningStanding]] = _nothing_runs
 
 
 @dataclass(frozen=True)
@@ -304,6 +344,8 @@ class Family:
     for the whole run. ``recoverers`` maps journal entry types that are not fault types (a
     namespace, say) to what undoes them after a killed run. ``agent``: what an agent may be told
     to allow of it (any agent holds any family's faults; this narrows what it accepts).
+    ``standing``: the resource a person keeps up that its hand-held faults go into, if any.
+    ``network_profiles``: the names ``network.profile`` may take, where the family applies them.
     """
 
     name: str
@@ -312,3 +354,6 @@ class Family:
     implied: Callable[[ScenarioView], Sequence[FaultSpec]] = _no_faults
     recoverers: Mapping[str, Callable[[], Recoverer]] = field(default_factory=dict)
     agent: AgentAbility = AgentAbility()
+    standing: Standing | None = None
+    # The named network profiles (``network.profile``) the family applies for a whole run.
+    network_profiles: Callable[[], Sequence[str]] | None = None

@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import field_validator, model_validator
 
-from streamquake.faults.tc.profiles import get_profile
+from streamquake.faults.catalog import check_network_profile
 from streamquake.units import ScenarioModel
 
 
@@ -28,7 +28,7 @@ class NetworkConfig(ScenarioModel):
     @classmethod
     def _known_profile(cls, v: str | None) -> str | None:
         if v is not None:
-            get_profile(v)
+            check_network_profile(v)
         return v
 
     @model_validator(mode="after")

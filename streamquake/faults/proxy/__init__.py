@@ -18,7 +18,9 @@ from streamquake.faults.contract import (
     HoldRequest,
     InjectorFactory,
     Resource,
+    RunningStanding,
     ScenarioView,
+    Standing,
 )
 from streamquake.faults.proxy.spec import SSEProxyFault
 
@@ -50,15 +52,39 @@ def _address(text: str) -> str:
 
 def _refusal(spec: FaultSpec, allows: Allows, request: HoldRequest) -> str | None:
     proxies = allows.get("proxies")
-    if not isinstance(spec, SSEProxyFault) or request.proxy is None or proxies is None:
+    if not isinstance(spec, SSEProxyFault) or request.standing is None or proxies is None:
         return None
     from streamquake.faults.proxy.standing import proxy_address
 
-    address = proxy_address(request.proxy)
+    address = proxy_address(request.standing)
     if address in proxies:
         return None
     return (f"this agent may not touch the SSE proxy at {address}; it may touch only "
             f"{', '.join(sorted(proxies))} (its --allow-proxies)")
+
+
+def _control_url(text: str) -> str:
+    from streamquake.faults.proxy.standing import control_url_for
+
+    return control_url_for(text)
+
+
+def _shown(control_url: str) -> str:
+    from streamquake.faults.proxy.standing import proxy_address
+
+    return proxy_address(control_url)
+
+
+def _attach(control_url: str) -> Resource:
+    from streamquake.faults.proxy.resources import FaultProxy
+
+    return FaultProxy.attached(control_url)
+
+
+def _running() -> Sequence[RunningStanding]:
+    from streamquake.faults.proxy.standing import running_proxies
+
+    return [RunningStanding(p.address, p.upstream, p.control_url) for p in running_proxies()]
 
 
 FAMILY = Family(
@@ -71,4 +97,7 @@ FAMILY = Family(
         options=(AllowOption("proxies", "Standing SSE proxies (HOST:PORT) sse_proxy faults may "
                              "go into (default: any).", "SSE proxies", _address),),
         refusal=_refusal),
+    standing=Standing("standing SSE proxy", "standing SSE proxies", frozenset({"sse_proxy"}),
+                      _control_url, _shown, _attach, "streamquake proxy --upstream URL",
+                      _running),
 )

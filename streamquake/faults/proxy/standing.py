@@ -26,8 +26,6 @@ from streamquake.journal import owner_alive, pid_start_time, state_dir
 from streamquake.loopback import is_loopback
 from streamquake.units import parse_duration_s
 
-START_HINT = "streamquake proxy --upstream URL"
-
 
 def control_url_for(text: str) -> str:
     """A standing proxy as a person names it (``HOST:PORT``, its URL ``http://HOST:PORT``, or its

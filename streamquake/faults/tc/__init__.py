@@ -135,6 +135,12 @@ def _capabilities() -> Mapping[str, bool]:
     return {"cap_net_admin": has_cap_net_admin()}
 
 
+def _network_profiles() -> Sequence[str]:
+    from streamquake.faults.tc.profiles import PROFILES
+
+    return sorted(PROFILES)
+
+
 FAMILY = Family(
     name="tc",
     faults=(
@@ -152,4 +158,5 @@ FAMILY = Family(
         options=(AllowOption("interfaces", "Network interfaces tc faults may shape (default: "
                              "any).", "interfaces"),),
         refusal=_refusal, capabilities=_capabilities),
+    network_profiles=_network_profiles,
 )
