@@ -111,6 +111,9 @@ def test_example_family_runs_and_reverts(tmp_path: Path, state_dir: Path) -> Non
     assert record["applied"] == {"path": str(flag), "bytes": 8}
     assert record["reverted"] == {"removed": True} and record["error"] is None
     assert report["telemetry"]["stopwatch"]["up_s"] > 5    # its run-long resource was up
+    # Its telemetry is charted in report.html as a GPU's is: the family said how, nothing else.
+    html = (out / "report.html").read_text()
+    assert "<h2>Example stopwatch</h2>" in html and 'data-chart="stopwatch-up_s"' in html
     assert json.loads((state_dir / "journal.json").read_text()) == []
 
 

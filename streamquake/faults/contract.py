@@ -49,7 +49,7 @@ __all__ = [
     "HoldRequest", "Injector", "InjectorError", "InjectorFactory", "Journal", "JournalEntry",
     "JsonDict", "JsonValue", "NetworkView", "PreflightError", "Preflights", "Recoverer",
     "Recovers", "Resource", "RevertError", "RunContext", "RunningStanding", "ScenarioView",
-    "Standing", "TargetView", "Wiring",
+    "Standing", "TargetView", "TelemetryChart", "Wiring", "charted",
 ]
 
 
@@ -213,6 +213,29 @@ class Resource(Protocol):
     def stop(self) -> None: ...
 
     def report(self) -> JsonDict | None: ...
+
+
+@dataclass(frozen=True)
+class TelemetryChart:
+    """One chart report.html draws of a resource's telemetry: ``field`` of each sample over the
+    run's time (``t``, wall clock), one line per ``series_by`` value."""
+
+    field: str
+    title: str
+    unit: str
+
+
+def charted(samples: Sequence[JsonDict], heading: str, caption: str,
+            charts: Sequence[TelemetryChart], series_by: str | None = None,
+            series_label: str = "") -> JsonDict:
+    """A resource's ``report()`` of samples that report.html charts (any family's, under
+    ``telemetry.<key>``): ``samples`` each with ``t`` (epoch seconds) and the charts' fields;
+    ``series_by`` the field that tells one line from another (a GPU's index), shown as
+    ``series_label`` and its value ("GPU 0")."""
+    return {"samples": list(samples), "chart": {
+        "heading": heading, "caption": caption, "series_by": series_by,
+        "series_label": series_label,
+        "charts": [{"field": c.field, "title": c.title, "unit": c.unit} for c in charts]}}
 
 
 @dataclass(frozen=True)

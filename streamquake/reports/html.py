@@ -169,7 +169,7 @@ def render_html(result: RunResult) -> str:
     _cdfs(page)
     _classes(page)
     _faults(page)
-    _gpu(page)
+    _telemetry(page)
     _trend(page)
     _environment(page)
     body = "".join(page.parts)
@@ -620,27 +620,36 @@ def _kv(value: JsonValue) -> str:
     return "-" if not text else "<br>".join(_t(p) for p in text.split(" "))
 
 
-def _gpu(page: _Page) -> None:
-    gpu = _dict(page.r.telemetry.get("gpu"))
-    raw = gpu.get("samples")
-    samples = [s for s in raw if isinstance(s, dict)] if isinstance(raw, list) else []
-    if not samples:
-        return
-    page.add("<h2>GPU telemetry</h2><p class=\"cap\">NVML, once a second, on the run's time "
-             "axis; shaded: fault windows.</p>")
-    gpus = sorted({str(s.get("gpu")) for s in samples})
-    for key, title, unit in (("sm_clock_mhz", "SM clock", "MHz"),
-                             ("util_gpu_pct", "GPU utilisation", "%"),
-                             ("power_w", "Power", "W")):
-        lines = []
-        for i, g in enumerate(gpus):
-            pts: list[tuple[float, float | None]] = []
-            for s in samples:
-                t = _num(s.get("t"))
-                if str(s.get("gpu")) == g and t is not None:
-                    pts.append((t - page.t0, _num(s.get(key))))
-            lines.append(svg.Line(f"GPU {g}", svg.EXTRA[i % len(svg.EXTRA)], pts))
-        page.add(page.timed(f"gpu-{key}", f"{title} ({unit})", lines, unit))
+def _telemetry(page: _Page) -> None:
+    """Every resource's telemetry that says how to chart it (``faults.contract.charted``): the
+    GPU family's NVML samples, or any other family's."""
+    for name, value in sorted(page.r.telemetry.items()):
+        report = _dict(value)
+        chart = _dict(report.get("chart"))
+        raw = report.get("samples")
+        samples = [s for s in raw if isinstance(s, dict)] if isinstance(raw, list) else []
+        listed = chart.get("charts")
+        charts = [c for c in listed if isinstance(c, dict)] if isinstance(listed, list) else []
+        if not samples or not charts:
+            continue
+        by = chart.get("series_by")
+        label = str(chart.get("series_label") or "")
+        page.add(f"<h2>{_t(str(chart.get('heading') or name))}</h2>"
+                 f"<p class=\"cap\">{_t(str(chart.get('caption') or ''))}</p>")
+        series = sorted({str(s.get(by)) for s in samples}) if isinstance(by, str) else [""]
+        for c in charts:
+            field, unit = str(c.get("field")), str(c.get("unit") or "")
+            lines = []
+            for i, one in enumerate(series):
+                pts: list[tuple[float, float | None]] = []
+                for s in samples:
+                    t = _num(s.get("t"))
+                    if t is not None and (not isinstance(by, str) or str(s.get(by)) == one):
+                        pts.append((t - page.t0, _num(s.get(field))))
+                lines.append(svg.Line(f"{label} {one}".strip() or field,
+                                      svg.EXTRA[i % len(svg.EXTRA)], pts))
+            page.add(page.timed(f"{name}-{field}", f"{c.get('title') or field} ({unit})", lines,
+                                unit))
 
 
 def _trend(page: _Page) -> None:

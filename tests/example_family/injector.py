@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Literal
 
 from streamquake.errors import RevertError
-from streamquake.faults.contract import JsonDict, RunContext, Wiring
+from streamquake.faults.contract import JsonDict, RunContext, TelemetryChart, Wiring, charted
 from streamquake.journal import JournalEntry
 from tests.example_family import MarkerFileFault
 
@@ -51,6 +51,9 @@ def _remove(path: Path) -> bool:
     return True
 
 
+CHARTS = (TelemetryChart("up_s", "Parts up", "s"),)
+
+
 class Stopwatch:
     """A run-long resource: how long the run's parts were up (shows in telemetry.stopwatch)."""
 
@@ -71,4 +74,8 @@ class Stopwatch:
     def report(self) -> JsonDict | None:
         if self.started is None or self.stopped is None:
             return None
-        return {"up_s": round(self.stopped - self.started, 3)}
+        up = round(self.stopped - self.started, 3)
+        # Charted in report.html like the GPU family's telemetry: any family's samples can be.
+        return {"up_s": up, **charted(
+            [{"t": self.started, "up_s": 0.0}, {"t": self.stopped, "up_s": up}],
+            "Example stopwatch", "how long the run's parts were up", CHARTS)}

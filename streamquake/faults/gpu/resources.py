@@ -4,8 +4,12 @@ from __future__ import annotations
 
 from typing import Literal
 
-from streamquake.faults.contract import JsonDict, RunContext, Wiring
+from streamquake.faults.contract import JsonDict, RunContext, TelemetryChart, Wiring, charted
 from streamquake.faults.gpu.telemetry import GpuSampler
+
+CHARTS = (TelemetryChart("sm_clock_mhz", "SM clock", "MHz"),
+          TelemetryChart("util_gpu_pct", "GPU utilisation", "%"),
+          TelemetryChart("power_w", "Power", "W"))
 
 
 class GpuTelemetry:
@@ -31,4 +35,6 @@ class GpuTelemetry:
     def report(self) -> JsonDict | None:
         if self.sampler is None and not self.samples:
             return {"available": False}
-        return {"available": True, "samples": list(self.samples)}
+        return {"available": True, **charted(
+            self.samples, "GPU telemetry", "NVML, once a second, on the run's time axis; "
+            "shaded: fault windows.", CHARTS, series_by="gpu", series_label="GPU")}
