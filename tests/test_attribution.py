@@ -8,9 +8,9 @@ import random
 
 import pytest
 
+from streamquake.loadgen.attribution import attribute
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
-from streamquake.loadgen.scorecard import attribute
 from streamquake.run.scoring import score_samples as score
 from streamquake.run.timeline import PhaseWindow
 from streamquake.run.verdicts import evaluate

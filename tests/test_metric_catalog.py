@@ -19,8 +19,8 @@ from prometheus_client import generate_latest
 from pydantic import ValidationError
 
 from streamquake import metric_catalog as catalog
+from streamquake.loadgen import attribution, scorecard
 from streamquake.loadgen import metrics as loadgen_metrics
-from streamquake.loadgen import scorecard
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
 from streamquake.metric_catalog import CATALOG, METRICS, names
@@ -265,9 +265,9 @@ def test_prometheus_exports_a_histogram_for_each_metric_the_catalog_exports() ->
     exported = {m.name: f"streamquake_{m.prometheus}_seconds" for m in CATALOG if m.prometheus}
     with tempfile.TemporaryDirectory() as tmp:
         srv = prometheus.MetricsServer(scenario="s", samples_dir=Path(tmp), port=None)
-        windows = [scorecard.Window("baseline", 999.0, 1010.0)]
+        windows = [attribution.Window("baseline", 999.0, 1010.0)]
         for s in _samples():
-            scorecard.attribute(s, windows, lambda name, s=s: srv._series(name, s.cls))
+            attribution.attribute(s, windows, lambda name, s=s: srv._series(name, s.cls))
         text = generate_latest(srv.registry).decode()
     seconds = {line.split()[2] for line in text.splitlines()
                if line.startswith("# TYPE") and line.split()[3] == "histogram"}

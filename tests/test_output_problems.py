@@ -85,7 +85,9 @@ def test_a_disk_that_fills_up_loses_only_the_files_being_written(scenario: Path,
     rest, err = proc.communicate(timeout=60)
     stdout = "".join(lines) + rest
     assert proc.returncode == 3, stdout + err
-    assert "ALL SLOs MET" in stdout                 # the verdict reached the terminal
+    # The verdict reached the terminal (met; or met as far as judged where a saturated step left
+    # a timing out: the run's words for that, README "Commands and exit codes").
+    assert "SLOs MET" in stdout, stdout
     assert "Error: could not write" in err and "No space left on device" in err
     assert "the verdict above stands" in err
     leftovers = sorted(p.name for p in out.iterdir() if p.is_file())

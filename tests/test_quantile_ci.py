@@ -9,11 +9,12 @@ import random
 
 import pytest
 
+from streamquake.loadgen.attribution import Window
 from streamquake.loadgen.batches import TimeBatches
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.quantile_ci import min_samples_for_upper_bound, rank_bounds
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import Scorecard, Window
+from streamquake.loadgen.scorecard import Scorecard
 from tests.queueing import Queue, requests
 
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from streamquake.loadgen.attribution import Window
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import Window
 from streamquake.run.recovery_time import time_to_recovery
 from streamquake.scenario import RecoverySpec
 from tests.conftest import run_cli

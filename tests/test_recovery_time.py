@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
+from streamquake.loadgen.attribution import Window
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import Window
 from streamquake.result import RecoveryTime
 from streamquake.run.recovery_time import time_to_recovery, window_requests
 from streamquake.run.verdicts import check_recovery_time

@@ -72,8 +72,12 @@ def test_run_passes_shows_fault_damage_and_writes_reports(tmp_path: Path, state_
     proc = run_cli("run", str(_scenario(tmp_path)), "--out", str(out), timeout=80)
     # Met, or not judged (exit 6, "NOT JUDGED") where a saturated step left its timings out.
     judged = assert_verdict(proc, 0, out)
-    word = "ALL SLOs MET" if judged else "NOT JUDGED"
-    assert word in proc.stdout
+    # Met; met as far as judged (a saturated step's non-gating timing left out, exit 0); or not
+    # judged (a gating one left out, exit 6): the words the run uses for each.
+    unjudged = [c for c in _report(out)["checks"] if c.get("ran", True) and c.get("not_judged")]
+    word = ("NOT JUDGED" if not judged else "ALL JUDGED SLOs MET" if unjudged
+            else "ALL SLOs MET")
+    assert word in proc.stdout, proc.stdout[-3000:]
     report = _report(out)
     assert report["passed"] is judged and report["interrupted"] is None
     base, fault, rec = (_phase(report, p) for p in ("baseline", "fault", "recovery"))
@@ -96,7 +100,9 @@ def test_run_passes_shows_fault_damage_and_writes_reports(tmp_path: Path, state_
     assert record["reverted"]["stats"]["events_dropped"] > 0
     # The fault-phase TTFT verdict is shown but does not gate.
     ttft_fault = [c for c in report["checks"] if c["metric"] == "ttft_ms" and c["phase"] == "fault"]
-    assert ttft_fault and not ttft_fault[0]["gating"] and not ttft_fault[0]["passed"]
+    # (Broken, unless a saturated fault step left it not judged: then it passes, not gating.)
+    assert ttft_fault and not ttft_fault[0]["gating"], ttft_fault
+    assert ttft_fault[0]["not_judged"] or not ttft_fault[0]["passed"], ttft_fault
     suite = ET.parse(out / "junit.xml").getroot().find("testsuite")
     assert suite is not None and suite.get("failures") == "0"
     assert len(suite.findall("testcase")) == len(report["checks"])

@@ -19,10 +19,11 @@ import pytest
 from hdrh.histogram import HdrHistogram
 
 from streamquake.errors import ScenarioError
+from streamquake.loadgen.attribution import Window
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.metrics import HISTOGRAM_METRICS
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
-from streamquake.loadgen.scorecard import Scorecard, Window, read_scorecards
+from streamquake.loadgen.scorecard import Scorecard, read_scorecards
 from streamquake.run.scoring import score
 from streamquake.run.series import per_second
 from streamquake.scenario.loader import parse_scenario

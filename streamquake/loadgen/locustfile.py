@@ -40,6 +40,7 @@ from locust.runners import (
 
 from streamquake.errors import EXIT_SCENARIO, ScenarioError
 from streamquake.loadgen import collector, holds, relay
+from streamquake.loadgen.attribution import Window
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import (
     LIFTED_PREFIX,
@@ -52,7 +53,7 @@ from streamquake.loadgen.plan import (
 )
 from streamquake.loadgen.retry import retry_delay
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
-from streamquake.loadgen.scorecard import CHECKPOINT_S, Scorecard, Window, replace_text
+from streamquake.loadgen.scorecard import CHECKPOINT_S, Scorecard, replace_text
 from streamquake.loadgen.self_measure import start as start_saturation_guard
 from streamquake.loadgen.sse_parser import SSELimits
 from streamquake.loadgen.stages import arrival_times, users_at

@@ -8,8 +8,9 @@ import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from streamquake.loadgen.attribution import due_at, ended_at, window_at
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import SERIES_METRICS, due_at, ended_at, window_at
+from streamquake.loadgen.scorecard import SERIES_METRICS
 from streamquake.result import RunResult
 from streamquake.run.timeline import PhaseWindow
 from streamquake.stats import percentile

@@ -65,8 +65,8 @@ from opentelemetry.proto.resource.v1.resource_pb2 import Resource
 from opentelemetry.proto.trace.v1.trace_pb2 import ResourceSpans, ScopeSpans, Span, Status
 
 from streamquake.errors import ScenarioError
+from streamquake.loadgen.attribution import due_at, window_at
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import due_at, window_at
 from streamquake.protocols.openai import is_legacy_path
 from streamquake.reports.csv_report import iter_samples
 from streamquake.result import PhaseResult, RunResult

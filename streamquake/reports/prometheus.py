@@ -46,9 +46,9 @@ from prometheus_client import (
 )
 
 from streamquake.errors import PreflightError
+from streamquake.loadgen.attribution import Window, attribute, ended_at
 from streamquake.loadgen.metrics import UNATTRIBUTED
 from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
-from streamquake.loadgen.scorecard import Window, attribute, ended_at
 from streamquake.loadgen.tail import SampleTail
 from streamquake.metric_catalog import CATALOG
 from streamquake.run.events import Events, FaultApplied, FaultReverted, PhaseStarted, RunStarted

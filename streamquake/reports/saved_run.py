@@ -12,8 +12,8 @@ from pathlib import Path
 
 from streamquake.errors import ScenarioError
 from streamquake.jsontypes import JsonDict, JsonValue
+from streamquake.loadgen.attribution import attribute
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import attribute
 from streamquake.reports.csv_report import read_samples
 from streamquake.run.timeline import PhaseWindow
 

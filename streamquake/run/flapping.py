@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from streamquake.jsontypes import JsonDict
+from streamquake.loadgen.attribution import Window, attribute
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import Window, attribute
 from streamquake.loadgen.tail import SampleTail
 from streamquake.result import FaultRecord
 from streamquake.run.ledger import Ledger, PlannedFault

@@ -22,9 +22,9 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from streamquake.loadgen.attribution import due_at
 from streamquake.loadgen.metrics import HISTOGRAM_METRICS
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import due_at
 from streamquake.scenario import Scenario, SLOSpec
 from streamquake.scenario.schema import threshold_text
 

@@ -23,9 +23,10 @@ from typing import IO, TYPE_CHECKING
 from streamquake import procs
 from streamquake.errors import StreamquakeError
 from streamquake.jsontypes import JsonDict
+from streamquake.loadgen.attribution import WindowLike
 from streamquake.loadgen.plan import LOCUSTFILE, PLAN_ENV, LoadPlan, lift_literal_secrets
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
-from streamquake.loadgen.scorecard import Scorecard, WindowLike, read_scorecards
+from streamquake.loadgen.scorecard import Scorecard, read_scorecards
 
 if TYPE_CHECKING:
     from streamquake.scenario import Scenario

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
+from streamquake.loadgen.attribution import WindowLike
 from streamquake.loadgen.plan import (
     ClosedLoop,
     LoadPlan,
@@ -14,7 +15,6 @@ from streamquake.loadgen.plan import (
     SlowRead,
     TraceReplay,
 )
-from streamquake.loadgen.scorecard import WindowLike
 from streamquake.scenario import Scenario
 from streamquake.scenario.schema import LoadSpec, RequestClass, TraceSpec
 from streamquake.scenario.steps import Ramp, StepSpec

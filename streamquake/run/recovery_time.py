@@ -62,10 +62,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from streamquake.loadgen.attribution import WindowLike, due_at
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.quantile_ci import min_samples_for_upper_bound, rank_bounds
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import WindowLike, due_at
 from streamquake.loadgen.tail import SampleTail
 from streamquake.result import FaultRecord, RecoveryTime
 from streamquake.run.verdicts import recovery_limit

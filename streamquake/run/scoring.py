@@ -16,9 +16,10 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from streamquake.loadgen.attribution import WindowLike, due_at, ended_at, window_at
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample, UnsentArrival
-from streamquake.loadgen.scorecard import Scorecard, WindowLike, due_at, ended_at, window_at
+from streamquake.loadgen.scorecard import Scorecard
 from streamquake.result import FaultRecord, PhaseResult
 from streamquake.scenario import Scenario
 

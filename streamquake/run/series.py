@@ -12,15 +12,10 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from streamquake.jsontypes import JsonDict
+from streamquake.loadgen.attribution import WindowLike, window_at
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.scorecard import (
-    SERIES_METRICS,
-    Scorecard,
-    WindowLike,
-    series_values,
-    window_at,
-)
+from streamquake.loadgen.scorecard import SERIES_METRICS, Scorecard, series_values
 from streamquake.metric_catalog import names
 from streamquake.result import Cdf, SecondStats
 from streamquake.version import __version__

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 from streamquake.errors import StreamquakeError
+from streamquake.loadgen.attribution import Window
 from streamquake.scenario import Scenario
 
 # The time the load processes get to import Locust and spawn their users before the first
@@ -19,11 +19,9 @@ STARTUP_LEAD_S = 6.0
 TICK_S = 0.5
 
 
-@dataclass(frozen=True)
-class PhaseWindow:
-    name: str
-    start: float
-    end: float
+# A step's window in time: the one window type (loadgen/attribution.py), under the name the
+# run's modules know it by.
+PhaseWindow = Window
 
 
 class Load(Protocol):

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from streamquake.jsontypes import JsonDict
+from streamquake.loadgen.attribution import window_at
 from streamquake.loadgen.relay import WORKERS_FILE
-from streamquake.loadgen.scorecard import window_at
 from streamquake.run.timeline import PhaseWindow
 
 MAX_SKEW_S = 0.1        # one-way, network delay included: beyond this, say so
