@@ -53,8 +53,8 @@ def capacity(
     with each fault held alone; print each capacity with its bracket, the share of the
     no-fault capacity each fault leaves, and each probe's goodput (the requests that met every
     SLO) with each condition's knee; write capacity.json, summary.md and report.html."""
-    from streamquake.reports.capacity_report import search_and_report
     from streamquake.run.capacity_search import SearchPlan
+    from streamquake.sessions.capacity import search_and_report
 
     plan = SearchPlan(
         faults=tuple(faults) if faults else None, start=start,

@@ -104,7 +104,7 @@ def run(
         return
     check_out_dir(out)
 
-    from streamquake.reports.session import RunRequest, run_and_report
+    from streamquake.sessions.run import RunRequest, run_and_report
 
     request = RunRequest(scenario_file=scenario_file, text=text, overrides=overrides, out=out,
                          lease_s=lease_s, history=history, metrics_port=metrics_port,

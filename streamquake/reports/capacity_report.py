@@ -21,27 +21,11 @@ from streamquake.run.capacity_search import (
     CapacityResult,
     Condition,
     Probe,
-    SearchPlan,
-    search_capacity,
     value_text,
 )
 from streamquake.run.goodput import KNEE_SHARE
-from streamquake.scenario import parse_scenario
 
 VERDICT_COLORS = {"pass": "#2ca02c", "fail": "#d62728", "inconclusive": "#b9770e"}
-
-
-def search_and_report(scenario_file: Path, text: bytes, overrides: list[str], out: Path,
-                      plan: SearchPlan, console: Console) -> int:
-    """Search, print, write; the process's exit code (the probe runs' own when interrupted)."""
-    scenario = parse_scenario(text, str(scenario_file), overrides)
-    result = search_capacity(scenario, str(scenario_file), out, plan,
-                             lambda line: console.print(line, markup=False, highlight=False,
-                                                        soft_wrap=True))
-    print_capacity(result, console)
-    for path in write_capacity_reports(result, out):
-        console.print(f"wrote {path}", highlight=False)
-    return result.exit_code
 
 
 def _rate(value: float | None) -> str:
