@@ -331,16 +331,24 @@ def erasable_llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaSe
 
 def _timings_by_step(tap: Tap, report: dict[str, Any]) -> dict[str, list[dict[str, Any]]]:
     """The engine's ``timings`` of each answer the relay carried, by the step its request was
-    sent in (whole answers only: sent and answered inside the step)."""
+    sent in (a flushed answer may end in the next step: its prefill was in this one)."""
     out: dict[str, list[dict[str, Any]]] = {}
     for ex in tap.exchanges():
         if ex.status != 200 or not ex.events or ex.events[-1].data != "[DONE]":
             continue
         last = ex.events[-2].json
         for p in report["phases"]:
-            if p["start"] <= ex.request_t and ex.events[-1].t <= p["end"]:
+            if p["start"] <= ex.request_t < p["end"]:
                 out.setdefault(p["name"], []).append(last["timings"])
     return out
+
+
+# A flushed request reads 395 tokens on one thread: 0.5 s to 1 s, and 2.5 s with every core
+# busy (the first ones after the flush too, the cache empty), so the steps are longer here.
+LLAMA_STEPS = """  - {name: warm, kind: warmup, duration: 3s}
+  - {name: before, kind: baseline, duration: 5s}
+  - {name: flush, kind: fault, duration: 8s, faults: [flush]}
+  - {name: after, kind: recovery, duration: 8s}"""
 
 
 @pytest.mark.timeout(240)
@@ -354,7 +362,7 @@ def test_on_llama_server_the_engines_own_timings_show_the_flush_in_its_step_only
         # An erase of a busy slot waits for it: up to a flushed request's length, over 1 s here.
         fault = (f'{{type: cache_flush, name: flush, every: 100ms, timeout: 10s, '
                  f'url: "{erasable_llama.url}"}}')
-        report = _run(tmp_path, _scenario(tmp_path, target, fault, STEPS, users=2,
+        report = _run(tmp_path, _scenario(tmp_path, target, fault, LLAMA_STEPS, users=2,
                                           think="{min: 50ms, max: 150ms}"))
     by_step = _timings_by_step(tap, report)
     prompt_n = {name: statistics.median(t["prompt_n"] for t in by_step.get(name, [{}]))
@@ -362,7 +370,7 @@ def test_on_llama_server_the_engines_own_timings_show_the_flush_in_its_step_only
     cache_n = {name: statistics.median(t["cache_n"] for t in by_step[name])
                for name in ("before", "flush", "after")}
     counts = {name: len(by_step[name]) for name in prompt_n}
-    assert min(counts.values()) >= 4, (counts, erasable_llama.log_tail())
+    assert min(counts.values()) >= 3, (counts, erasable_llama.log_tail())
     # Cached before and after: the engine reads a token or so of the prompt anew (the chat
     # template's few, the last one). Flushed: every token, nothing from the cache.
     assert prompt_n["flush"] > 10 * max(prompt_n["before"], prompt_n["after"], 1), prompt_n
