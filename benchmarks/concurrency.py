@@ -108,7 +108,7 @@ class Sampler(threading.Thread):
             if len(self.pids) < 2:
                 for pid in descendants(self.root):
                     args = cmdline(pid)
-                    if "target" not in self.pids and "streamquake.target" in args:
+                    if "target" not in self.pids and "streamquake.embedded" in args:
                         pin(pid, TARGET_CORE)
                         self.pids["target"] = pid
                     elif "load" not in self.pids and any("locust" in a for a in args) \

@@ -98,7 +98,7 @@ def label_of(pid: int, run_pid: int, target_pid: int) -> str:
         if "--worker" in cmd:
             return "locust worker"
         return "locust master" if "--master" in cmd else "locust"
-    if "streamquake.target" in cmd:
+    if "streamquake.embedded" in cmd:
         return "target"
     return os.path.basename(cmd[0]) if cmd and cmd[0] else "?"
 

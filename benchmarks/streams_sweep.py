@@ -579,8 +579,8 @@ class FastTarget:
 
 
 def sweep(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from streamquake.target.config import TargetConfig
-    from streamquake.target.process import start_target
+    from streamquake.embedded.config import TargetConfig
+    from streamquake.embedded.process import start_target
 
     streams = [int(s) for s in args.streams.split(",")]
     clients = [c for c in args.clients.split(",") if c]

@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT))
 from aiohttp import ClientSession, ClientTimeout, TCPConnector, web  # noqa: E402
 
 from streamquake import procs  # noqa: E402
-from streamquake.target.config import TargetConfig  # noqa: E402
-from streamquake.target.formats import FORMATS, TOKEN_JSON, Completion  # noqa: E402
-from streamquake.target.process import start_target  # noqa: E402
+from streamquake.embedded.config import TargetConfig  # noqa: E402
+from streamquake.embedded.formats import FORMATS, TOKEN_JSON, Completion  # noqa: E402
+from streamquake.embedded.process import start_target  # noqa: E402
 
 CASES: dict[str, tuple[str, dict[str, Any]]] = {
     "openai": (

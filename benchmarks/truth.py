@@ -134,7 +134,7 @@ def descendants(pid: int) -> list[int]:
 
 class Watch(threading.Thread):
     """Samples CPU and run-queue wait of named processes every 0.1 s, epoch-stamped. With
-    ``root``, finds the target (``streamquake.target``) and the Locust process (``locust ... -f``)
+    ``root``, finds the target (``streamquake.embedded``) and the Locust process (``locust ... -f``)
     among its descendants as they appear, and pins the target to ``TARGET_CORE`` at once."""
 
     def __init__(self, pids: dict[str, int], root: int | None = None) -> None:
@@ -149,7 +149,7 @@ class Watch(threading.Thread):
         assert self.root is not None
         for pid in descendants(self.root):
             args = cmdline(pid)
-            if "target" not in self.pids and "streamquake.target" in args:
+            if "target" not in self.pids and "streamquake.embedded" in args:
                 pin(pid, TARGET_CORE)
                 self.pinned = sorted(os.sched_getaffinity(pid))
                 self.pids["target"] = pid
@@ -444,8 +444,8 @@ def reader(url: str, streams: int, warm_s: float, seconds: float, out: Path) -> 
 
 
 def run_aiohttp(work: Path, streams: int, warm_s: float, seconds: float) -> dict[str, Any]:
-    from streamquake.target.config import TargetConfig
-    from streamquake.target.process import start_target
+    from streamquake.embedded.config import TargetConfig
+    from streamquake.embedded.process import start_target
 
     row: dict[str, Any] = {"reader": "aiohttp", "streams": streams, "classes": None,
                            "loadavg_start": os.getloadavg()[0], "exit": None,

@@ -11,11 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import start_target
 from streamquake.errors import EXIT_SLO_BROKEN
 from streamquake.loadgen.plan import LoadPlan
 from streamquake.run.launcher import start_locust
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import start_target
 from tests.conftest import run_cli
 
 RATE, USERS, PHASE_S = 16.0, 2, 2.0

@@ -289,8 +289,8 @@ def test_missing_environment_variable_names_the_variable_not_a_value() -> None:
 
 def _medians(ttft: str, itl: str) -> tuple[float, float]:
     """Median TTFT and ITL (ms) of 6 streams, one at a time, from a target with these delays."""
-    from streamquake.target.config import TargetConfig
-    from streamquake.target.process import start_target
+    from streamquake.embedded.config import TargetConfig
+    from streamquake.embedded.process import start_target
 
     config = TargetConfig.model_validate(
         {"ttft": ttft, "itl": itl, "output_tokens": {"min": 20, "max": 20}})

@@ -24,8 +24,8 @@ from typing import Any
 
 import pytest
 
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import TargetProcess, start_target
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import TargetProcess, start_target
 from tests.conftest import REPO, cli_cmd, run_cli
 from tests.engines.llama_server import EXACT_LENGTH, LlamaServer, llama_server, serve
 from tests.engines.tap import Tap

@@ -47,7 +47,7 @@ slos:
 
 
 def _target(config: dict[str, Any]) -> Iterator[str]:
-    yield from listening([sys.executable, "-m", "streamquake.target", "--config-json",
+    yield from listening([sys.executable, "-m", "streamquake.embedded", "--config-json",
                           json.dumps(config)], "embedded target")
 
 

@@ -295,10 +295,11 @@ def test_no_driver_on_host(tmp_path: Path) -> None:
     env["STREAMQUAKE_STATE_DIR"] = str(tmp_path / "state")
     env["PYTHONPATH"] = str(REPO)
     code = PRELUDE + """
-import streamquake.faults.gpu.clocks, streamquake.faults.gpu.telemetry, streamquake.target.gpu_speed
+import streamquake.faults.gpu.clocks, streamquake.faults.gpu.telemetry
+import streamquake.embedded.gpu_speed
 imported_pynvml = "pynvml" in sys.modules
 from streamquake.faults.gpu.telemetry import GpuSampler, describe_gpus
-from streamquake.target.gpu_speed import slowdown_factor
+from streamquake.embedded.gpu_speed import slowdown_factor
 inj = injector({"type": "gpu_clocks", "sm_clocks_mhz": [500, 800]})
 try:
     inj.apply(Journal().add("gpu_clocks", "t")); applied = None
@@ -433,8 +434,8 @@ def median_itl_ms(url: str, tokens: int = 24) -> float:
 
 @pytest.mark.timeout(90)
 def test_downclock_doubles_target_itl(gpus: FakeGpus, tmp_path: Path) -> None:
-    from streamquake.target.config import TargetConfig
-    from streamquake.target.process import start_target
+    from streamquake.embedded.config import TargetConfig
+    from streamquake.embedded.process import start_target
 
     env = child_env(gpus, tmp_path)
     config = TargetConfig.model_validate({

@@ -145,7 +145,7 @@ def test_slowdown_factor_follows_the_clock_at_most_every_200ms(gpus: FakeGpus) -
     # tries to give. Waiting 300 ms is enough for the next call to read again, however busy.
     code = f"""
 import json, time
-from streamquake.target.gpu_speed import slowdown_factor
+from streamquake.embedded.gpu_speed import slowdown_factor
 path = {str(gpus.path)!r}
 def put(line):
     with open(path, "a") as f:

@@ -43,7 +43,7 @@ slos:
 
 @pytest.fixture(scope="module")
 def paced_target() -> Iterator[str]:
-    yield from listening([sys.executable, "-m", "streamquake.target", "--config-json",
+    yield from listening([sys.executable, "-m", "streamquake.embedded", "--config-json",
                           json.dumps(PACED)], "embedded target")
 
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import start_target
 from streamquake.errors import ScenarioError
 from streamquake.loadgen.plan import LoadPlan, LoadStage
 from streamquake.loadgen.samples import RequestSample
@@ -21,8 +23,6 @@ from streamquake.run.launcher import LocustRun, start_locust
 from streamquake.run.load_from_scenario import load_plan_for
 from streamquake.run.timeline import plan_windows
 from streamquake.scenario import parse_scenario
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import start_target
 from tests.conftest import run_cli
 from tests.helpers import assert_run_ok
 

@@ -12,12 +12,12 @@ from typing import Any
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.errors import EXIT_SCENARIO
 from streamquake.loadgen.plan import LoadPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.run.launcher import LocustRun, start_locust
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import TargetProcess, start_target
 
 STARTUP_S = 5.0     # Locust's import and spawn: 3-4 s on a busy 2-core machine
 

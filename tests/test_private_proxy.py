@@ -17,14 +17,14 @@ from typing import Any
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.faults.contract import RunContext
 from streamquake.faults.proxy.injector import SSEProxyInjector
 from streamquake.faults.proxy.resources import FaultProxy
 from streamquake.faults.proxy.server import ProxyProcess, start_proxy
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.journal import Journal
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import TargetProcess, start_target
 from tests.conftest import run_cli
 from tests.test_agent import local_agent_stopped
 

@@ -16,10 +16,10 @@ import typing
 import pytest
 
 from streamquake import protocols
+from streamquake.embedded.formats import TOKEN_JSON, tool_piece
 from streamquake.faults.proxy import framing
 from streamquake.loadgen.sse_parser import SSEEvent, SSEParser
 from streamquake.protocols import Completion, Protocol, ProtocolError, openai
-from streamquake.target.formats import TOKEN_JSON, tool_piece
 
 NAMES = typing.get_args(Protocol)
 # Words as the target sends them, plus what a real model may send: non-ASCII (escaped by JSON),

@@ -181,7 +181,7 @@ def test_recovery_time_slo_is_in_seconds_and_takes_no_percentile() -> None:
 LAMBDA = 6.0           # arrivals per second, constant
 CAPACITY = 4           # streams the target generates at once
 SLOWDOWN = 3.0         # 1980 MHz max SM clock locked to 660 MHz
-NVML_CACHE_S = 0.2     # the target re-reads the clock at most this often (target/gpu_speed.py)
+NVML_CACHE_S = 0.2     # the target re-reads the clock at most this often (embedded/gpu_speed.py)
 
 DRAIN = f"""
 name: drain

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import start_target
 from streamquake.errors import ScenarioError
 from streamquake.loadgen import stamps
 from streamquake.loadgen.client import StreamClient
@@ -20,8 +22,6 @@ from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.scenario import parse_scenario
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import start_target
 from tests.test_client import plan_for, start_server
 from tests.test_client import tls_server as tls_server  # noqa: F401  (a fixture, used below)
 

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import start_target
 from streamquake.loadgen import stamps
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.protocols import Protocol
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import start_target
 from tests.test_client import measure, plan_for, start_server
 from tests.test_secrets import canaries, measure_echo
 

@@ -136,7 +136,7 @@ def test_the_envelope_is_what_faultspec_declares_and_never_reaches_the_proxy() -
     assert fault_from_params(body) == fault_from_params(params)
 
 
-# --- a log's last lines (target/process by descriptor, agent/local by path) ---------------------
+# --- a log's last lines (embedded/process by descriptor, agent/local by path) ---------------------
 
 
 def test_log_tail_by_path_and_by_descriptor(tmp_path: Path) -> None:

@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import start_target
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
 from streamquake.loadgen.samples import RequestSample
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import start_target
 from tests.conftest import run_cli
 from tests.helpers import assert_run_ok
 

@@ -27,6 +27,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.errors import InjectorError
 from streamquake.faults.catalog import fault_type
 from streamquake.faults.contract import RunContext
@@ -41,8 +43,6 @@ from streamquake.faults.proxy.resources import FaultProxy
 from streamquake.faults.proxy.server import ProxyProcess, start_proxy
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.journal import Journal
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import TargetProcess, start_target
 
 # --- a tiny upstream, for exact bytes, pacing and hit counting ----------------------------------
 

@@ -22,6 +22,8 @@ from typing import Any
 import pytest
 
 from streamquake import protocols
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
@@ -29,8 +31,6 @@ from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.sse_parser import SSEEvent
 from streamquake.result import Check
 from streamquake.scenario import parse_scenario
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import TargetProcess, start_target
 from tests import format_servers
 from tests.conftest import run_cli
 from tests.engines.llama_server import BUILD, ENV_BINARY, EXACT_LENGTH, LlamaServer, serve

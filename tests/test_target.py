@@ -19,11 +19,11 @@ import aiohttp
 import pytest
 
 from streamquake import procs, protocols
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.formats import VOCABULARY
+from streamquake.embedded.process import TargetProcess, start_target
+from streamquake.embedded.timing import DelaySampler, plan_response, request_rng, sample_ms
 from streamquake.errors import TargetError
-from streamquake.target.config import TargetConfig
-from streamquake.target.formats import VOCABULARY
-from streamquake.target.process import TargetProcess, start_target
-from streamquake.target.timing import DelaySampler, plan_response, request_rng, sample_ms
 
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 4, "max": 8}, "seed": 7,
         "sse_event_ids": True}
@@ -497,9 +497,9 @@ def test_gpu_clock_scale_multiplies_delays(tmp_path: Path) -> None:
     # The NVML reader is another module's job; a stand-in factor of 2 checks that it is applied.
     (tmp_path / "sitecustomize.py").write_text(
         "import sys, types\n"
-        "m = types.ModuleType('streamquake.target.gpu_speed')\n"
+        "m = types.ModuleType('streamquake.embedded.gpu_speed')\n"
         "m.slowdown_factor = lambda: 2.0\n"
-        "sys.modules['streamquake.target.gpu_speed'] = m\n"
+        "sys.modules['streamquake.embedded.gpu_speed'] = m\n"
     )
     cfg = TargetConfig.model_validate(
         {"ttft": "100ms", "itl": "10ms", "output_tokens": {"min": 11, "max": 11},
@@ -522,7 +522,7 @@ def test_cli_reads_a_config_file_and_restricts_protocols(tmp_path: Path) -> None
     cfg = TargetConfig.model_validate(FAST)
     path = tmp_path / "target.json"
     path.write_text(cfg.model_dump_json(by_alias=True))
-    cmd = procs.python_module_cmd("streamquake.target", "--port", "0", "--config", str(path),
+    cmd = procs.python_module_cmd("streamquake.embedded", "--port", "0", "--config", str(path),
                                   "--protocol", "anthropic")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)}
     proc = procs.spawn(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)

@@ -6,10 +6,10 @@ from collections.abc import Iterator
 
 import pytest
 
-from streamquake.target.config import TargetConfig
-from streamquake.target.formats import VOCABULARY
-from streamquake.target.process import TargetProcess, start_target
-from streamquake.target.timing import plan_response
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.formats import VOCABULARY
+from streamquake.embedded.process import TargetProcess, start_target
+from streamquake.embedded.timing import plan_response
 
 PROMPT = "write a short poem about streams"  # 6 words: the target's prompt token count
 CONFIG = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 5, "max": 30}, "seed": 11}

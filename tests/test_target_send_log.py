@@ -12,9 +12,9 @@ from typing import Any
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import start_target
 from streamquake.loadgen.sse_parser import SSEParser
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import start_target
 from tests.test_target_stamps import REQUESTS, STAMP, dechunk
 
 TOKENS = 12

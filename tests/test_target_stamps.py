@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.loadgen.sse_parser import SSEEvent, SSEParser
-from streamquake.target.config import TargetConfig
-from streamquake.target.process import TargetProcess, start_target
 
 CONFIG = {"ttft": "20ms", "itl": "10ms", "output_tokens": {"min": 12, "max": 12}, "seed": 3}
 TTFT_NS, ITL_NS = 20_000_000, 10_000_000

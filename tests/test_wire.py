@@ -10,6 +10,9 @@ from collections.abc import Iterator
 
 import pytest
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.formats import VOCABULARY
+from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.sse_parser import SSEEvent, SSEParser
@@ -21,9 +24,6 @@ from streamquake.loadgen.wire import (
     protocol_headers,
 )
 from streamquake.protocols import Protocol, ToolDelta
-from streamquake.target.config import TargetConfig
-from streamquake.target.formats import VOCABULARY
-from streamquake.target.process import TargetProcess, start_target
 
 PROTOCOLS: tuple[Protocol, ...] = ("gemini", "openai", "anthropic", "sse")
 TOKENS = 8

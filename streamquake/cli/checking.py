@@ -77,7 +77,7 @@ def probe(
         base = scenario.target.url
         if base is None:
             # The embedded target, started as `run` starts it (and stopped after).
-            from streamquake.target.process import start_target
+            from streamquake.embedded.process import start_target
             assert scenario.target.embedded is not None
             base = stack.enter_context(start_target(scenario.target.embedded)).url
         work = stack.enter_context(tempfile.TemporaryDirectory(prefix="sq-probe-"))

@@ -67,7 +67,7 @@ def target_serve(
         raise ScenarioError(f"--protocol {unknown[0]}: the embedded target serves "
                             f"{', '.join(names())}")
     if config is not None:
-        from streamquake.target.__main__ import load_config_file
+        from streamquake.embedded.__main__ import load_config_file
 
         load_config_file(config)      # checked here, so errors come as the CLI's own
     args = ["--host", host, "--port", str(port)]
@@ -75,7 +75,7 @@ def target_serve(
         args += ["--protocol", p]
     if config is not None:
         args += ["--config", str(config)]
-    cmd = python_module_cmd("streamquake.target", *args)
+    cmd = python_module_cmd("streamquake.embedded", *args)
     os.execv(cmd[0], cmd)
 
 

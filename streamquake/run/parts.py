@@ -90,7 +90,7 @@ def _start_target(stack: contextlib.ExitStack, scenario: Scenario, parts: Parts,
                   events: Events) -> None:
     spec, wiring = scenario.target, parts.wiring
     if spec.embedded is not None:
-        from streamquake.target.process import start_target
+        from streamquake.embedded.process import start_target
 
         events.message("starting the embedded target")
         target = stack.enter_context(start_target(

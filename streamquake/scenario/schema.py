@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from streamquake.agentwire.ref import AgentRef
+from streamquake.embedded.config import Protocol, TargetConfig
 from streamquake.envref import ENV_REF, is_env_name, not_a_name
 from streamquake.faults.catalog import fault_types
 from streamquake.faults.envelope import FaultSpec, PhaseName
@@ -34,7 +35,6 @@ from streamquake.metric_catalog import RATE_METRICS as RATE_METRICS
 from streamquake.metric_catalog import RECOVERY_TIME as RECOVERY_TIME
 from streamquake.scenario.network import NetworkConfig
 from streamquake.scenario.steps import StepSpec, step_load_problems, timeline_problems
-from streamquake.target.config import Protocol, TargetConfig
 from streamquake.units import (
     DURATION,
     MAX_USERS,

@@ -354,8 +354,8 @@ def test_same_az_profile_gives_its_ttfb(topo: NamespaceTopology, client_ns: str,
 def test_embedded_target_in_its_namespace_sees_the_delay(topo: NamespaceTopology,
                                                         client_ns: str) -> None:
     # The real embedded target, started inside the topology's namespace through cmd_prefix.
-    from streamquake.target.config import TargetConfig
-    from streamquake.target.process import start_target
+    from streamquake.embedded.config import TargetConfig
+    from streamquake.embedded.process import start_target
 
     def first_byte_ms(port: int, n: int) -> list[float]:
         out = []

@@ -13,8 +13,8 @@ from types import TracebackType
 from typing import IO
 
 from streamquake import procs
+from streamquake.embedded.config import TargetConfig
 from streamquake.errors import TargetError
-from streamquake.target.config import TargetConfig
 
 _STDERR_TAIL_LINES = 20
 
@@ -90,7 +90,7 @@ def wait_healthy(url: str, timeout_s: float) -> None:
 
 def target_cmd(config: TargetConfig, host: str, port: int) -> list[str]:
     return procs.python_module_cmd(
-        "streamquake.target",
+        "streamquake.embedded",
         "--host", host,
         "--port", str(port),
         "--config-json", config.model_dump_json(by_alias=True),
@@ -107,7 +107,7 @@ def start_target(
     log_path: str | Path | None = None,
     health_check: bool = True,
 ) -> TargetProcess:
-    """Start ``python -m streamquake.target`` and return once it is bound and healthy.
+    """Start ``python -m streamquake.embedded`` and return once it is bound and healthy.
 
     ``cmd_prefix`` runs it under another command (``["ip", "netns", "exec", "ns1"]``); set
     ``health_check=False`` when this process cannot reach the address it binds. ``env`` adds to

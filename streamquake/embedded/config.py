@@ -5,20 +5,13 @@ from __future__ import annotations
 import typing
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
+from pydantic import BeforeValidator, Field, model_validator
 
 # Re-exported: the scenario schema and the load plan name protocols through this module.
 from streamquake.protocols import Protocol as Protocol
-from streamquake.units import DurationMs, Fraction, bools_as_text
+from streamquake.units import DurationMs, Fraction, ScenarioModel
 
-
-class _Frozen(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _no_bool_numbers(cls, data: object) -> object:
-        return bools_as_text(cls, data)
+_Frozen = ScenarioModel      # the base every model a scenario is read into shares
 
 
 class Fixed(_Frozen):

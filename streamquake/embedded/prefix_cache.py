@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
+from streamquake.embedded.config import PrefixCache
 from streamquake.jsontypes import JsonDict
-from streamquake.target.config import PrefixCache
 
 # What GET /slots says of a slot's context size: nothing is limited by it here.
 N_CTX = 4096

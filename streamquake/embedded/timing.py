@@ -7,8 +7,8 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from streamquake.target.config import Delay, Fixed, LogNormal, Normal, TargetConfig
-from streamquake.target.formats import VOCABULARY
+from streamquake.embedded.config import Delay, Fixed, LogNormal, Normal, TargetConfig
+from streamquake.embedded.formats import VOCABULARY
 
 VOCABULARY_SIZE = len(VOCABULARY)
 

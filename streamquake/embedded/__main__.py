@@ -1,4 +1,4 @@
-"""``python -m streamquake.target``: serve the simulated LLM until SIGTERM or SIGINT."""
+"""``python -m streamquake.embedded``: serve the simulated LLM until SIGTERM or SIGINT."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from typing import get_args
 
 from pydantic import ValidationError
 
+from streamquake.embedded.app import start_server
+from streamquake.embedded.config import Protocol, TargetConfig
 from streamquake.errors import EXIT_SCENARIO, ScenarioError, StreamquakeError
-from streamquake.target.app import start_server
-from streamquake.target.config import Protocol, TargetConfig
 
 CONFIG_SHAPE = ("the target configuration is a mapping of a scenario's target.embedded "
                 "settings (ttft, itl, output_tokens, ...)")
@@ -28,7 +28,7 @@ def load_config_file(path: Path) -> TargetConfig:
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m streamquake.target", description=__doc__)
+    p = argparse.ArgumentParser(prog="python -m streamquake.embedded", description=__doc__)
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=0, help="0 picks a free port")
     src = p.add_mutually_exclusive_group()

@@ -17,6 +17,10 @@ from typing import IO
 from aiohttp import web
 
 from streamquake import protocols
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.formats import TOKEN_JSON, TOOL_NAME, tool_piece
+from streamquake.embedded.prefix_cache import SlotCache, add_routes, prefilled
+from streamquake.embedded.timing import DelaySampler, ResponsePlan, plan_response
 from streamquake.errors import TargetError
 from streamquake.protocols import (
     BadRequest,
@@ -25,10 +29,6 @@ from streamquake.protocols import (
     WireProtocol,
     stamp,
 )
-from streamquake.target.config import TargetConfig
-from streamquake.target.formats import TOKEN_JSON, TOOL_NAME, tool_piece
-from streamquake.target.prefix_cache import SlotCache, add_routes, prefilled
-from streamquake.target.timing import DelaySampler, ResponsePlan, plan_response
 
 _TRACEPARENT = re.compile(r"[0-9a-f]{2}-([0-9a-f]{32})-[0-9a-f]{16}-[0-9a-f]{2}")
 SSE_HEADERS = {
@@ -108,7 +108,7 @@ STATE_KEY = web.AppKey("streamquake_target_state", TargetState)
 
 def _gpu_scale() -> Callable[[], float]:
     """The live GPU slowdown; imported only when the flag asks, since it loads NVML."""
-    from streamquake.target.gpu_speed import slowdown_factor  # caches its NVML reads itself
+    from streamquake.embedded.gpu_speed import slowdown_factor  # caches its NVML reads itself
 
     return slowdown_factor
 
