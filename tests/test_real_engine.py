@@ -273,9 +273,21 @@ def test_the_engine_behind_nginx_measures_what_the_engine_sent_and_no_stream_is_
         with Tap(port) as tap, nginx(tap.url, flavour, run_dir / "nginx") as gateway:  # type: ignore[arg-type]
             report, samples = _run(run_dir, _scenario(
                 run_dir, gateway.url, "{warmup: 1s, baseline: 6s, fault: 0s, recovery: 0s}"))
+            gateway_log = gateway.error_log
         base = _phase(report, "baseline")["stats"]
-        assert base["requests"] >= 6 and base["error_rate"] == 0, (flavour, base)
-        scored = _samples_in(report, samples, "baseline")
+        assert base["successes"] >= 6, (flavour, base.get("error_reasons"), report["errors"])
+        # llama-server says Keep-Alive and closes each connection after its answer: nginx,
+        # keeping idle upstream connections, may send the next request on one that is closing,
+        # and answers it 502 (a POST is not retried). That is the gateway's, counted as a 502
+        # the engine never saw; no other error may happen.
+        errors = base.get("error_reasons") or {}
+        stale = errors.get("http_status", {}).get("HTTP 502", 0)
+        assert set(errors) <= {"http_status"} and set(errors.get("http_status", {})) <= {
+            "HTTP 502"}, (flavour, errors, report["errors"], llama_server.log_tail())
+        assert not stale or "prematurely closed" in gateway_log or "reset by peer" in \
+            gateway_log, (flavour, errors, gateway_log[-3000:])
+        assert stale <= 2, (flavour, errors, gateway_log[-3000:])
+        scored = [s for s in _samples_in(report, samples, "baseline") if s.error is None]
         wires = _by_id(tap)
         assert all(s.output_tokens == MAX_TOKENS for s in scored)
         gaps = sum(sum(s.itl_ms) for s in scored)
