@@ -70,7 +70,6 @@ from streamquake.loadgen.tail import SampleTail
 from streamquake.result import FaultRecord, RecoveryTime
 from streamquake.run.verdicts import recovery_limit
 from streamquake.scenario import HIGHER_IS_BETTER, RecoverySpec, Scenario
-from streamquake.scenario.steps import judged_pairs
 from streamquake.stats import nearest_rank
 
 STEPS_PER_WINDOW = 10    # window starts per window length: the time resolution
@@ -404,7 +403,7 @@ def recovery_times(scenario: Scenario, windows: Sequence[WindowLike],
         return [], []
     by_name = {w.name: w for w in windows}
     pairs = [(before.name, step, after.name) for before, step, after in
-             judged_pairs(scenario.timeline) if before is not None and after is not None
+             scenario.judged if before is not None and after is not None
              and before.name in stats and step.name in by_name and after.name in by_name]
     if not pairs:
         return [], []

@@ -57,7 +57,6 @@ from streamquake.run.watch import Watch
 from streamquake.run.workers import summarise as summarise_workers
 from streamquake.scenario import Scenario
 from streamquake.scenario.advice import scenario_warnings
-from streamquake.scenario.steps import judged_pairs
 from streamquake.version import __version__
 
 DEFAULT_LEASE_S = 10.0     # how long the watchdog waits for a renewal before undoing faults
@@ -339,7 +338,7 @@ class Runner:
         judged = [JudgedFault(step.name, list(step.faults),
                               before.name if before is not None else None,
                               after.name if after is not None else None)
-                  for before, step, after in judged_pairs(self.scenario.timeline)]
+                  for before, step, after in self.scenario.judged]
         # The harness's own trouble is never the service's: no timing of a saturated step
         # decides a verdict (run/saturation.py), whatever evaluate() found.
         self.guard.leave_unjudged(checks, judged, self.scenario.verdicts.saturated)

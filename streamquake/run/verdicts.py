@@ -15,7 +15,6 @@ from streamquake.loadgen.quantile_ci import min_samples_for_upper_bound
 from streamquake.result import Check, RecoveryTime
 from streamquake.scenario import HIGHER_IS_BETTER, RecoverySpec, Scenario, SLOSpec
 from streamquake.scenario.schema import RECOVERY_TIME, VerdictSpec
-from streamquake.scenario.steps import judged_pairs
 
 
 class PhaseStats(Protocol):
@@ -300,7 +299,7 @@ def evaluate(
         pairs: list[tuple[str, str, str | None]] = [("baseline", "recovery", None)]
     else:
         pairs = [(before.name, after.name, step.name)
-                 for before, step, after in judged_pairs(scenario.timeline)
+                 for before, step, after in scenario.judged
                  if before is not None and after is not None]
     for before_name, after_name, judges in pairs:
         if before_name in phases and after_name in phases:

@@ -34,7 +34,12 @@ from streamquake.metric_catalog import HISTOGRAM_METRICS as HISTOGRAM_METRICS
 from streamquake.metric_catalog import RATE_METRICS as RATE_METRICS
 from streamquake.metric_catalog import RECOVERY_TIME as RECOVERY_TIME
 from streamquake.scenario.network import NetworkConfig
-from streamquake.scenario.steps import StepSpec, step_load_problems, timeline_problems
+from streamquake.scenario.steps import (
+    StepSpec,
+    judged_pairs,
+    step_load_problems,
+    timeline_problems,
+)
 from streamquake.units import (
     DURATION,
     MAX_USERS,
@@ -628,6 +633,13 @@ class Scenario(ScenarioModel):
                     f"{first:g}s) fills {where} ({shortest:g}s): it would never switch; "
                     f"shorten flap.{f.flap.start} or leave flap out")
         return self
+
+    @functools.cached_property
+    def judged(self) -> tuple[tuple[StepSpec | None, StepSpec, StepSpec | None], ...]:
+        """Each fault step with the baseline step before it and the recovery step after it
+        (``steps.judged_pairs``), worked out once: the verdicts, time to recovery and the run's
+        result all read these."""
+        return tuple(judged_pairs(self.timeline))
 
     @functools.cached_property
     def timeline(self) -> tuple[StepSpec, ...]:
