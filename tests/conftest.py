@@ -256,6 +256,7 @@ SLOW: tuple[str, ...] = (
     "test_stream_formats.py::test_the_probe_says_which_format_was_expected_and_which_reads_the_events",
     "test_stream_formats.py::test_the_proxy_drops_responses_text_deltas_and_never_the_events_that_end_a_response",
     "test_stream_limits.py::test_the_soft_limit_is_raised_to_the_hard_one_and_every_stream_opens",
+    "test_stream_meaning_faults.py::test_a_run_counts_the_injected_errors_in_the_fault_phase_only",
     "test_target.py::test_fixed_ttft_and_itl_are_reproduced",
     "test_target.py::test_seeded_responses_replay_and_match_the_plan",
     "test_target_stamps.py::test_stamps_are_invisible_to_an_sse_parser_and_absent_by_default",

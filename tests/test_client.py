@@ -215,7 +215,7 @@ def test_garbage_json_is_a_protocol_error(server: str) -> None:
 def test_error_event_mid_stream_is_a_server_error(server: str) -> None:
     # Sent with HTTP 200, so the status cannot say it; the event's own words do.
     s = measure(plan_for(server, "/s?n=4&error=3"))
-    assert (s.error, s.status, s.content_events) == ("http_status", 200, 2)
+    assert (s.error, s.status, s.content_events) == ("stream_error", 200, 2)
     assert s.error_detail == "error event in the stream: 529: overloaded"
 
 

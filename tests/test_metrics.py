@@ -54,7 +54,8 @@ def test_which_samples_feed_which_metric() -> None:
     assert stats.requests == 4 and stats.successes == 2
     assert stats.errors == {"connect": 1, "timeout": 0, "http_status": 0, "protocol": 0,
                             "truncated": 1, "tls": 0, "content_type": 0,
-                            "unsupported_encoding": 0, "limit": 0, "tool_call": 0}
+                            "unsupported_encoding": 0, "limit": 0, "tool_call": 0,
+                            "stream_error": 0, "safety_stop": 0}
     assert stats.count("ttfb_ms") == 3                        # connect failure had no response
     assert stats.count("ttft_ms") == 3                        # the truncated stream's TTFT counts
     assert stats.max("ttft_ms") == pytest.approx(300.0, abs=0.1)

@@ -203,8 +203,8 @@ def test_the_responses_api_against_the_embedded_target(target: TargetProcess) ->
 
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize(("case", "error", "says"), [
-    ("failed", "http_status", "server_error: The model crashed mid-answer"),
-    ("error", "http_status", "rate_limit_exceeded: Slow down, please"),
+    ("failed", "stream_error", "server_error: The model crashed mid-answer"),
+    ("error", "stream_error", "rate_limit_exceeded: Slow down, please"),
     ("filtered", None, None),
     ("cut", "truncated", "the stream ended before the protocol's final event"),
 ])

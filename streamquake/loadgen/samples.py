@@ -13,7 +13,7 @@ from typing import Any, Literal
 ErrorKind = Literal[
     "connect",               # no connection (refused, DNS, connect timeout, closed at once)
     "timeout",               # no complete stream within the request timeout
-    "http_status",           # a non-2xx answer, a redirect, or an error event in the stream
+    "http_status",           # a non-2xx answer or a redirect
     "protocol",              # an event, or the HTTP framing, that cannot be parsed
     "truncated",             # the stream ended or was reset before its final event
     "tls",                   # TLS handshake or certificate verification failed
@@ -21,6 +21,8 @@ ErrorKind = Literal[
     "unsupported_encoding",  # a compressed (Content-Encoding: gzip ...) event stream
     "limit",                 # the stream broke a parser or client limit (a line that never ends)
     "tool_call",             # a tool call whose JSON arguments never closed by the stream's end
+    "stream_error",          # an error event inside a 200 stream: the server gave up mid-answer
+    "safety_stop",           # a finish reason that says a safety filter stopped the answer
 ]
 ERROR_KINDS: tuple[str, ...] = typing.get_args(ErrorKind)
 

@@ -12,7 +12,13 @@ from streamquake.loadgen.plan import LoadPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.sse_parser import SSEEvent
 from streamquake.loadgen.stamps import _FIRST_BYTE, _TAKEN, _WRITTEN, _conn
-from streamquake.loadgen.wire import ProtocolError, decoder, ends_with_body, finish_required
+from streamquake.loadgen.wire import (
+    ProtocolError,
+    decoder,
+    ends_with_body,
+    finish_required,
+    safety_finishes,
+)
 from streamquake.protocols import ToolDelta
 
 BURST_WAIT_MS = 50.0
@@ -81,6 +87,7 @@ class _Tally:
         self._decode = decoder(plan.protocol)
         self.finish_required = finish_required(plan.protocol)
         self.ends_with_body = ends_with_body(plan.protocol)
+        self.safety_finishes = safety_finishes(plan.protocol)
         self.stall_s = plan.stall_threshold_ms / 1000.0
         self.t0 = t0
         self.guard = guard
@@ -202,7 +209,11 @@ class _Tally:
             self.last_text_seen = seen
         if d.error is not None:
             # The server gave up mid-stream in its own words (e.g. Anthropic overloaded_error).
-            raise _Failed("http_status", f"error event in the stream: {d.error}")
+            raise _Failed("stream_error", f"error event in the stream: {d.error}")
+        if d.finish is not None and d.finish in self.safety_finishes:
+            raise _Failed("safety_stop", f"the answer was stopped by a safety filter (finish "
+                                         f"reason {d.finish!r}) after {s.content_events} "
+                                         "content events")
         if d.done:
             if self.finish_required and s.finish_reason is None:
                 # llama-cpp-python's server ends a running answer this way when another

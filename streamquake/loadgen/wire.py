@@ -15,7 +15,8 @@ from streamquake.loadgen.sse_parser import SSEEvent
 from streamquake.protocols import Decoded, Protocol, ProtocolError, get
 
 __all__ = ["Decoded", "ProtocolError", "build_request", "decode", "decoder", "default_path",
-           "ends_with_body", "finish_required", "join_path", "protocol_headers"]
+           "ends_with_body", "finish_required", "join_path", "protocol_headers",
+           "safety_finishes"]
 
 
 def default_path(protocol: Protocol, model: str) -> str:
@@ -87,3 +88,8 @@ def join_path(prefix: str, path: str) -> str:
         if route == shared or route.startswith(shared + "/"):
             return "/" + "/".join(parts[:-k]) + path if parts[:-k] else path
     return base + path
+
+
+def safety_finishes(protocol: Protocol) -> frozenset[str]:
+    """The finish reasons that mean a safety filter stopped the answer."""
+    return get(protocol).safety_finishes

@@ -9,6 +9,9 @@ named as in ``Protocol``; adding a format is one module, one line in ``Protocol`
 
 from __future__ import annotations
 
+import re
+from functools import cache
+
 from streamquake.protocols import anthropic, gemini, llama_cpp, openai, openai_responses, sse
 from streamquake.protocols._shapes import describe, readers
 from streamquake.protocols.base import (
@@ -37,6 +40,7 @@ __all__ = [
     "ToolDelta",
     "WireProtocol",
     "describe",
+    "for_path",
     "get",
     "names",
     "readers",
@@ -66,3 +70,34 @@ def get(name: str) -> WireProtocol:
 def names() -> tuple[Protocol, ...]:
     """Every registered format's name; tests/test_protocols.py checks they are ``Protocol``'s."""
     return tuple(p.name for p in _REGISTRY.values())
+
+
+def _route_pattern(path: str) -> re.Pattern[str]:
+    # aiohttp's route syntax: ``{name}`` is one path segment, ``{name:regex}`` that regex.
+    out, pos = [], 0
+    for m in re.finditer(r"\{(\w+)(?::([^{}]+))?\}", path):
+        out.append(re.escape(path[pos:m.start()]))
+        out.append(f"(?:{m.group(2)})" if m.group(2) else "[^/]+")
+        pos = m.end()
+    out.append(re.escape(path[pos:]))
+    return re.compile("".join(out))
+
+
+@cache
+def _routes() -> tuple[tuple[re.Pattern[str], WireProtocol], ...]:
+    return tuple((_route_pattern(r.path), r.speaks or p)
+                 for p in _REGISTRY.values() for r in p.routes())
+
+
+def for_path(path: str) -> WireProtocol | None:
+    """The format whose usual endpoint ``path`` (no query) ends with, if any: for a part that
+    sees requests but was not told their format (the fault proxy). A prefix (a gateway's
+    ``/openai``) is allowed; the longest match wins."""
+    best: tuple[int, WireProtocol] | None = None
+    for pattern, proto in _routes():
+        for start in range(len(path)):
+            if (start == 0 or path[start] == "/") and pattern.fullmatch(path, start):
+                if best is None or len(path) - start > best[0]:
+                    best = (len(path) - start, proto)
+                break
+    return None if best is None else best[1]

@@ -34,6 +34,7 @@ from streamquake.protocols.base import (
     StreamEncoder,
     ToolDelta,
     WireProtocol,
+    sse_event,
 )
 
 ANTHROPIC_VERSION = "2023-06-01"
@@ -239,6 +240,12 @@ class Anthropic(WireProtocol):
         req.require_stream(obj)
         return GenRequest(model=model_name, prompt_tokens=req.count_tokens(prompt), max_tokens=cap,
                           prompt=prompt)
+
+    def error_event(self, message: str | None = None) -> bytes:
+        # What the Messages API sends when it is overloaded mid-stream; the stream then ends.
+        return sse_event({"type": "error", "error": {"type": "overloaded_error",
+                                                     "message": message or "Overloaded"}},
+                         "error")
 
     def error_body(self, status: int, message: str) -> JsonDict:
         kind = "api_error" if status >= 500 else "invalid_request_error"

@@ -10,6 +10,7 @@ particular format.
 
 from __future__ import annotations
 
+import json
 import time
 import typing
 from abc import ABC, abstractmethod
@@ -135,6 +136,12 @@ def stamp(frame: bytes, at_ns: int | None = None) -> bytes:
     return frame.replace(STAMP_SLOT, b"%d" % (time.time_ns() if at_ns is None else at_ns))
 
 
+def sse_event(data: JsonDict, event: str | None = None) -> bytes:
+    """One SSE event block: ``event: NAME`` (where given), one ``data:`` line, a blank line."""
+    head = b"" if event is None else b"event: %s\n" % event.encode()
+    return head + b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
 class StreamEncoder(ABC):
     """Frames one response's events; every event carries ``id: N`` (1-based) when ids are on.
 
@@ -220,6 +227,9 @@ class WireProtocol(ABC):
     ends_with_body: ClassVar[bool] = False
     # Where the format's generated text is, in words, for a reader told that none was found.
     text_is: ClassVar[str] = ""
+    # Finish reasons that mean the server's safety filter stopped the answer (Gemini's SAFETY,
+    # RECITATION ...): no answer the client asked for, whatever came before.
+    safety_finishes: ClassVar[frozenset[str]] = frozenset()
 
     # --- load generator: asking for a stream -------------------------------------------------
 
@@ -274,6 +284,15 @@ class WireProtocol(ABC):
     @abstractmethod
     def error_body(self, status: int, message: str) -> JsonDict:
         """The format's own JSON error shape."""
+
+    def error_event(self, message: str | None = None) -> bytes:
+        """The event a server of the format sends when it gives up mid-answer (the stream then
+        ends); ``message`` in its words where the format carries one. By default a ``data:``
+        line holding an ``error`` object, as OpenAI's chat completions (and llama-server, and
+        most OpenAI-compatible servers) send it."""
+        text = message or "The server had an error while processing your request."
+        return sse_event({"error": {"message": text, "type": "server_error", "param": None,
+                                    "code": None}})
 
     @abstractmethod
     def encoder(self, request: GenRequest, ids: bool) -> StreamEncoder:

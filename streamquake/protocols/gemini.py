@@ -36,6 +36,7 @@ from streamquake.protocols.base import (
     StreamEncoder,
     ToolDelta,
     WireProtocol,
+    sse_event,
 )
 
 
@@ -106,6 +107,10 @@ def _prompt_text(obj: Mapping[str, object]) -> str:
 class Gemini(WireProtocol):
     name = "gemini"
     text_is = "chunks' candidates[].content.parts[].text, the last with a finishReason"
+    # The reasons a candidate stops for a filter, not because the answer is done (the API's
+    # FinishReason enum).
+    safety_finishes = frozenset({"SAFETY", "RECITATION", "BLOCKLIST", "PROHIBITED_CONTENT",
+                                 "SPII", "IMAGE_SAFETY"})
 
     def path(self, model: str) -> str:
         return f"/v1beta/models/{model}:streamGenerateContent?alt=sse"
@@ -199,6 +204,15 @@ class Gemini(WireProtocol):
             prompt=prompt,
             max_tokens=req.optional_positive_int(config, "maxOutputTokens"),
         )
+
+    def error_event(self, message: str | None = None) -> bytes:
+        # Gemini has no error event mid-stream: its safety filter stops the answer with a last
+        # chunk whose candidate says SAFETY (no text, the ratings that blocked it).
+        return sse_event({"candidates": [{
+            "finishReason": "SAFETY", "index": 0,
+            "safetyRatings": [{"category": "HARM_CATEGORY_DANGEROUS_CONTENT",
+                               "probability": "HIGH", "blocked": True}],
+        }]})
 
     def error_body(self, status: int, message: str) -> JsonDict:
         state = "INTERNAL" if status >= 500 else "INVALID_ARGUMENT"

@@ -37,6 +37,7 @@ from streamquake.protocols.base import (
     StreamEncoder,
     ToolDelta,
     WireProtocol,
+    sse_event,
 )
 
 # Deltas of the answer's text, and of the reasoning the model streams before it (reasoning
@@ -299,6 +300,13 @@ class OpenAIResponses(WireProtocol):
         return GenRequest(model=model_name, prompt_tokens=req.count_tokens(prompt),
                           max_tokens=req.optional_positive_int(obj, "max_output_tokens"),
                           prompt=prompt)
+
+    def error_event(self, message: str | None = None) -> bytes:
+        # The response as it failed; its ``error`` says why. The stream ends after it.
+        text = message or "The server had an error while processing your request."
+        return sse_event({"type": _FAILED, "response": {
+            "id": "resp_" + uuid.uuid4().hex, "object": "response", "status": "failed",
+            "error": {"code": "server_error", "message": text}}}, _FAILED)
 
     def error_body(self, status: int, message: str) -> JsonDict:
         kind = "server_error" if status >= 500 else "invalid_request_error"

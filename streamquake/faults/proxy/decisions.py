@@ -11,6 +11,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from streamquake import protocols
 from streamquake.faults.proxy.framing import SSEEvent, corrupt_event, is_content_event
 from streamquake.faults.proxy.spec import SSEProxyFault
 
@@ -37,6 +38,8 @@ class Stats:
     aborts_by_status: dict[str, int] = field(default_factory=dict)
     resets: int = 0
     corruptions: int = 0
+    # Streams ended with their format's mid-stream error event (``error_event``).
+    error_events: int = 0
     upstream_errors: int = 0
     # Errors the proxy answered itself (502/504; injected ones are not counted here), and
     # requests sent again on a fresh connection after a pooled one was found closed.
@@ -71,10 +74,13 @@ class ActiveFault:
         self.streams += 1
         self.stats.requests += 1
         reset = self.spec.reset
-        reset_after = None
+        reset_after = error_after = None
         if reset is not None and rng.random() < reset.probability:
             reset_after = reset.after_events
-        return FaultStream(self, rng, reset_after)
+        error = self.spec.error_event
+        if error is not None and rng.random() < error.probability:
+            error_after = error.after
+        return FaultStream(self, rng, reset_after, error_after)
 
 
 @dataclass
@@ -84,13 +90,16 @@ class FaultStream:
     fault: ActiveFault
     rng: random.Random
     reset_after: int | None
+    error_after: int | None = None   # content events before this stream's error event
+    contents: int = 0                # content events forwarded while this fault was on
 
     def roll(self, probability: float | None) -> bool:
         return probability is not None and self.rng.random() < probability
 
 
-# What a stream does after an event: go on, end cleanly, or end with a TCP reset.
-CONTINUE, END, RESET = "continue", "end", "reset"
+# What a stream does after an event: go on, end cleanly, end with a TCP reset, or end with its
+# format's error event (``StreamFaults.error_bytes``) and then cleanly.
+CONTINUE, END, RESET, ERROR = "continue", "end", "reset", "error"
 
 
 class StreamFaults:
@@ -108,6 +117,7 @@ class StreamFaults:
         self.bytes = 0
         self.lag_s = 0.0
         self.first = True
+        self.erred: FaultStream | None = None    # the fault whose error event ends the stream
 
     def faults(self) -> list[FaultStream]:
         active = self._active
@@ -118,6 +128,10 @@ class StreamFaults:
             fs = self._mine.get(af)
             if fs is None:
                 fs = self._mine[af] = af.open_stream()
+                if self.events:
+                    # Met mid-stream: the error is the answer's fate from its start, so a
+                    # stream begun before the fault (in the phase before) never gets one.
+                    fs.error_after = None
             out.append(fs)
         return out
 
@@ -149,6 +163,8 @@ class StreamFaults:
             if dropped:
                 totals.events_dropped += 1
                 return None
+            for fs in faults:
+                fs.contents += 1
         added_s = 0.0
         for fs in faults:
             if fs.fault.delays:
@@ -202,6 +218,12 @@ class StreamFaults:
                 fs.fault.stats.resets += 1
                 self.totals.resets += 1
                 return RESET
+        for fs in faults:
+            if fs.error_after is not None and fs.contents >= fs.error_after:
+                fs.fault.stats.error_events += 1
+                self.totals.error_events += 1
+                self.erred = fs
+                return ERROR
         outcome = CONTINUE
         for fs in faults:
             if self._truncate_due(fs):
@@ -210,6 +232,16 @@ class StreamFaults:
         if outcome == END:
             self.totals.truncations += 1
         return outcome
+
+    def error_bytes(self, path: str) -> bytes:
+        """The error event that ends this stream (after ``limits_reached`` said ERROR), in the
+        fault's format, else the one whose endpoint ``path`` names, else a generic one."""
+        assert self.erred is not None
+        spec = self.erred.fault.spec.error_event
+        assert spec is not None
+        wire = (protocols.get(spec.protocol) if spec.protocol is not None
+                else protocols.for_path(path) or protocols.get("sse"))
+        return wire.error_event(spec.message)
 
     def _truncate_due(self, fs: FaultStream) -> bool:
         spec = fs.fault.spec

@@ -23,6 +23,10 @@ Semantics, per fault (several may be active at once; their effects add up):
   without contacting the upstream.
 * ``reset``: ``{probability, after_events}`` per stream: TCP RST after N events.
 * ``corrupt``: probability per content event: the JSON payload is cut and garbled.
+* ``error_event``: ``{after, probability, message, protocol}`` per stream: after ``after``
+  content events the stream ends with its format's mid-stream error event
+  (``WireProtocol.error_event``; the format the request's path names unless ``protocol`` says
+  it), then cleanly. A stream that began before the fault came on never gets one.
 * ``seed``: per-stream random generators come from (seed, fault name, stream number).
 """
 

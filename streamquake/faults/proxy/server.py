@@ -44,6 +44,7 @@ from streamquake.errors import validation_sentences
 from streamquake.faults.proxy.decisions import (
     CONTINUE,
     END,
+    ERROR,
     RESET,
     ActiveFault,
     Stats,
@@ -140,8 +141,9 @@ class _SSERelay:
 
     def __init__(self, resp: web.StreamResponse, upstream: aiohttp.ClientResponse,
                  stream: StreamFaults, proxy: ProxyState,
-                 transport: asyncio.BaseTransport | None) -> None:
+                 transport: asyncio.BaseTransport | None, path: str = "") -> None:
         self.resp = resp
+        self.path = path
         self.upstream = upstream
         self.stream = stream
         self.proxy = proxy
@@ -159,6 +161,11 @@ class _SSERelay:
                 outcome = await self._read()
             if outcome == CONTINUE:
                 outcome = await self._from_pump()
+            if outcome == ERROR:
+                raw = self.stream.error_bytes(self.path)
+                self.pending.append(raw)
+                self.stream.count_forwarded(self.stream.faults(), len(raw), True)
+                outcome = END   # the server's own end after its error: a clean one
             await self._flush()
             return outcome
         finally:
@@ -407,8 +414,11 @@ async def forward(request: web.Request) -> web.StreamResponse:
         resp = web.StreamResponse(status=upstream.status, reason=upstream.reason,
                                   headers=_response_headers(upstream, sse))
         await resp.prepare(request)
-        outcome = await (_SSERelay(resp, upstream, stream, proxy, request.transport).run() if sse
-                         else _relay_raw(resp, upstream, proxy))
+        if sse:
+            outcome = await _SSERelay(resp, upstream, stream, proxy, request.transport,
+                                      request.path).run()
+        else:
+            outcome = await _relay_raw(resp, upstream, proxy)
         if outcome == RESET:
             _reset_connection(request)
         elif outcome == _BROKEN and request.transport is not None:

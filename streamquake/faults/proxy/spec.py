@@ -9,6 +9,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BeforeValidator, Field, model_validator
 
 from streamquake.faults.envelope import ENVELOPE, FaultSpec
+from streamquake.protocols import Protocol
 from streamquake.units import (
     DURATION,
     PERCENTAGE,
@@ -71,9 +72,21 @@ class Reset(_Part):
     after_events: int = Field(default=0, ge=0, description="events passed on first")
 
 
+class ErrorEvent(_Part):
+    """End the stream with the error event its format's server sends when it gives up
+    mid-answer, after ``after`` content events, with ``probability`` per stream."""
+
+    after: int = Field(ge=0, description="content events passed on first")
+    probability: Fraction = Field(1.0, description="of each stream")
+    message: str | None = Field(None, max_length=500, description="the error's message, "
+                                "where the format carries one (default: the format's usual)")
+    protocol: Protocol | None = Field(None, description="the wire format to speak (default: "
+                                      "the one whose endpoint the request's path names)")
+
+
 _ACTIONS = (
     "drop", "delay_ms", "first_event_delay_ms", "stall", "truncate_after_events",
-    "truncate_after_bytes", "abort", "reset", "corrupt",
+    "truncate_after_bytes", "abort", "reset", "corrupt", "error_event",
 )
 
 
@@ -101,6 +114,9 @@ class SSEProxyFault(FaultSpec):
     reset: Reset | None = Field(None, description="reset the connection (RST) after "
                                 "`after_events` events, with `probability`")
     corrupt: Fraction | None = Field(None, description="events whose data is garbled")
+    error_event: ErrorEvent | None = Field(None, description="end the stream with its "
+                                           "format's mid-stream error event after `after` "
+                                           "content events, with `probability`")
     seed: int | None = Field(None, description="for repeatable random choices")
 
     @model_validator(mode="after")
@@ -108,7 +124,8 @@ class SSEProxyFault(FaultSpec):
         if all(getattr(self, f) is None for f in _ACTIONS):
             raise ValueError(
                 "an sse_proxy fault needs at least one action: drop, delay, first_event_delay, "
-                "stall, truncate_after_events, truncate_after_bytes, abort, reset or corrupt"
+                "stall, truncate_after_events, truncate_after_bytes, abort, reset, corrupt or "
+                "error_event"
             )
         if self.delay_jitter_ms is not None and self.delay_ms is None:
             raise ValueError("delay_jitter needs delay: set delay (e.g. '100ms') as well")

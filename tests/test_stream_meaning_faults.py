@@ -1,0 +1,190 @@
+"""Faults in the meaning of a stream (issue 32): the SSE proxy ends a stream with the error its
+format's server sends when it gives up mid-answer (OpenAI's ``error`` object in a data line,
+Anthropic's ``event: error`` with ``overloaded_error``, the Responses API's ``response.failed``,
+Gemini's ``finishReason: SAFETY``), counts what it injected, and the client counts each under
+its own category (``stream_error``, ``safety_stop``), in the fault phase only.
+
+Real processes on loopback: the embedded target, the proxy process in front of it, the client
+(directly, and in a real ``streamquake run``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import TargetProcess, start_target
+from streamquake.errors import ScenarioError
+from streamquake.faults.proxy.server import ProxyProcess, start_proxy
+from streamquake.faults.proxy.spec import SSEProxyFault
+from streamquake.loadgen.client import StreamClient
+from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
+from streamquake.loadgen.samples import RequestSample
+from streamquake.scenario import load_scenario
+from tests.conftest import run_cli
+
+FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 12, "max": 12}, "seed": 3}
+
+# Each format, the category its injected error is counted under, and words of its reason.
+FORMATS = [
+    ("openai", "stream_error", "server_error: The server had an error"),
+    ("anthropic", "stream_error", "overloaded_error: Overloaded"),
+    ("openai_responses", "stream_error", "server_error: The server had an error"),
+    ("gemini", "safety_stop", "finish reason 'SAFETY'"),
+]
+
+
+@pytest.fixture(scope="module")
+def target() -> Iterator[TargetProcess]:
+    with start_target(TargetConfig.model_validate(FAST)) as t:
+        yield t
+
+
+@pytest.fixture(scope="module")
+def proxy(target: TargetProcess) -> Iterator[ProxyProcess]:
+    with start_proxy(target.url) as p:
+        yield p
+
+
+def control(proxy: ProxyProcess, method: str, path: str, body: Any = None) -> Any:
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(proxy.control_url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())
+
+
+def measure(base_url: str, protocol: str) -> RequestSample:
+    plan = LoadPlan.model_validate({
+        "base_url": base_url, "protocol": protocol, "samples_path": "/nonexistent",
+        "end_at": 0.0, "timeout_s": 20.0, "connect_timeout_s": 5.0, "model": "m-1"})
+    client = StreamClient(plan)
+    try:
+        return client.measure(RequestClassPlan(prompts=["say something"], max_tokens=12),
+                              random.Random(0))
+    finally:
+        client.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("protocol", "category", "says"), FORMATS)
+def test_each_format_gets_its_own_error_event_and_the_client_names_it(
+        proxy: ProxyProcess, protocol: str, category: str, says: str) -> None:
+    clean = measure(proxy.url, protocol)
+    assert (clean.error, clean.content_events) == (None, 12), clean.error_detail
+    control(proxy, "PUT", "/faults/meaning", {"error_event": {"after": 3}})
+    try:
+        samples = [measure(proxy.url, protocol) for _ in range(3)]
+    finally:
+        removed = control(proxy, "DELETE", "/faults/meaning")
+    for s in samples:
+        # The three content events before it arrived, then the error; never a clean answer.
+        assert (s.error, s.status, s.content_events) == (category, 200, 3), s.error_detail
+        assert says in (s.error_detail or ""), s.error_detail
+    assert removed["stats"]["error_events"] == 3, removed["stats"]
+    assert removed["stats"]["requests"] == 3
+    after = measure(proxy.url, protocol)
+    assert (after.error, after.content_events) == (None, 12), after.error_detail
+
+
+@pytest.mark.timeout(60)
+def test_probability_and_an_explicit_format_and_message(proxy: ProxyProcess) -> None:
+    # The request's path says OpenAI chat; the fault says Anthropic, and its words are kept.
+    control(proxy, "PUT", "/faults/meaning", {"error_event": {
+        "after": 0, "protocol": "anthropic", "message": "Too busy right now", "probability": 0.5},
+        "seed": 7})
+    try:
+        samples = [measure(proxy.url, "openai") for _ in range(12)]
+    finally:
+        removed = control(proxy, "DELETE", "/faults/meaning")
+    failed = [s for s in samples if s.error is not None]
+    # OpenAI's reader sees Anthropic's error event as an error object in a data line.
+    assert all(s.error == "stream_error" and s.content_events == 0
+               and "Too busy right now" in (s.error_detail or "") for s in failed), \
+        [s.error_detail for s in failed]
+    assert 0 < len(failed) < 12
+    assert removed["stats"]["error_events"] == len(failed)
+
+
+@pytest.mark.timeout(10)
+def test_bad_error_event_settings_say_what_to_change() -> None:
+    for bad, words in [
+        ({"after": -1}, "greater than or equal to 0"),
+        ({}, "after"),
+        ({"after": 2, "protocol": "grpc"}, "openai"),
+        ({"after": 2, "probability": "150%"}, "probability"),
+        ({"after": 2, "colour": "red"}, "colour"),
+    ]:
+        with pytest.raises(ValidationError) as info:
+            SSEProxyFault.model_validate({"type": "sse_proxy", "error_event": bad})
+        assert words in str(info.value), (bad, str(info.value))
+
+
+@pytest.mark.timeout(10)
+def test_a_bad_error_event_in_a_scenario_is_located(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(SCENARIO.format(protocol="openai", after="-2"))
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(path)
+    said = str(info.value)
+    # The file, line and column of `after`, the field, and what to change.
+    assert said.startswith(f"{path}:19:7: faults.0.error_event.after: Input should be greater "
+                           "than or equal to 0"), said
+
+
+SCENARIO = """\
+name: meaning
+target:
+  protocol: {protocol}
+  model: sim-1
+  embedded: {{ttft: 20ms, itl: 5ms, output_tokens: {{min: 10, max: 10}}, seed: 4}}
+  timeout: 10s
+load:
+  users: 2
+  think_time: {{min: 40ms, max: 60ms}}
+  classes:
+    - {{name: answer, prompt: "Say something.", max_tokens: 10}}
+  seed: 4
+phases: {{warmup: 0s, baseline: 2s, fault: 2s, recovery: 2s}}
+faults:
+  - type: sse_proxy
+    name: gave-up
+    phase: fault
+    error_event:
+      after: {after}
+slos:
+  - {{metric: error_rate, max: 1%, phases: [baseline, recovery]}}
+"""
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("protocol", "category", "says"), FORMATS)
+def test_a_run_counts_the_injected_errors_in_the_fault_phase_only(
+        tmp_path: Path, protocol: str, category: str, says: str) -> None:
+    scenario = tmp_path / "meaning.yaml"
+    scenario.write_text(SCENARIO.format(protocol=protocol, after=3))
+    out = tmp_path / "out"
+    proc = run_cli("run", str(scenario), "--out", str(out), timeout=200)
+    report = json.loads((out / "report.json").read_text())
+    assert proc.returncode in (0, 1, 6), proc.stdout + proc.stderr
+    phases = {p["name"]: p["stats"] for p in report["phases"]}
+    for name in ("baseline", "recovery"):
+        assert sum(phases[name]["errors"].values()) == 0, (name, phases[name]["errors"])
+        assert phases[name]["successes"] > 0, name
+    fault = phases["fault"]
+    (record,) = report["faults"]
+    injected = record["reverted"]["stats"]["error_events"]
+    # Every stream that met the fault ended with its error, and the client counted each one.
+    assert fault["errors"][category] == injected == fault["requests"] > 0, (
+        fault["errors"], injected)
+    assert sum(fault["errors"].values()) == injected
+    assert any(says in reason for reason in fault["error_reasons"][category]), \
+        fault["error_reasons"]
