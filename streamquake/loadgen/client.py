@@ -198,7 +198,8 @@ class StreamClient:
                 sample.error = "timeout"
                 sample.error_detail = (
                     f"no complete stream within {self.plan.timeout_s:g} s"
-                    + ("" if sample.ttfb_ms is not None else " (no response headers)")
+                    + (" (no response headers)" if sample.ttfb_ms is None else
+                       " (it went silent mid-answer)" if tally.silent(end) else "")
                 )
             finally:
                 deadline.cancel()

@@ -265,6 +265,10 @@ class _Tally:
             return True
         return gap - self.guard.blocked_within(self.last_text_seen, seen) > self.stall_s
 
+    def silent(self, end: float) -> bool:
+        """Content came, then none for longer than a stall up to ``end``: a hung answer."""
+        return self.last_text_at is not None and end - self.last_text_at > self.stall_s
+
     def finish(self, end: float) -> RequestSample:
         s = self.sample
         s.e2e_ms = (end - self.t0) * 1000.0

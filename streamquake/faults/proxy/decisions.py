@@ -8,6 +8,7 @@ what to do with each event and when a stream must end, and does it.
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -40,6 +41,10 @@ class Stats:
     corruptions: int = 0
     # Streams ended with their format's mid-stream error event (``error_event``).
     error_events: int = 0
+    # Streams held open with nothing more sent (``stop_after``), and those whose client then
+    # gave up (closed the connection) while held.
+    hangs: int = 0
+    hangs_ended_by_client: int = 0
     upstream_errors: int = 0
     # Errors the proxy answered itself (502/504; injected ones are not counted here), and
     # requests sent again on a fresh connection after a pooled one was found closed.
@@ -61,6 +66,7 @@ class ActiveFault:
     stats: Stats = field(default_factory=Stats)
     streams: int = 0
     delays: bool = field(init=False)
+    since: float = field(default_factory=time.monotonic)    # when it was put on
 
     def __post_init__(self) -> None:
         spec = self.spec
@@ -92,14 +98,16 @@ class FaultStream:
     reset_after: int | None
     error_after: int | None = None   # content events before this stream's error event
     contents: int = 0                # content events forwarded while this fault was on
+    midway: bool = False             # met after the stream had begun
 
     def roll(self, probability: float | None) -> bool:
         return probability is not None and self.rng.random() < probability
 
 
-# What a stream does after an event: go on, end cleanly, end with a TCP reset, or end with its
-# format's error event (``StreamFaults.error_bytes``) and then cleanly.
-CONTINUE, END, RESET, ERROR = "continue", "end", "reset", "error"
+# What a stream does after an event: go on, end cleanly, end with a TCP reset, end with its
+# format's error event (``StreamFaults.error_bytes``) and then cleanly, or hang (send nothing
+# more, hold the connection open until the client closes it).
+CONTINUE, END, RESET, ERROR, HANG = "continue", "end", "reset", "error", "hang"
 
 
 class StreamFaults:
@@ -117,7 +125,9 @@ class StreamFaults:
         self.bytes = 0
         self.lag_s = 0.0
         self.first = True
+        self.opened = time.monotonic()
         self.erred: FaultStream | None = None    # the fault whose error event ends the stream
+        self.hung: FaultStream | None = None      # the fault that holds the stream open
 
     def faults(self) -> list[FaultStream]:
         active = self._active
@@ -128,10 +138,11 @@ class StreamFaults:
             fs = self._mine.get(af)
             if fs is None:
                 fs = self._mine[af] = af.open_stream()
-                if self.events:
-                    # Met mid-stream: the error is the answer's fate from its start, so a
-                    # stream begun before the fault (in the phase before) never gets one.
+                if self.opened < af.since:
+                    # Met mid-stream: an error or a hang is the answer's fate from its start,
+                    # so a stream begun before the fault (in the phase before) never gets one.
                     fs.error_after = None
+                    fs.midway = True
             out.append(fs)
         return out
 
@@ -224,6 +235,13 @@ class StreamFaults:
                 self.totals.error_events += 1
                 self.erred = fs
                 return ERROR
+        for fs in faults:
+            stop = fs.fault.spec.stop_after
+            if stop is not None and not fs.midway and fs.contents >= stop:
+                fs.fault.stats.hangs += 1
+                self.totals.hangs += 1
+                self.hung = fs
+                return HANG
         outcome = CONTINUE
         for fs in faults:
             if self._truncate_due(fs):
@@ -242,6 +260,11 @@ class StreamFaults:
         wire = (protocols.get(spec.protocol) if spec.protocol is not None
                 else protocols.for_path(path) or protocols.get("sse"))
         return wire.error_event(spec.message)
+
+    def hang_ended_by_client(self) -> None:
+        assert self.hung is not None
+        self.hung.fault.stats.hangs_ended_by_client += 1
+        self.totals.hangs_ended_by_client += 1
 
     def _truncate_due(self, fs: FaultStream) -> bool:
         spec = fs.fault.spec

@@ -27,6 +27,9 @@ Semantics, per fault (several may be active at once; their effects add up):
   content events the stream ends with its format's mid-stream error event
   (``WireProtocol.error_event``; the format the request's path names unless ``protocol`` says
   it), then cleanly. A stream that began before the fault came on never gets one.
+* ``stop_after``: after N content events nothing more is sent and the connection is held open
+  until the client closes it (or the proxy's read timeout passes), then broken off. A stream
+  that began before the fault came on is never held.
 * ``seed``: per-stream random generators come from (seed, fault name, stream number).
 """
 

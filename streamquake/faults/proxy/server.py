@@ -45,6 +45,7 @@ from streamquake.faults.proxy.decisions import (
     CONTINUE,
     END,
     ERROR,
+    HANG,
     RESET,
     ActiveFault,
     Stats,
@@ -167,11 +168,31 @@ class _SSERelay:
                 self.stream.count_forwarded(self.stream.faults(), len(raw), True)
                 outcome = END   # the server's own end after its error: a clean one
             await self._flush()
+            if outcome == HANG:
+                outcome = await self._hang()
             return outcome
         finally:
             if self.pump is not None:
                 self.pump.cancel()
                 await asyncio.gather(self.pump, return_exceptions=True)
+
+    async def _hang(self) -> str:
+        """Send nothing more and hold the connection open, as a hung server does, until the
+        client closes it or the proxy's read timeout passes (a bound, so that no stream is held
+        for ever); then break it off, never a clean end."""
+        if self.pump is not None:
+            self.pump.cancel()
+            await asyncio.gather(self.pump, return_exceptions=True)
+            self.pump = None
+        self.upstream.close()       # the rest of the answer is not wanted
+        transport = self.transport
+        until = self.loop.time() + self.proxy.read_timeout_s
+        while transport is not None and not transport.is_closing():
+            if self.loop.time() >= until:
+                return _BROKEN
+            await asyncio.sleep(0.05)
+        self.stream.hang_ended_by_client()
+        return _BROKEN
 
     def _hand_over(self) -> None:
         """A pump task reads the upstream from now on."""

@@ -86,7 +86,7 @@ class ErrorEvent(_Part):
 
 _ACTIONS = (
     "drop", "delay_ms", "first_event_delay_ms", "stall", "truncate_after_events",
-    "truncate_after_bytes", "abort", "reset", "corrupt", "error_event",
+    "truncate_after_bytes", "abort", "reset", "corrupt", "error_event", "stop_after",
 )
 
 
@@ -117,6 +117,9 @@ class SSEProxyFault(FaultSpec):
     error_event: ErrorEvent | None = Field(None, description="end the stream with its "
                                            "format's mid-stream error event after `after` "
                                            "content events, with `probability`")
+    stop_after: int | None = Field(default=None, ge=0, description="after this many content "
+                                   "events, send nothing more and hold the stream open (a hung "
+                                   "answer) until the client gives up")
     seed: int | None = Field(None, description="for repeatable random choices")
 
     @model_validator(mode="after")
@@ -124,8 +127,8 @@ class SSEProxyFault(FaultSpec):
         if all(getattr(self, f) is None for f in _ACTIONS):
             raise ValueError(
                 "an sse_proxy fault needs at least one action: drop, delay, first_event_delay, "
-                "stall, truncate_after_events, truncate_after_bytes, abort, reset, corrupt or "
-                "error_event"
+                "stall, truncate_after_events, truncate_after_bytes, abort, reset, corrupt, "
+                "error_event or stop_after"
             )
         if self.delay_jitter_ms is not None and self.delay_ms is None:
             raise ValueError("delay_jitter needs delay: set delay (e.g. '100ms') as well")
