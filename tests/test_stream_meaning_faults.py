@@ -27,6 +27,7 @@ from streamquake.errors import ScenarioError
 from streamquake.faults.proxy.server import ProxyProcess, start_proxy
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.loadgen.client import StreamClient
+from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.scenario import load_scenario
@@ -141,6 +142,29 @@ def test_stop_after_holds_the_stream_open_until_the_clients_timeout_ends_it(
     assert (stats["hangs"], stats["hangs_ended_by_client"]) == (1, 1), stats
 
 
+@pytest.mark.timeout(60)
+def test_drop_usage_takes_openais_usage_chunk_and_the_client_counts_tokens_itself(
+        proxy: ProxyProcess) -> None:
+    clean = measure(proxy.url, "openai")
+    assert (clean.error, clean.content_events, clean.usage_tokens) == (None, 12, 12)
+    control(proxy, "PUT", "/faults/no-usage", {"drop_usage": True})
+    try:
+        samples = [measure(proxy.url, "openai") for _ in range(3)]
+        # Anthropic's usage rides on message_delta with the stop reason: nothing to drop.
+        anthropic = measure(proxy.url, "anthropic")
+    finally:
+        removed = control(proxy, "DELETE", "/faults/no-usage")
+    for s in samples:
+        # A whole answer, its finish reason kept; only the server's count is gone.
+        assert (s.error, s.content_events, s.usage_tokens) == (None, 12, None), s.error_detail
+        assert s.finish_reason == clean.finish_reason is not None
+    assert (anthropic.error, anthropic.usage_tokens) == (None, 12), anthropic.error_detail
+    assert removed["stats"]["usage_dropped"] == 3, removed["stats"]
+    assert removed["stats"]["requests"] == 4
+    phase = Stats.from_samples(samples)
+    assert phase.tokens_counted == 3 and Stats.from_samples([clean]).tokens_counted == 0
+
+
 @pytest.mark.timeout(10)
 def test_bad_error_event_settings_say_what_to_change() -> None:
     for bad, words in [
@@ -156,6 +180,9 @@ def test_bad_error_event_settings_say_what_to_change() -> None:
     with pytest.raises(ValidationError) as info:
         SSEProxyFault.model_validate({"type": "sse_proxy", "stop_after": -1})
     assert "stop_after" in str(info.value) and "greater than or equal to 0" in str(info.value)
+    with pytest.raises(ValidationError) as info:
+        SSEProxyFault.model_validate({"type": "sse_proxy", "drop_usage": "sometimes"})
+    assert "drop_usage" in str(info.value) and "boolean" in str(info.value), str(info.value)
 
 
 @pytest.mark.timeout(10)

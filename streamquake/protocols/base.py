@@ -300,6 +300,18 @@ class WireProtocol(ABC):
 
     # --- proxy: what an event is worth -------------------------------------------------------
 
+    def is_usage_event(self, event: Event) -> bool:
+        """True when ``event`` carries the server's usage count and nothing else a reader
+        needs: no content, no finish reason, not the end, no error (OpenAI's last chunk under
+        ``stream_options.include_usage``). A format whose usage rides on other events has
+        none. Never raises."""
+        try:
+            d = self.decode(event)
+        except ProtocolError:
+            return False
+        return (d.usage_output_tokens is not None and not d.generated and d.finish is None
+                and not d.done and d.error is None)
+
     @abstractmethod
     def is_content_event(self, event: Event) -> bool:
         """True when losing ``event`` loses generated text and nothing else.

@@ -13,7 +13,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from streamquake import protocols
-from streamquake.faults.proxy.framing import SSEEvent, corrupt_event, is_content_event
+from streamquake.faults.proxy.framing import (
+    SSEEvent,
+    corrupt_event,
+    is_content_event,
+    is_usage_event,
+)
 from streamquake.faults.proxy.spec import SSEProxyFault
 
 
@@ -45,6 +50,7 @@ class Stats:
     # gave up (closed the connection) while held.
     hangs: int = 0
     hangs_ended_by_client: int = 0
+    usage_dropped: int = 0      # usage-only events dropped (``drop_usage``)
     upstream_errors: int = 0
     # Errors the proxy answered itself (502/504; injected ones are not counted here), and
     # requests sent again on a fresh connection after a pooled one was found closed.
@@ -117,8 +123,10 @@ class StreamFaults:
     on mid-stream applies from the next event on; ``totals`` counts across all faults.
     """
 
-    def __init__(self, active: dict[str, ActiveFault], totals: Stats) -> None:
+    def __init__(self, active: dict[str, ActiveFault], totals: Stats, path: str = "") -> None:
         self._active = active
+        self.path = path
+        self._wire: protocols.WireProtocol | None | bool = False   # False: not looked up yet
         self.totals = totals
         self._mine: dict[ActiveFault, FaultStream] = {}
         self.events = 0
@@ -165,6 +173,8 @@ class StreamFaults:
             fs.fault.stats.events_seen += 1
             fs.fault.stats.content_events += content
         totals.content_events += content
+        if not content and self._usage_dropped(ev, faults):
+            return None
         if content:
             dropped = False
             for fs in faults:  # every fault rolls, in order: a replay makes the same choices
@@ -194,6 +204,20 @@ class StreamFaults:
                 totals.corruptions += 1
                 raw = corrupt_event(raw)
         return raw
+
+    def _usage_dropped(self, ev: SSEEvent, faults: list[FaultStream]) -> bool:
+        droppers = [fs for fs in faults if fs.fault.spec.drop_usage]
+        if not droppers:
+            return False
+        if self._wire is False:
+            self._wire = protocols.for_path(self.path)
+        wire = self._wire
+        if not isinstance(wire, protocols.WireProtocol) or not is_usage_event(ev, wire):
+            return False
+        for fs in droppers:
+            fs.fault.stats.usage_dropped += 1
+        self.totals.usage_dropped += 1
+        return True
 
     def _delays(self, fs: FaultStream) -> float:
         spec, st, totals = fs.fault.spec, fs.fault.stats, self.totals

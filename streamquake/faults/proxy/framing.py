@@ -197,6 +197,17 @@ def is_content_event(ev: SSEEvent, protocol: str | None = None) -> bool:
     return _scan_json(obj) == 1
 
 
+def is_usage_event(ev: SSEEvent, protocol: protocols.WireProtocol) -> bool:
+    """True when ``ev`` carries ``protocol``'s usage count and nothing else (see
+    ``WireProtocol.is_usage_event``)."""
+    if ev.data is None:
+        return False
+    return protocol.is_usage_event(_TextEvent(
+        ev.name.decode("utf-8", "replace") if ev.name else "message",
+        ev.data.decode("utf-8", "replace"),
+    ))
+
+
 def corrupt_event(raw: bytes) -> bytes:
     """Cut each data payload in half and append garbage, so no JSON parser accepts it."""
     parts = _LINE_END_KEPT.split(raw)

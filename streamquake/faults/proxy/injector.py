@@ -30,6 +30,8 @@ Semantics, per fault (several may be active at once; their effects add up):
 * ``stop_after``: after N content events nothing more is sent and the connection is held open
   until the client closes it (or the proxy's read timeout passes), then broken off. A stream
   that began before the fault came on is never held.
+* ``drop_usage``: the events that carry only the usage count (``WireProtocol.is_usage_event``,
+  in the format the request's path names) are dropped.
 * ``seed``: per-stream random generators come from (seed, fault name, stream number).
 """
 

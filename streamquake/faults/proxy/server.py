@@ -417,7 +417,7 @@ async def _open_upstream(request: web.Request, proxy: ProxyState
 async def forward(request: web.Request) -> web.StreamResponse:
     proxy = request.app[PROXY]
     proxy.totals.requests += 1
-    stream = StreamFaults(proxy.faults, proxy.totals)
+    stream = StreamFaults(proxy.faults, proxy.totals, request.path)
     aborted = stream.abort_status(stream.faults())
     if aborted is not None:
         status, retry_after, name = aborted

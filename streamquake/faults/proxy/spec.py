@@ -120,15 +120,18 @@ class SSEProxyFault(FaultSpec):
     stop_after: int | None = Field(default=None, ge=0, description="after this many content "
                                    "events, send nothing more and hold the stream open (a hung "
                                    "answer) until the client gives up")
+    drop_usage: bool = Field(False, description="drop the events that carry only the usage "
+                             "count (OpenAI's last chunk under `include_usage`), in the format "
+                             "the request's path names")
     seed: int | None = Field(None, description="for repeatable random choices")
 
     @model_validator(mode="after")
     def _coherent(self) -> SSEProxyFault:
-        if all(getattr(self, f) is None for f in _ACTIONS):
+        if all(getattr(self, f) is None for f in _ACTIONS) and not self.drop_usage:
             raise ValueError(
                 "an sse_proxy fault needs at least one action: drop, delay, first_event_delay, "
                 "stall, truncate_after_events, truncate_after_bytes, abort, reset, corrupt, "
-                "error_event or stop_after"
+                "error_event, stop_after or drop_usage"
             )
         if self.delay_jitter_ms is not None and self.delay_ms is None:
             raise ValueError("delay_jitter needs delay: set delay (e.g. '100ms') as well")
@@ -141,6 +144,8 @@ class SSEProxyFault(FaultSpec):
         params = self.model_dump(mode="json", exclude=set(ENVELOPE), exclude_none=True)
         if self.delay_ms is None:
             params.pop("delay_probability")  # a default that means nothing without a delay
+        if not self.drop_usage:
+            params.pop("drop_usage")
         return params
 
 
