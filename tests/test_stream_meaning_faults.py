@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import random
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -98,6 +99,27 @@ def test_each_format_gets_its_own_error_event_and_the_client_names_it(
 
 
 @pytest.mark.timeout(60)
+def test_a_stream_begun_before_the_fault_is_spared_and_the_next_is_not() -> None:
+    slow = TargetConfig.model_validate({**FAST, "itl": "60ms"})     # 12 tokens: ~0.7 s
+    with start_target(slow) as t, start_proxy(t.url) as p:
+        early: list[RequestSample] = []
+        reader = threading.Thread(target=lambda: early.append(measure(p.url, "anthropic")))
+        reader.start()
+        deadline = time.monotonic() + 10.0
+        while control(p, "GET", "/stats")["totals"]["events_forwarded"] < 3:
+            assert time.monotonic() < deadline, "the first stream never began"
+            time.sleep(0.02)
+        control(p, "PUT", "/faults/meaning", {"error_event": {"after": 0}, "stop_after": 1})
+        reader.join(20)
+        late = measure(p.url, "anthropic")
+        stats = control(p, "GET", "/stats")["faults"]["meaning"]
+    (first,) = early
+    assert (first.error, first.content_events) == (None, 12), first.error_detail
+    assert (late.error, late.content_events) == ("stream_error", 0), late.error_detail
+    assert (stats["error_events"], stats["hangs"]) == (1, 0), stats
+
+
+@pytest.mark.timeout(60)
 def test_probability_and_an_explicit_format_and_message(proxy: ProxyProcess) -> None:
     # The request's path says OpenAI chat; the fault says Anthropic, and its words are kept.
     control(proxy, "PUT", "/faults/meaning", {"error_event": {
@@ -136,9 +158,10 @@ def test_stop_after_holds_the_stream_open_until_the_clients_timeout_ends_it(
         control(proxy, "DELETE", "/faults/hung")
     assert (hung.error, hung.content_events) == ("timeout", 4), hung.error_detail
     assert hung.error_detail == "no complete stream within 2 s (it went silent mid-answer)"
-    # Held to the client's deadline, not ended early: against the clean stream's time.
+    # Held to the client's deadline (which counts from the attempt's start, e2e from the last
+    # byte written), not ended early: against the clean stream's time.
     assert hung.e2e_ms is not None and clean.e2e_ms is not None
-    assert hung.e2e_ms >= 2000.0 > clean.e2e_ms
+    assert hung.e2e_ms + (hung.send_ms or 0.0) >= 1990.0 > clean.e2e_ms
     assert (stats["hangs"], stats["hangs_ended_by_client"]) == (1, 1), stats
 
 
