@@ -138,7 +138,7 @@ def attribute(s: RequestSample, windows: Sequence[WindowLike],
         # The gap that was still open when the clock ran out: a stall at least this long.
         here.add_censored("itl_ms", max(0.0, (s.e2e_ms or 0.0) - s.ttft_ms - sum(s.itl_ms)), at)
     here.add_outcome(s)
-    if ended_at(s) > after:
+    if ended_at(s) > after and not s.cancelled:
         here.add_ended_after("e2e_ms")
     if cut:
         here.add_censored("e2e_ms", s.e2e_ms or 0.0, at)

@@ -27,7 +27,7 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError, HTTP
 from geventhttpclient.url import URL
 
 from streamquake.loadgen import self_measure
-from streamquake.loadgen.failures import _Failed, _StreamTimeout
+from streamquake.loadgen.failures import _Cancelled, _Failed, _StreamTimeout
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
 from streamquake.loadgen.samples import ErrorKind, RequestSample
 from streamquake.loadgen.sse_parser import SSELimitError, SSELimits, SSEParser
@@ -160,12 +160,15 @@ class StreamClient:
             http.close()
 
     def measure(
-        self, cls: RequestClassPlan, rng: random.Random, scheduled: float | None = None
+        self, cls: RequestClassPlan, rng: random.Random, scheduled: float | None = None,
+        cancel: bool = False,
     ) -> RequestSample:
         """Send one request of class ``cls`` now and follow its stream to the end.
 
         Always returns a sample: within the plan's timeout (checked between reads, so a socket
         that never runs dry cannot hold it), and with any credential redacted from its reason.
+        ``cancel``: this is one of the streams its class's ``cancel`` abandons: the client
+        closes the connection at that point, and the sample says ``cancelled``.
         """
         path, body = build_request(self.plan.protocol, self.plan.model, cls, rng, self._path)
         uri = join_path(self._prefix, self._path or path)
@@ -183,13 +186,19 @@ class StreamClient:
         resp: HTTPSocketResponse | None = None
         deadline = gevent.Timeout(self.plan.timeout_s, _StreamTimeout())
         deadline.start()
+        abandon = _Abandon(cls, t0) if cancel and cls.cancel is not None else None
         self_measure.IN_FLIGHT[0] += 1      # the live view's "in flight" (self_measure.py)
         try:
             try:
                 resp = self._open(self._pool_for(cls.read), uri, payload, headers, tally,
                                   deadline_at)
                 slow = None if cls.read is None else _SlowReader(cls.read, tally)
-                end = self._follow(resp, tally, deadline_at, slow)
+                end = self._follow(resp, tally, deadline_at, slow, abandon)
+            except _Cancelled:
+                # The client closed it (below: an unfinished body's socket is closed, not
+                # pooled): the server sees the connection go, as a closed browser tab does.
+                end = time.perf_counter()
+                sample.cancelled = True
             except _Failed as exc:
                 end = time.perf_counter()
                 sample.error, sample.error_detail = exc.kind, exc.detail
@@ -203,6 +212,8 @@ class StreamClient:
                 )
             finally:
                 deadline.cancel()
+                if abandon is not None:
+                    abandon.timer.cancel()
                 tally.dated(t0)     # a request that failed after its write: timed from it
             if resp is not None and tally.done:
                 _drain(resp)
@@ -262,7 +273,7 @@ class StreamClient:
         return resp
 
     def _follow(self, resp: HTTPSocketResponse, tally: _Tally, deadline: float,
-                slow: _SlowReader | None = None) -> float:
+                slow: _SlowReader | None = None, abandon: _Abandon | None = None) -> float:
         """Feed the stream to ``tally`` until its terminal event; return when it arrived. A
         ``slow`` consumer reads small blocks at its own pace, and times each event when it
         read it, not when the kernel had it (that is what this consumer saw)."""
@@ -302,6 +313,8 @@ class StreamClient:
                     tally.add(event, arrival.at, now, arrival.kernel, arrival.with_headers)
                     if tally.done:
                         return arrival.at
+                    if abandon is not None:
+                        abandon.check(tally.sample.content_events, now)
                 if slow is not None:
                     slow.pace(len(chunk), len(events))
                 # A socket that always has data never blocks, so the gevent timeout never
@@ -320,6 +333,29 @@ class StreamClient:
         except HTTPParseError as exc:
             raise _Failed("protocol",
                           f"invalid HTTP framing of the body: {_parse_error_text(exc)}") from exc
+
+
+class _Abandon:
+    """Where the client abandons one stream (its class's ``cancel``): at its ``after_tokens``-th
+    content event, or ``after_s`` from the attempt's start, as from a user's click (a timer for
+    the waits, and a check between events for a stream that never lets it fire); raises
+    _Cancelled there."""
+
+    def __init__(self, cls: RequestClassPlan, t0: float) -> None:
+        cancel = cls.cancel
+        assert cancel is not None
+        self.tokens = cancel.after_tokens
+        self.after_s = cancel.after_s
+        self.at = None if self.after_s is None else t0 + self.after_s
+        self.timer = gevent.Timeout(self.after_s, _Cancelled())
+        if self.after_s is not None:
+            self.timer.start()
+
+    def check(self, content_events: int, now: float) -> None:
+        if self.tokens is not None and content_events >= self.tokens:
+            raise _Cancelled()
+        if self.at is not None and now >= self.at:
+            raise _Cancelled()
 
 
 class _SlowReader:

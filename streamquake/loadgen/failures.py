@@ -15,3 +15,7 @@ class _Failed(Exception):
         super().__init__(detail)
         self.kind: ErrorKind = kind
         self.detail = detail
+
+
+class _Cancelled(Exception):
+    """The client abandons the stream (its class's ``cancel``): not a failure of the target."""

@@ -397,6 +397,9 @@ class StreamUser(User):
         worker = getattr(self.environment.runner, "worker_index", 0)
         self.rng = random.Random(f"{plan.seed}/{worker}/{number}")
         self.arrivals_rng = random.Random(f"{plan.seed}/{worker}/{number}/arrivals")
+        # Which streams a class's ``cancel`` abandons: a draw of its own, so that a class
+        # without one leaves every other draw (classes, prompts) as it was.
+        self.cancel_rng = random.Random(f"{plan.seed}/{worker}/{number}/cancel")
         self.weights = [c.weight for c in plan.classes]
         self.number = number
         if isinstance(plan.arrival, OpenLoop):
@@ -530,8 +533,10 @@ class StreamUser(User):
         if cls is None:
             cls = self.rng.choices(plan.classes, weights=self.weights)[0]
         attempt = 1
+        cancel = cls.cancel is not None and self.cancel_rng.random() < cls.cancel.share
         while True:
-            sample = self.stream_client.measure(cls, self.rng, scheduled=scheduled)
+            sample = self.stream_client.measure(cls, self.rng, scheduled=scheduled,
+                                                cancel=cancel)
             sample.attempt = attempt
             delay = retry_delay(plan.retries, sample)
             # No retry that would start after the run's end: the attempt stands as it is.

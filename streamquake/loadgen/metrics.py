@@ -97,6 +97,9 @@ class Stats:
     stalled: int = 0                  # successful requests with at least one stall
     retries: int = 0                  # extra attempts behind the requests counted here
     retried_attempts: dict[str, int] = field(default_factory=dict)   # by error kind
+    # Requests the client abandoned (a class's ``cancel``): neither successes nor errors, nor
+    # in ``requests``; their TTFB, TTFT and gaps before the close count, their end does not.
+    cancelled: int = 0
     missing_events: int = 0
     expected_events: int = 0
     stalls: int = 0                   # server stalls in the requests counted here
@@ -248,6 +251,9 @@ class Stats:
         self._count_trials(before, self._due(s))
 
     def _add_outcome(self, s: RequestSample) -> None:
+        if s.cancelled:
+            self.cancelled += 1
+            return
         self.requests += 1
         if (bunched := s.bunched) is not None:
             self.bunch_judged += 1
@@ -327,6 +333,12 @@ class Stats:
     @property
     def error_count(self) -> int:
         return sum(self.errors.values())
+
+    @property
+    def cancelled_share(self) -> float | None:
+        """Of the requests that ended here, the share the client abandoned."""
+        ended = self.requests + self.cancelled
+        return self.cancelled / ended if ended else None
 
     @property
     def due(self) -> int:
@@ -539,6 +551,8 @@ class Stats:
             "successes": self.successes,
             "retried_attempts": dict(self.retried_attempts),
             "requests_retried": self.retries,
+            "cancelled": self.cancelled,
+            "cancelled_share": self.cancelled_share,
             "shared_stamps": self.shared_stamps,
             "shared_stamp_share": self.shared_stamp_share,
             "bunching": {"streams": self.bunch_judged, "bunched": self.bunched,
@@ -609,8 +623,8 @@ class Stats:
             self.batches = None
 
     def _empty(self) -> bool:
-        return not (self.requests or self.sent or self.not_sent or self.histograms
-                    or self.censored)
+        return not (self.requests or self.cancelled or self.sent or self.not_sent
+                    or self.histograms or self.censored)
 
     def to_wire(self) -> JsonDict:
         """Counts as numbers, histograms as standard HdrHistogram V2 histoblobs."""
@@ -647,7 +661,7 @@ class Stats:
         return stats
 
 
-_COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries",
+_COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries", "cancelled",
              "missing_events", "expected_events", "stalls", "client_stalls", "shared_stamps",
              "usage_tokens", "usage_unseen", "usage_short", "tokens_counted",
              "bunch_judged", "bunched", "bunched_first_with_end", "bunched_reads",

@@ -38,6 +38,17 @@ class SlowRead(_Frozen):
     receive_buffer: int | None = None
 
 
+class Cancel(_Frozen):
+    """Client cancellations (a request class's ``cancel``): a ``share`` of its streams, drawn
+    from the plan's seed, is closed by the client (the socket closed, as a browser tab that
+    closes) ``after_s`` seconds from the request's start, or at its ``after_tokens``-th
+    content event: exactly one of the two."""
+
+    share: float
+    after_s: float | None = None
+    after_tokens: int | None = None
+
+
 class RequestClassPlan(_Frozen):
     name: str = "default"
     weight: float = 1.0
@@ -47,6 +58,7 @@ class RequestClassPlan(_Frozen):
     max_tokens: int = 64
     body: dict[str, Any] | None = None     # full request body; overrides prompts/max_tokens
     read: SlowRead | None = None           # a slow consumer; None reads as fast as it can
+    cancel: Cancel | None = None           # a share of streams the client abandons early
 
 
 class ClosedLoop(_Frozen):

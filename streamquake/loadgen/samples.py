@@ -83,6 +83,8 @@ class RequestSample:
     expected_events: int = 0              # events the server sent, by ids/usage (0 = unknown)
     attempt: int = 1                      # 1 for the first try; 2, 3 for retries (load.retries)
     retried: bool = False                 # this attempt failed and was retried: counted apart
+    cancelled: bool = False               # the client closed it early (its class's ``cancel``):
+                                          #   neither a success nor an error, counted apart
     stalls: int = 0                       # inter-event gaps above the stall threshold (server's)
     client_stalls: int = 0                # such gaps that were the load process's own lateness
     clock: Literal["kernel", "user"] = "user"   # event times: kernel receive stamps, or not
@@ -153,7 +155,8 @@ class RequestSample:
         tokens after the first came as fast as a gateway or a throttled link released them,
         not as the server made them (a tbf fault read ~4,000 tokens/s so), which would read
         as an improvement; ``Stats.bunched`` counts them."""
-        if self.error is not None or self.e2e_ms is None or self.ttft_ms is None \
+        if self.error is not None or self.cancelled or self.e2e_ms is None \
+                or self.ttft_ms is None \
                 or self.output_tokens <= 0 or self.e2e_ms <= self.ttft_ms or self.bunched:
             return None
         return self.output_tokens / ((self.e2e_ms - self.ttft_ms) / 1e3)

@@ -23,6 +23,7 @@ _LAYOUT: tuple[str | tuple[str, str, str | None], ...] = (
     ("ended after its step: TTFT/end", "ended_after", None),
     ("cut off by the timeout: TTFT/end", "censored", None),
     "error_rate",
+    ("cancelled by the client (share)", "cancelled", None),   # with a class's cancel
     ("retried attempts (not requests)", "requests_retried", None),   # with load.retries
     "send_ms",
     "dns_ms", "connect_ms", "tls_ms",                   # these three where some were measured
@@ -170,11 +171,16 @@ def summary_rows(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS
             continue
         if metric == "requests_retried" and not _retrying(result):
             continue
+        if metric == "cancelled" and not any(p.stats.get("cancelled") for p in result.phases):
+            continue
         cells = {}
         for phase in columns:
             stats: JsonDict = by_phase.get(phase, {})
             if metric in ("ended_after", "censored"):
                 cells[phase] = _late_or_cut(stats, metric) if stats else "-"
+                continue
+            if metric == "cancelled":
+                cells[phase] = _cancelled(stats)
                 continue
             value = stats.get(metric)
             bound = _bound_mark(stats, metric, stat) if value is not None else ""
@@ -184,6 +190,15 @@ def summary_rows(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS
             cells[phase] = bound + text if text != "-" else text
         rows.append((label, cells))
     return rows
+
+
+def _cancelled(stats: JsonDict) -> str:
+    """Streams the client abandoned (a class's ``cancel``) and their share of those that
+    ended: ``12 (30.0%)``; neither successes nor errors."""
+    n, share = stats.get("cancelled"), stats.get("cancelled_share")
+    if not isinstance(n, int):
+        return "-"
+    return f"{n} ({share * 100:.1f}%)" if isinstance(share, int | float) else str(n)
 
 
 def _retrying(result: RunResult) -> bool:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 from streamquake.loadgen.attribution import WindowLike
 from streamquake.loadgen.plan import (
+    Cancel,
     ClosedLoop,
     LoadPlan,
     LoadStage,
@@ -105,16 +106,19 @@ def _class(c: RequestClass) -> RequestClassPlan:
     read = None if c.read is None else SlowRead(
         rate_bytes_per_s=c.read.rate_bytes_per_s, pause_s=c.read.pause_s,
         pause_every=c.read.every, receive_buffer=c.read.receive_buffer)
+    cancel = None if c.cancel is None else Cancel(
+        share=c.cancel.share, after_tokens=c.cancel.after_tokens,
+        after_s=None if c.cancel.after_ms is None else c.cancel.after_ms / 1000.0)
     if c.dataset is None:
         return RequestClassPlan(name=c.name, weight=c.weight, prompts=c.prompt_list,
-                                max_tokens=c.max_tokens, body=c.body, read=read)
+                                max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel)
     from streamquake.loadgen.trace import read_prompts
 
     # The rows travel in the plan, so a load process on another host needs no copy of the file.
     rows = read_prompts(c.dataset)
     return RequestClassPlan(name=c.name, weight=c.weight, prompts=[r.prompt for r in rows],
                             prompt_max_tokens=[r.max_tokens or 0 for r in rows],
-                            max_tokens=c.max_tokens, body=c.body, read=read)
+                            max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel)
 
 
 def _trace(spec: TraceSpec, start_at: float, processes: int, classes: set[str]) -> TraceReplay:

@@ -34,13 +34,16 @@ def _values(samples: list[RequestSample], metric: str) -> list[float]:
     if metric == "itl_ms":
         return [g for s in samples for g in s.itl_ms]
     if metric == "e2e_ms":
-        return [s.e2e_ms for s in samples if s.error is None and s.e2e_ms is not None]
+        return [s.e2e_ms for s in samples
+                if s.error is None and not s.cancelled and s.e2e_ms is not None]
     if metric == "output_tokens_per_s":
         return [tps for s in samples if (tps := s.tokens_per_s) is not None]
     return [v for s in samples if (v := getattr(s, metric, None)) is not None]
 
 
 def _rate(samples: list[RequestSample], metric: str) -> tuple[float | None, int]:
+    # A stream the client abandoned (a class's ``cancel``) is neither a success nor an error.
+    samples = [s for s in samples if not s.cancelled]
     if metric == "error_rate":
         n = len(samples)
         return (sum(s.error is not None for s in samples) / n if n else None), n

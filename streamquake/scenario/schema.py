@@ -401,6 +401,33 @@ class ReadSpec(ScenarioModel):
         return self
 
 
+class CancelSpec(ScenarioModel):
+    """Client cancellations: a ``share`` of the class's streams (drawn from ``load.seed``) is
+    closed by the client, as a user closes a tab or presses stop, ``after`` a time from the
+    request's start (``500ms``) or at its ``after_tokens``-th content event. A cancelled
+    stream is neither a success nor an error: it is counted apart (``cancelled``), its TTFB
+    and TTFT count if they came before the close, its E2E and tokens do not."""
+
+    share: Fraction = Field(gt=0, le=1)
+    after_ms: DurationMs | None = Field(default=None, alias="after", gt=0)
+    after_tokens: int | None = Field(default=None, ge=1)
+
+    @field_validator("after_tokens", mode="before")
+    @classmethod
+    def _tokens(cls, v: object) -> object:
+        # "5 tokens" reads as it is meant; a bare number too.
+        if isinstance(v, str) and (m := re.fullmatch(r"\s*([0-9]+)\s*(tokens?)?\s*", v)):
+            return int(m[1])
+        return v
+
+    @model_validator(mode="after")
+    def _one_point(self) -> CancelSpec:
+        if (self.after_ms is None) == (self.after_tokens is None):
+            raise ValueError("give exactly one of 'after' (a time from the request's start, "
+                             "e.g. 500ms) or 'after_tokens' (a count of content events, e.g. 5)")
+        return self
+
+
 class RequestClass(ScenarioModel):
     name: PlainName = "default"
     weight: float = Field(default=1.0, gt=0, le=1e6)
@@ -411,6 +438,7 @@ class RequestClass(ScenarioModel):
     body: dict[str, JsonValue] | None = None
     slos: list[SLOSpec] = Field(default_factory=list)
     read: ReadSpec | None = None   # a slow consumer; none: read as fast as the stream comes
+    cancel: CancelSpec | None = None   # a share of streams the client abandons early
 
     @model_validator(mode="after")
     def _one_prompt(self) -> RequestClass:
