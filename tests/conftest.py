@@ -138,7 +138,7 @@ SLOW: tuple[str, ...] = (
     "test_answer_parts.py", "test_engine_parts.py", "test_held_answers.py",
     # Real runs of 20-30 s, and one SIGKILLed while it flushes (issue 32).
     "test_engine_cache_flush.py::test_a_flush_raises_ttft_in_its_step_only_and_counts_its_erases",
-    "test_cancellations.py::test_a_share_of_a_class_is_cancelled_after_n_tokens_and_counted_apart",
+    "test_cancellations.py::test_a_share_of_a_class_is_cancelled_after_n_tokens_or_ms_and_counted_apart",
     "test_engine_cache_flush.py::test_a_run_killed_while_flushing_leaves_nothing_flushing",
     "test_engine_cache_flush.py::test_on_llama_server_the_engines_own_timings_show_the_flush_in_"
     "its_step_only",

@@ -21,6 +21,7 @@ from tests.helpers import assert_run_ok
 TOKENS = 30
 AFTER = 4
 SHARE = 0.4
+AFTER_MS = 100.0      # the clock's class: a stream takes 20 ms + 29 x 8 ms, so none ends first
 
 SCENARIO = f"""\
 name: cancellations-test
@@ -29,14 +30,14 @@ target:
   model: sim-1
   embedded:
     ttft: 20ms
-    itl: 4ms
+    itl: 8ms
     output_tokens: {{min: {TOKENS}, max: {TOKENS}}}
     send_log: SEND_LOG
     seed: 3
   timeout: 10s
   probe: false
 load:
-  users: 6
+  users: 8
   think_time: {{min: 5ms, max: 15ms}}
   classes:
     - {{name: patient, prompt: "Say something.", max_tokens: {TOKENS}}}
@@ -44,6 +45,10 @@ load:
       prompt: "Say something else."
       max_tokens: {TOKENS}
       cancel: {{share: {SHARE:.0%}, after_tokens: {AFTER}}}
+    - name: stopper
+      prompt: "Say something new."
+      max_tokens: {TOKENS}
+      cancel: {{share: {SHARE:.0%}, after: {AFTER_MS:g}ms}}
   seed: 11
 phases: {{baseline: 2s, fault: 2s, recovery: 2s}}
 slos:
@@ -66,47 +71,51 @@ def _run(tmp_path: Path) -> tuple[dict[str, Any], list[dict[str, str]], list[dic
 
 
 @pytest.mark.timeout(150)
-def test_a_share_of_a_class_is_cancelled_after_n_tokens_and_counted_apart(
+def test_a_share_of_a_class_is_cancelled_after_n_tokens_or_ms_and_counted_apart(
         tmp_path: Path) -> None:
     report, rows, sends = _run(tmp_path)
     measured = [p for p in report["phases"] if p["name"] in ("baseline", "fault", "recovery")]
     assert len(measured) == 3
     for phase in measured:
-        impatient = phase["classes"]["impatient"]
-        patient = phase["classes"]["patient"]
-        ended = impatient["requests"] + impatient["cancelled"]
-        assert ended >= 20, (phase["name"], impatient)
-        # Binomial: the count within 4 standard deviations of share * n (and never 0 or all).
-        sd = math.sqrt(ended * SHARE * (1 - SHARE))
-        assert abs(impatient["cancelled"] - SHARE * ended) <= 4 * sd, (phase["name"], impatient)
-        assert 0 < impatient["cancelled"] < ended
-        assert patient["cancelled"] == 0
-        assert phase["stats"]["cancelled"] == impatient["cancelled"]
-        assert phase["stats"]["cancelled_share"] == pytest.approx(
-            impatient["cancelled"] / (phase["stats"]["requests"] + impatient["cancelled"]))
-        # Neither a success nor an error: the completed streams are what is left.
-        assert phase["stats"]["error_rate"] == 0.0
-        assert impatient["successes"] == impatient["requests"] == ended - impatient["cancelled"]
-        # Their first tokens count; their E2E does not (every E2E is a whole answer's).
-        assert impatient["ttft_ms"]["count"] == ended
-        assert impatient["e2e_ms"]["count"] == impatient["successes"]
-        assert impatient["usage_tokens"] == TOKENS * impatient["successes"]
+        assert phase["classes"]["patient"]["cancelled"] == 0
+        for name in ("impatient", "stopper"):
+            cls = phase["classes"][name]
+            ended = cls["requests"] + cls["cancelled"]
+            assert ended >= 8, (phase["name"], name, cls)
+            # Binomial: the count within 4 standard deviations of share * n.
+            sd = math.sqrt(ended * SHARE * (1 - SHARE))
+            assert abs(cls["cancelled"] - SHARE * ended) <= 4 * sd, (phase["name"], name, cls)
+            # Neither a success nor an error: the completed streams are what is left.
+            assert cls["successes"] == cls["requests"] == ended - cls["cancelled"]
+            # Their first tokens count (each came before the close); their E2E does not.
+            assert cls["ttft_ms"]["count"] == ended
+            assert cls["e2e_ms"]["count"] == cls["successes"]
+            assert cls["usage_tokens"] == TOKENS * cls["successes"]
+        stats = phase["stats"]
+        assert stats["cancelled"] == sum(c["cancelled"] for c in phase["classes"].values())
+        assert stats["cancelled_share"] == pytest.approx(
+            stats["cancelled"] / (stats["requests"] + stats["cancelled"]))
+        assert stats["error_rate"] == 0.0
     scored = [r for r in rows if r["phase"] in ("baseline", "fault", "recovery")]
     cancelled = [r for r in scored if r["cancelled"] == "yes"]
     completed = [r for r in scored if r["cancelled"] != "yes"]
-    assert cancelled and all(r["class"] == "impatient" for r in cancelled)
-    assert all(int(r["content_events"]) == AFTER and r["error"] == "" for r in cancelled)
+    assert {r["class"] for r in cancelled} == {"impatient", "stopper"}
+    assert all(r["error"] == "" for r in cancelled)
+    assert all(int(r["content_events"]) == AFTER for r in cancelled if r["class"] == "impatient")
+    # The clock's: closed no sooner than AFTER_MS from the attempt's start (the send, then the
+    # E2E from the write), with the answer unfinished.
+    for r in (r for r in cancelled if r["class"] == "stopper"):
+        assert float(r["send_ms"]) + float(r["e2e_ms"]) >= AFTER_MS - 1.0, r
+        assert int(r["content_events"]) < TOKENS, r
     assert all(int(r["output_tokens"]) == TOKENS and r["error"] == "" for r in completed)
-    # The E2E of every completed stream is longer than the longest cancelled one's close: no
-    # cut-short stream hides among them (30 tokens at 4 ms against 4).
-    assert min(float(r["e2e_ms"]) for r in completed) > max(float(r["e2e_ms"])
-                                                            for r in cancelled)
-    # The server's side: it stopped sending each cancelled stream early, and finished the rest.
+    # The server's side: it stopped sending the cancelled streams early (the connection went),
+    # and finished the rest. A client late to read its 4th token (a busy machine) may find
+    # the server already done with a stream: most, not all, must show it.
     by_trace = {s["trace_id"]: s for s in sends}
-    for r in cancelled:
-        sent = by_trace[r["trace_id"]]
-        assert not sent["complete"], sent
-        assert AFTER <= sum(sent["content"]) < TOKENS, sent
+    cut = [by_trace[r["trace_id"]] for r in cancelled
+           if not by_trace[r["trace_id"]]["complete"]]
+    assert len(cut) >= 0.8 * len(cancelled), (len(cut), len(cancelled))
+    assert all(AFTER <= sum(sent["content"]) < TOKENS for sent in cut), cut
     for r in completed:
         sent = by_trace[r["trace_id"]]
         assert sent["complete"] and sum(sent["content"]) == TOKENS, sent

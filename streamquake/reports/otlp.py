@@ -335,7 +335,7 @@ class _Context:
                                    s.sent + _end_ms(s) / 1000.0)
         key = (step.name, s.cls)
         self._hist(DURATION, *key, s.error or "").add(_end_ms(s) / 1000.0)
-        if s.error is None:
+        if s.error is None and not s.cancelled:
             self._hist(TOKEN_USAGE, *key, "").add(float(s.output_tokens))
         if s.ttft_ms is not None:
             self._hist(TIME_TO_FIRST_CHUNK, *key, "").add(s.ttft_ms / 1000.0)

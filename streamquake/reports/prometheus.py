@@ -257,6 +257,8 @@ class _Series:
             itl.observe(gap / 1e3)
 
     def add_outcome(self, s: RequestSample) -> None:
+        if s.cancelled:
+            return      # abandoned by the client: neither a success nor an error, no E2E
         m = self.m
         m.requests.labels(*self.labels).inc()
         m.missing.labels(*self.labels).inc(s.missing_events)

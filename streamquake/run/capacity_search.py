@@ -280,7 +280,8 @@ def _check_verdict(c: Check) -> Verdict:
 def _answered(samples: list[RequestSample], start: float, end: float) -> float:
     """Successful streams (from any step) that ended in [start, end), per second."""
     ended = sum(1 for s in samples
-                if s.error is None and not s.retried and s.e2e_ms is not None
+                if s.error is None and not s.retried and not s.cancelled
+                and s.e2e_ms is not None
                 and start <= s.sent + s.e2e_ms / 1000.0 < end)
     return ended / (end - start)
 

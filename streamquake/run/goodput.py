@@ -81,7 +81,8 @@ def request_value(s: RequestSample, metric: str) -> float | None:
 
 
 def meets_every_slo(s: RequestSample, slos: Sequence[RequestSLO]) -> bool:
-    return s.error is None and all(slo.met(s) for slo in slos)
+    # A stream the client abandoned (a class's ``cancel``) was not an answer that met them.
+    return s.error is None and not s.cancelled and all(slo.met(s) for slo in slos)
 
 
 @dataclass(frozen=True)

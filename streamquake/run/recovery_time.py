@@ -93,7 +93,7 @@ def _bounds(m: int, p: float, confidence: float) -> tuple[int | None, int | None
 
 def _values(s: RequestSample, metric: str) -> list[float]:
     """The values ``s`` gives ``metric``, as a phase counts them (loadgen/metrics.py)."""
-    ok = s.error is None
+    ok = s.error is None and not s.cancelled    # an abandoned stream has no E2E of its own
     one: float | None
     if metric == "itl_ms":
         return list(s.itl_ms)
