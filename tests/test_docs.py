@@ -65,7 +65,8 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     "streamquake run scenarios/stream-error-event.yaml --out out/stream-error-event":
         (DRY_RUN, "a real run of 26 s (tests/test_stream_meaning_faults.py runs its like)"),
     # README, "Client cancellations"
-    "streamquake run scenarios/client-cancellations.yaml --out out/client-cancellations":
+    "streamquake run scenarios/client-cancellations.yaml --out out/client-cancellations "
+    "--set target.embedded.send_log=out/sends.jsonl":
         (DRY_RUN, "a real run of 20 s (tests/test_cancellations.py runs its like)"),
     # Capacity under fault
     "streamquake capacity capacity.yaml --warmup 6s --probe 4s --precision 20% --no-watchdog":
