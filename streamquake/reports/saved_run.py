@@ -59,7 +59,7 @@ class Share:
         self.gaps += gaps_ms
 
     def add_outcome(self, s: RequestSample) -> None:
-        self.ended = True
+        self.ended = not s.cancelled    # abandoned by the client: no outcome (loadgen/metrics)
 
 
 def shares(samples: list[RequestSample], windows: list[PhaseWindow]) -> dict[str, list[Share]]:
