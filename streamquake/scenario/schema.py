@@ -512,11 +512,11 @@ PhaseS = Annotated[DurationS, not_shorter_than(SHORTEST_S, "a phase", zero_leave
 
 
 class PhasesSpec(ScenarioModel):
-    warmup_s: PhaseS = Field(default=0.0, alias="warmup")
+    warmup_s: PhaseS = Field(default=0.0, alias="warmup", ge=0)
     baseline_s: Annotated[DurationS, not_shorter_than(SHORTEST_S, "the baseline")] = Field(
-        alias="baseline")
-    fault_s: PhaseS = Field(alias="fault")
-    recovery_s: PhaseS = Field(alias="recovery")
+        alias="baseline", gt=0)
+    fault_s: PhaseS = Field(alias="fault", ge=0)
+    recovery_s: PhaseS = Field(alias="recovery", ge=0)
 
     def duration_s(self, phase: str) -> float:
         return float(getattr(self, f"{phase}_s"))
@@ -537,7 +537,7 @@ class RecoverySpec(ScenarioModel):
     slack_ms: DurationMs = Field(default=5.0, alias="slack", ge=0)
     # Time to recovery (run/recovery_time.py): the requests due in each window this long.
     window_s: Annotated[DurationS, not_shorter_than(SHORTEST_S, "a recovery window")] = Field(
-        default=2.0, alias="window")
+        default=2.0, alias="window", gt=0)
 
 
 def _fault_union() -> object:
