@@ -57,6 +57,7 @@ class RequestClassPlan(_Frozen):
     prompt_max_tokens: list[int] | None = None
     max_tokens: int = 64
     body: dict[str, Any] | None = None     # full request body; overrides prompts/max_tokens
+    priority: int | None = None            # the body field `priority` (vLLM's), on every body
     read: SlowRead | None = None           # a slow consumer; None reads as fast as it can
     cancel: Cancel | None = None           # a share of streams the client abandons early
 

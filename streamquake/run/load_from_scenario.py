@@ -111,14 +111,16 @@ def _class(c: RequestClass) -> RequestClassPlan:
         after_s=None if c.cancel.after_ms is None else c.cancel.after_ms / 1000.0)
     if c.dataset is None:
         return RequestClassPlan(name=c.name, weight=c.weight, prompts=c.prompt_list,
-                                max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel)
+                                max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel,
+                            priority=c.priority)
     from streamquake.loadgen.trace import read_prompts
 
     # The rows travel in the plan, so a load process on another host needs no copy of the file.
     rows = read_prompts(c.dataset)
     return RequestClassPlan(name=c.name, weight=c.weight, prompts=[r.prompt for r in rows],
                             prompt_max_tokens=[r.max_tokens or 0 for r in rows],
-                            max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel)
+                            max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel,
+                            priority=c.priority)
 
 
 def _trace(spec: TraceSpec, start_at: float, processes: int, classes: set[str]) -> TraceReplay:

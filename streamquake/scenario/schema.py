@@ -436,6 +436,8 @@ class RequestClass(ScenarioModel):
     dataset: str | None = None     # a JSONL/CSV file of prompts (and max_tokens), loadgen/trace.py
     max_tokens: int = Field(default=64, ge=1)
     body: dict[str, JsonValue] | None = None
+    # vLLM's body field `priority` (0 served first, with --scheduling-policy priority): P0-P3.
+    priority: int | None = Field(default=None, ge=0, le=3)
     slos: list[SLOSpec] = Field(default_factory=list)
     read: ReadSpec | None = None   # a slow consumer; none: read as fast as the stream comes
     cancel: CancelSpec | None = None   # a share of streams the client abandons early
@@ -446,6 +448,9 @@ class RequestClass(ScenarioModel):
         if len(given) > 1:
             raise ValueError(f"give one of 'prompt', 'prompts' or 'dataset', not "
                              f"{' and '.join(repr(g) for g in given)}")
+        if self.priority is not None and self.body is not None and "priority" in self.body:
+            raise ValueError("priority: the class's 'body' has a 'priority' too: give it once, "
+                             "in 'priority' or in 'body'")
         return self
 
     @property
