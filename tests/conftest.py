@@ -263,6 +263,7 @@ SLOW: tuple[str, ...] = (
     "test_target_stamps.py::test_stamps_are_invisible_to_an_sse_parser_and_absent_by_default",
     "test_target_stamps.py::test_the_openai_and_anthropic_sdks_skip_the_stamps",
     "test_tc_scaffold.py::test_a_fault_on_the_scaffold_changes_only_its_leaves",
+    "test_tool_call_faults.py::test_a_run_counts_each_steps_spoilt_calls_in_that_step_only",
     "test_uml_xstate.py::test_fp_and_vector_registers_survive_context_switches_in_uml",
 )
 

@@ -312,6 +312,24 @@ class WireProtocol(ABC):
         return (d.usage_output_tokens is not None and not d.generated and d.finish is None
                 and not d.done and d.error is None)
 
+    def tool_args_delta(self, event: Event) -> ToolDelta | None:
+        """The tool call's argument chunk ``event`` carries, when that is all it carries: one
+        piece of one streamed call's JSON arguments (OpenAI chat's
+        ``delta.tool_calls[].function.arguments``, Anthropic's ``input_json_delta``, the
+        Responses API's ``response.function_call_arguments.delta``), no text, no finish, not
+        the end, no error. None otherwise, and for a call sent whole (Gemini's
+        ``functionCall``: it has no chunks). Each format's ``decode`` knows its shape. Never
+        raises."""
+        try:
+            d = self.decode(event)
+        except ProtocolError:
+            return None
+        if (len(d.tools) != 1 or d.text or d.reasoning or d.finish is not None or d.done
+                or d.error is not None):
+            return None
+        (call,) = d.tools
+        return call if call.key and call.piece else None
+
     @abstractmethod
     def is_content_event(self, event: Event) -> bool:
         """True when losing ``event`` loses generated text and nothing else.
