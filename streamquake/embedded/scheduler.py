@@ -172,7 +172,8 @@ class PriorityScheduler:
         limits: JsonDict = {str(p): n for p, n in self.limits.items()}
         per: JsonDict = {str(p): s.report() for p, s in self.stats.items()}
         return {"policy": self.spec.policy, "capacity": self.capacity, "per_priority": limits,
-                "preempt": self.spec.preempt, "running": running, "waiting": waiting,
+                "preempt": self.spec.preempt, "streams": self._seq, "running": running,
+                "waiting": waiting,
                 "priorities": per}
 
 
