@@ -196,7 +196,7 @@ def test_a_target_it_cannot_reach_or_that_refuses_it_stops_the_run_naming_the_fa
     assert (f"fault 'gone' (noisy_tenant): cannot reach the target at http://127.0.0.1:{closed}"
             "/v1/chat/completions (Connection refused)") in said, said
     assert "fault 'lost' (noisy_tenant): the target at " in said, said
-    assert "/v1/nowhere refused a openai stream: HTTP 404" in said, said
+    assert "/v1/nowhere refused the tenant's openai request: HTTP 404" in said, said
     assert not (tmp_path / "out" / "samples.csv").exists()
 
 

@@ -165,9 +165,9 @@ class NoisyTenantInjector:
                     f"({streams.reason_of(exc, req.timeout_s)}): its requests would all "
                     "fail; check the target is up, or give the fault's `url`"]
         if answer.status != 200:
-            return [f"the target at {req.url} refused a {req.fmt.name} stream: HTTP "
-                    f"{answer.status} ({answer.message}); give the fault the `protocol` and "
-                    "`path` the target serves"]
+            return [f"the target at {req.url} refused the tenant's {req.fmt.name} request: "
+                    f"HTTP {answer.status} ({answer.message}); give the fault the `protocol` "
+                    "and `path` the target serves"]
         return []
 
     def apply(self, entry: JournalEntry) -> JsonDict:
