@@ -29,7 +29,7 @@ EXPECTED = {
     ],
     "unknown_fault_type.yaml": [
         "7:5: faults.0.type: 'chaos_monkey' is not a type known here (hint: one of: cache_flush, "
-        "gpu_clocks, netem, sse_proxy, tbf)"
+        "gpu_clocks, netem, noisy_tenant, sse_proxy, tbf)"
     ],
     "percentile_missing.yaml": [
         "7:5: slos.0: 'ttft_ms' is a distribution: add 'percentile', e.g. 95"
