@@ -115,8 +115,10 @@ class PriorityScheduler:
     def _preempt_for(self, t: Ticket) -> None:
         """A P0 finding the batch full evicts the lowest-priority forming stream, the latest
         admitted of those."""
-        if not (self.spec.preempt and t.priority == 0 and self.free == 0):
-            return
+        limit = self.limits.get(t.priority)
+        if not (self.spec.preempt and t.priority == 0 and self.free == 0) or (
+                limit is not None and self.in_batch[t.priority] >= limit):
+            return                    # (at its own limit, a freed slot would not be its)
         forming = [r for r in self.running if r.forming and r.priority > t.priority]
         if not forming:
             return
