@@ -170,6 +170,33 @@ def test_a_stream_begun_before_the_fault_is_spared_and_the_next_is_not() -> None
     assert stats["tool_calls_cut"] == 1, stats
 
 
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(("mode", "events"), [("cut", 1), ("reorder", TOKENS)])
+def test_a_call_spoilt_as_it_began_stays_so_when_the_fault_goes_off_mid_stream(
+        mode: str, events: int) -> None:
+    slow = TargetConfig.model_validate({**FAST, "itl": "60ms"})     # 10 tokens: ~0.6 s
+    with start_target(slow) as t, start_proxy(t.url) as p:
+        control(p, "PUT", "/faults/spoil", {"tool_call": {"mode": mode}})
+        got: list[RequestSample] = []
+        reader = threading.Thread(target=lambda: got.append(measure(p.url, "openai")))
+        reader.start()
+        deadline = time.monotonic() + 10.0
+        # The call's opening chunk and its first argument chunk have come (and gone, or not).
+        while control(p, "GET", "/stats")["totals"]["events_seen"] < 3:
+            assert time.monotonic() < deadline, "the stream never began"
+            time.sleep(0.01)
+        # Off, with nothing else on: the proxy would pass the rest on unread, but for this call.
+        control(p, "DELETE", "/faults/spoil")
+        reader.join(20)
+        totals = control(p, "GET", "/stats")["totals"]
+    (s,) = got
+    assert (s.error, s.tool_events) == ("tool_call", events), s.error_detail
+    # Counted when done: in the proxy's totals (the fault's record was taken as it went off).
+    assert totals["tool_calls_cut" if mode == "cut" else "tool_chunks_reordered"] == 1, totals
+    if mode == "reorder":   # the first chunk was held till the second came: swapped
+        assert "character 0" in (s.error_detail or ""), s.error_detail
+
+
 # --- each format's argument chunks, as the proxy recognises them ----------------------------
 
 

@@ -186,8 +186,8 @@ class StreamFaults:
     def decide(self, ev: SSEEvent, raw: bytes, faults: list[FaultStream]) -> bytes | None:
         """Apply per-event faults: the bytes to send, or None to drop the event."""
         out = self._decide(ev, raw, faults)
-        if self.held is not None or (self._tool_fs is not None if self._tool_key is not None
-                                     else any(fs.tool_mode for fs in faults)):
+        if self.held is not None or self._tool_fs is not None or (
+                faults and self._tool_key is None and any(fs.tool_mode for fs in faults)):
             out = self._tool_step(ev, out, faults)
         return out
 
@@ -290,6 +290,12 @@ class StreamFaults:
         assert fs is not None
         for st in (fs.fault.stats, self.totals):
             setattr(st, what, getattr(st, what) + 1)
+
+    @property
+    def spoiling(self) -> bool:
+        """A ``tool_call`` fault still has work on this stream (a chunk held, a call being cut),
+        whether or not that fault is still on: the call's fate was set as it began."""
+        return self.held is not None or self._tool_fs is not None
 
     def take_held(self) -> bytes:
         """A chunk ``reorder`` still holds when the stream ends (sent then, as it came)."""

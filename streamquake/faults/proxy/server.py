@@ -259,7 +259,7 @@ class _SSERelay:
                       ) -> str:
         """Relay one read's blocks (``tail``: the body's unended rest, no event)."""
         stream = self.stream
-        if not self.proxy.faults and not stream.lag_s and not tail and stream.held is None:
+        if not self.proxy.faults and not stream.lag_s and not tail and not stream.spoiling:
             # Nothing to decide or hold back.
             stream.pass_through(len(data), count_events(data, ends))
             if data:
