@@ -18,6 +18,7 @@ import json
 import os
 import signal
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,10 @@ import pytest
 
 from streamquake.embedded.config import TargetConfig
 from streamquake.embedded.process import start_target
+from streamquake.faults.contract import RunContext
+from streamquake.faults.engine.spec import NoisyTenantFault
+from streamquake.faults.engine.tenant import NoisyTenantInjector
+from streamquake.journal import Journal
 from tests.conftest import REPO, cli_cmd, free_port, run_cli
 from tests.helpers import assert_run_ended, wait_for_line
 from tests.timing import wait_until
@@ -266,3 +271,50 @@ def test_a_run_killed_while_the_tenant_streams_leaves_no_stream_open(
         assert done.returncode == 0, done.stdout + done.stderr
         assert "ended with it (its sockets closed)" in done.stdout, done.stdout
         assert json.loads((state_dir / "journal.json").read_text()) == []
+
+
+def _tenant(url: str, tmp_path: Path, **settings: object) -> NoisyTenantInjector:
+    spec = NoisyTenantFault.model_validate({"type": "noisy_tenant", "name": "t", "url": url,
+                                            "protocol": "openai", **settings})
+    return NoisyTenantInjector(spec, RunContext(target_host="", target_port=0,
+                                                run_dir=tmp_path))
+
+
+@pytest.mark.timeout(60)
+def test_a_rate_sends_no_more_than_its_arrivals_and_revert_closes_streams_at_once(
+        tmp_path: Path, state_dir: Path) -> None:
+    """The injector alone against a target process: with `rate`, arrivals never run ahead of
+    the clock, and those due while every stream is busy are skipped and counted; revert ends
+    streams that had 20 s left, and the target holds none open after."""
+    config = TargetConfig.model_validate({"ttft": "5ms", "itl": "20ms", "capacity": 64,
+                                          "output_tokens": {"min": 1, "max": 1}})
+    with start_target(config, log_path=tmp_path / "fast.log") as served:
+        tenant = _tenant(served.url, tmp_path, rate="20/s", concurrency=4, max_tokens=1)
+        assert tenant.preflight() == []
+        tenant.apply(Journal().add("noisy_tenant", "t"))
+        time.sleep(1.0)
+        done = tenant.revert()
+    assert done["errors"] == 0 and "ending" not in done, done
+    # Never more than the schedule allowed (one at apply, then one each 50 ms), and most of it.
+    assert 5 <= done["requests_sent"] <= int(done["ran_s"] * 20) + 1, done
+    assert done["streams_completed"] >= done["requests_sent"] - 4, done
+
+    config = TargetConfig.model_validate({"ttft": "5ms", "itl": "20ms", "capacity": 64,
+                                          "output_tokens": {"min": 1000, "max": 1000}})
+    with start_target(config, log_path=tmp_path / "slow.log") as served:
+        port = int(served.url.rsplit(":", 1)[1])
+        tenant = _tenant(served.url, tmp_path, rate="20/s", concurrency=2, timeout="5s")
+        tenant.apply(Journal().add("noisy_tenant", "t"))
+        wait_until(lambda: _established(port) == 2, "the tenant's 2 streams to be open")
+        time.sleep(0.5)
+        started = time.monotonic()
+        done = tenant.revert()
+        took = time.monotonic() - started
+        # Both streams had about 20 s to go; revert shut their sockets and both threads ended
+        # (within a quarter of that, however busy the machine).
+        assert "ending" not in done and took < 5.0, (took, done)
+        assert done["requests_sent"] == 2 == done["streams_closed_at_revert"], done
+        assert done["streams_completed"] == 0 and done["arrivals_skipped"] >= 5, done
+        assert done["tokens_received"] > 0 and done["bytes_received"] > 0, done
+        wait_until(lambda: _established(port) == 0, "the target to see both streams closed")
+        assert tenant.revert()["requests_sent"] == 2         # idempotent: nothing more sent
