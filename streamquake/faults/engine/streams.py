@@ -164,7 +164,7 @@ def stream_once(req: Request, tally: Tally, opened: Opened) -> bool:
     conn = connection(req)
     if not opened.add(conn):
         return True
-    tokens = 0
+    tokens, sent = 0, False
     try:
         conn.connect()
         if opened.closing:           # revert came while connecting: its close missed this one
@@ -172,6 +172,7 @@ def stream_once(req: Request, tally: Tally, opened: Opened) -> bool:
         conn.request("POST", target_of(req.url), body=req.body, headers=req.headers)
         with tally.lock:
             tally.sent += 1
+        sent = True
         resp = conn.getresponse()
         if resp.status != 200:
             reason = f"HTTP {resp.status}: {answer_message(resp)}"
@@ -191,7 +192,7 @@ def stream_once(req: Request, tally: Tally, opened: Opened) -> bool:
     except (OSError, http.client.HTTPException) as exc:
         with tally.lock:
             if opened.closing:
-                tally.closed_at_revert += 1
+                tally.closed_at_revert += sent      # one never sent was no stream to close
             else:
                 tally.failures[reason_of(exc, req.timeout_s)] += 1
         return opened.closing
