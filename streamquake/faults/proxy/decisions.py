@@ -233,7 +233,12 @@ class StreamFaults:
 
     def _tool_step(self, ev: SSEEvent, out: bytes | None, faults: list[FaultStream]
                    ) -> bytes | None:
-        """``tool_call``: spoil the stream's first tool call's argument chunks, one by one."""
+        """``tool_call``: spoil the stream's first tool call's argument chunks, one by one.
+
+        Each is counted as the call's first chunk passes, its fate then set: so the count of a
+        call met at a fault's end lands in that fault's record, not after it went off (a call
+        of one chunk, with nothing after it to drop or swap, is counted though it comes whole).
+        """
         held, self.held = self.held, None
         spoiler = (self._held_by if held is not None else self._tool_fs
                    or next((fs for fs in faults if fs.tool_mode), None))
@@ -244,22 +249,23 @@ class StreamFaults:
             self._extra_events += 1
             if not chunk:       # no second chunk came: nothing to swap it with
                 return held + out
-            self._tool_count(self._held_by, "tool_chunks_reordered")
             return out + held
         if not chunk or out is None or self._tool_fs is None:
             return out
         self._tool_chunks += 1
         fs, mode = self._tool_fs, self._tool_fs.tool_mode
         if mode == "cut":
-            if self._tool_chunks == 2:
+            if self._tool_chunks == 1:
                 self._tool_count(fs, "tool_calls_cut")
-            return out if self._tool_chunks == 1 else None
+                return out
+            return None
         self._tool_fs = None    # done with this call: its later chunks pass untouched
         if mode == "duplicate":
             self._tool_count(fs, "tool_chunks_duplicated")
             self._extra_events += 1
             return out + out
         if mode == "reorder":
+            self._tool_count(fs, "tool_chunks_reordered")
             self.held, self._held_by = out, fs
             return None
         return out
