@@ -59,13 +59,23 @@ class _ToolCall:
         try:
             orjson.loads(text)
             return
+        except orjson.JSONDecodeError as exc:
+            at = exc.pos
         except ValueError:
-            pass
+            at = 0
         name = f" {self.name!r}" if self.name else ""
         why = f" (finish reason {finish!r})" if finish else ""
-        raise _Failed("tool_call", f"a tool call{name} ended with its JSON arguments unclosed "
-                                   f"after {self.deltas} argument deltas{why}: the answer "
-                                   "stopped inside the call")
+        if at >= len(text.rstrip()):    # it parsed to the end and wanted more
+            raise _Failed("tool_call", f"a tool call{name} ended with its JSON arguments "
+                                       f"unclosed after {self.deltas} argument deltas{why}: "
+                                       "the answer stopped inside the call")
+        # Whole but not JSON: argument chunks came twice, out of order, or garbled.
+        near = text[max(0, at - 12):at + 12]
+        raise _Failed("tool_call", f"a tool call{name} ended with arguments that are not "
+                                   f"valid JSON after {self.deltas} argument deltas{why}: "
+                                   "unexpected "
+                                   f"text at character {at} (near {near!r}), as when a "
+                                   "chunk is repeated, reordered or garbled on the way")
 
 
 class _Tally:
