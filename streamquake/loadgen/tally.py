@@ -69,13 +69,13 @@ class _ToolCall:
             raise _Failed("tool_call", f"a tool call{name} ended with its JSON arguments "
                                        f"unclosed after {self.deltas} argument deltas{why}: "
                                        "the answer stopped inside the call")
-        # Whole but not JSON: argument chunks came twice, out of order, or garbled.
-        near = text[max(0, at - 12):at + 12]
+        # Whole but not JSON: argument chunks came twice, out of order, or garbled. The words
+        # are the reason the reports group requests by (a few per kind): no quoted text, which
+        # would make each request's reason its own.
         raise _Failed("tool_call", f"a tool call{name} ended with arguments that are not "
                                    f"valid JSON after {self.deltas} argument deltas{why}: "
-                                   "unexpected "
-                                   f"text at character {at} (near {near!r}), as when a "
-                                   "chunk is repeated, reordered or garbled on the way")
+                                   f"unexpected text at character {at}, as when a chunk is "
+                                   "repeated, reordered or garbled on the way")
 
 
 class _Tally:
