@@ -11,7 +11,6 @@ Real processes on loopback: the embedded target, the proxy process in front of i
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 import urllib.request
@@ -27,11 +26,10 @@ from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.errors import ScenarioError
 from streamquake.faults.proxy.server import ProxyProcess, start_proxy
 from streamquake.faults.proxy.spec import SSEProxyFault
-from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.metrics import Stats
-from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.scenario import load_scenario
+from tests import one_request
 from tests.conftest import run_cli
 
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 12, "max": 12}, "seed": 3}
@@ -66,15 +64,7 @@ def control(proxy: ProxyProcess, method: str, path: str, body: Any = None) -> An
 
 
 def measure(base_url: str, protocol: str, timeout_s: float = 20.0) -> RequestSample:
-    plan = LoadPlan.model_validate({
-        "base_url": base_url, "protocol": protocol, "samples_path": "/nonexistent",
-        "end_at": 0.0, "timeout_s": timeout_s, "connect_timeout_s": 5.0, "model": "m-1"})
-    client = StreamClient(plan)
-    try:
-        return client.measure(RequestClassPlan(prompts=["say something"], max_tokens=12),
-                              random.Random(0))
-    finally:
-        client.close()
+    return one_request.measure(base_url, protocol, max_tokens=12, timeout_s=timeout_s)
 
 
 @pytest.mark.timeout(60)

@@ -13,7 +13,6 @@ front of it, the client (directly, and in a real ``streamquake run``).
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
 import urllib.request
@@ -32,13 +31,12 @@ from streamquake.errors import ScenarioError
 from streamquake.faults.proxy.framing import SSEFramer, parse_event, tool_args_delta
 from streamquake.faults.proxy.server import ProxyProcess, start_proxy
 from streamquake.faults.proxy.spec import SSEProxyFault
-from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.failures import _Failed
-from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.tally import _ToolCall
 from streamquake.protocols import Completion, GenRequest, Protocol, ToolDelta
 from streamquake.scenario import load_scenario
+from tests import one_request
 from tests.conftest import run_cli
 
 TOKENS = 10
@@ -76,15 +74,7 @@ def control(proxy: ProxyProcess, method: str, path: str, body: Any = None) -> An
 
 
 def measure(base_url: str, protocol: str, max_tokens: int = 16) -> RequestSample:
-    plan = LoadPlan.model_validate({
-        "base_url": base_url, "protocol": protocol, "samples_path": "/nonexistent",
-        "end_at": 0.0, "timeout_s": 20.0, "connect_timeout_s": 5.0, "model": "m-1"})
-    client = StreamClient(plan)
-    try:
-        return client.measure(RequestClassPlan(prompts=["look it up"], max_tokens=max_tokens),
-                              random.Random(0))
-    finally:
-        client.close()
+    return one_request.measure(base_url, protocol, prompt="look it up", max_tokens=max_tokens)
 
 
 # --- through a real proxy and target --------------------------------------------------------
