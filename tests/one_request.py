@@ -1,11 +1,20 @@
 """One request through the real streaming client (``StreamClient.measure``, as a load process
 sends it), outside any run: what the tests of wire formats, answer parts and proxy faults read
-one sample at a time."""
+one sample at a time; and an embedded target behind a real SSE proxy driven through its control
+API, for the tests of the proxy's faults."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import random
+import urllib.request
+from collections.abc import Iterator
+from typing import Any
 
+from streamquake.embedded.config import TargetConfig
+from streamquake.embedded.process import start_target
+from streamquake.faults.proxy.server import ProxyProcess, start_proxy
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
@@ -30,3 +39,22 @@ def measure(base_url: str, protocol: str, path: str | None = None, *,
                               random.Random(0))
     finally:
         client.close()
+
+
+@contextlib.contextmanager
+def proxied_target(embedded: dict[str, object]) -> Iterator[ProxyProcess]:
+    """An embedded target with ``embedded``'s settings behind a real SSE proxy, both processes
+    of their own, stopped after."""
+    with start_target(TargetConfig.model_validate(embedded)) as target, \
+            start_proxy(target.url) as proxy:
+        yield proxy
+
+
+def control(proxy: ProxyProcess, method: str, path: str, body: Any = None) -> Any:
+    """A call to the proxy's control API (``PUT /faults/NAME`` with a fault's settings,
+    ``DELETE`` it for its counts); its JSON answer."""
+    data = None if body is None else json.dumps(body).encode()
+    req = urllib.request.Request(proxy.control_url + path, data=data, method=method,
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=5) as resp:
+        return json.loads(resp.read())

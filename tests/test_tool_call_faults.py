@@ -15,21 +15,17 @@ from __future__ import annotations
 import json
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
 from streamquake import protocols
-from streamquake.embedded.config import TargetConfig
 from streamquake.embedded.formats import tool_piece
-from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.errors import ScenarioError
 from streamquake.faults.proxy.framing import SSEFramer, parse_event, tool_args_delta
-from streamquake.faults.proxy.server import ProxyProcess, start_proxy
+from streamquake.faults.proxy.server import ProxyProcess
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.loadgen.failures import _Failed
 from streamquake.loadgen.samples import RequestSample
@@ -38,6 +34,7 @@ from streamquake.protocols import Completion, GenRequest, Protocol, ToolDelta
 from streamquake.scenario import load_scenario
 from tests import one_request
 from tests.conftest import run_cli
+from tests.one_request import control, proxied_target
 
 TOKENS = 10
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": TOKENS, "max": TOKENS}, "seed": 3,
@@ -54,23 +51,9 @@ COUNTERS = ("tool_calls_cut", "tool_chunks_duplicated", "tool_chunks_reordered")
 
 
 @pytest.fixture(scope="module")
-def target() -> Iterator[TargetProcess]:
-    with start_target(TargetConfig.model_validate(FAST)) as t:
-        yield t
-
-
-@pytest.fixture(scope="module")
-def proxy(target: TargetProcess) -> Iterator[ProxyProcess]:
-    with start_proxy(target.url) as p:
+def proxy() -> Iterator[ProxyProcess]:
+    with proxied_target(FAST) as p:
         yield p
-
-
-def control(proxy: ProxyProcess, method: str, path: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(proxy.control_url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return json.loads(resp.read())
 
 
 def measure(base_url: str, protocol: str, max_tokens: int = 16) -> RequestSample:
@@ -106,7 +89,7 @@ def test_each_mode_spoils_the_calls_arguments_and_the_client_counts_it_as_tool_c
 
 @pytest.mark.timeout(60)
 def test_a_call_sent_whole_and_a_text_answer_are_left_alone(
-        proxy: ProxyProcess, target: TargetProcess) -> None:
+        proxy: ProxyProcess) -> None:
     control(proxy, "PUT", "/faults/spoil", {"tool_call": {"mode": "duplicate"}})
     try:
         # Gemini sends its functionCall whole, once complete: there are no chunks to spoil.
@@ -115,8 +98,7 @@ def test_a_call_sent_whole_and_a_text_answer_are_left_alone(
         stats = control(proxy, "DELETE", "/faults/spoil")["stats"]
     assert (gemini.error, gemini.tool_events) == (None, 1), gemini.error_detail
     assert all(stats[c] == 0 for c in COUNTERS) and stats["requests"] == 1, stats
-    text = TargetConfig.model_validate({**FAST, "tool_call": False})
-    with start_target(text) as t, start_proxy(t.url) as p:
+    with proxied_target({**FAST, "tool_call": False}) as p:
         control(p, "PUT", "/faults/spoil", {"tool_call": {"mode": "reorder"}})
         answer = measure(p.url, "openai")
         stats = control(p, "GET", "/stats")["faults"]["spoil"]
@@ -140,8 +122,7 @@ def test_probability_spoils_a_seeded_share_and_the_counts_agree(proxy: ProxyProc
 
 @pytest.mark.timeout(60)
 def test_a_stream_begun_before_the_fault_is_spared_and_the_next_is_not() -> None:
-    slow = TargetConfig.model_validate({**FAST, "itl": "60ms"})     # 10 tokens: ~0.6 s
-    with start_target(slow) as t, start_proxy(t.url) as p:
+    with proxied_target({**FAST, "itl": "60ms"}) as p:     # 10 tokens: ~0.6 s
         early: list[RequestSample] = []
         reader = threading.Thread(target=lambda: early.append(measure(p.url, "openai")))
         reader.start()
@@ -164,8 +145,7 @@ def test_a_stream_begun_before_the_fault_is_spared_and_the_next_is_not() -> None
 @pytest.mark.parametrize(("mode", "events"), [("cut", 1), ("reorder", TOKENS)])
 def test_a_call_spoilt_as_it_began_stays_so_when_the_fault_goes_off_mid_stream(
         mode: str, events: int) -> None:
-    slow = TargetConfig.model_validate({**FAST, "itl": "60ms"})     # 10 tokens: ~0.6 s
-    with start_target(slow) as t, start_proxy(t.url) as p:
+    with proxied_target({**FAST, "itl": "60ms"}) as p:     # 10 tokens: ~0.6 s
         control(p, "PUT", "/faults/spoil", {"tool_call": {"mode": mode}})
         got: list[RequestSample] = []
         reader = threading.Thread(target=lambda: got.append(measure(p.url, "openai")))
