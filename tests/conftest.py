@@ -290,7 +290,8 @@ QUIET: tuple[str, ...] = (
 # time lands on whichever of their tests comes first.
 SLOW_GROUPS: tuple[str, ...] = ("uml", "report_runs", "client_timing", "test_cli_words",
                                 "test_steps_outputs", "test_stream_formats", "test_answer_parts",
-                                "test_engine_parts", "test_held_answers", "test_secrets_echoed")
+                                "test_engine_parts", "test_held_answers", "test_secrets_echoed",
+                                "test_conversations")
 
 # What starts first (longest first, so no long test starts last and runs alone): modules or
 # groups, in this order; everything else follows in collection order.

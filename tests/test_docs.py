@@ -74,6 +74,9 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     "streamquake run scenarios/client-cancellations.yaml --out out/client-cancellations "
     "--set target.embedded.send_log=out/sends.jsonl":
         (DRY_RUN, "a real run of 20 s (tests/test_cancellations.py runs its like)"),
+    # README, "Conversations"
+    "streamquake run scenarios/conversations.yaml --out out/conversations":
+        (DRY_RUN, "a real run of 27 s (tests/test_conversations.py runs its like)"),
     # README, "Priorities"
     "streamquake run scenarios/priority-flood.yaml --out out/priority-flood":
         (DRY_RUN, "a real run of about 45 s (tests/test_priority_scheduler.py runs its like)"),

@@ -43,11 +43,11 @@ EXPECTED = {
     "merge_key_unknown_field.yaml": [
         # A merged key is located where it is written: in the anchored mapping.
         "5:26: load.classes.0.max_tokenz: unknown field (hint: did you mean 'max_tokens'? "
-        "allowed here: body, cancel, dataset, max_tokens, name, priority, prompt, prompts, "
-        "read, slos, weight)",
+        "allowed here: body, cancel, conversation, dataset, max_tokens, name, priority, prompt, "
+        "prompts, read, slos, weight)",
         "5:26: load.classes.1.max_tokenz: unknown field (hint: did you mean 'max_tokens'? "
-        "allowed here: body, cancel, dataset, max_tokens, name, priority, prompt, prompts, "
-        "read, slos, weight)",
+        "allowed here: body, cancel, conversation, dataset, max_tokens, name, priority, prompt, "
+        "prompts, read, slos, weight)",
     ],
     "merge_not_a_mapping.yaml": [
         "4:7: '<<' merges a mapping (or a list of mappings) into this one, but this is a list "

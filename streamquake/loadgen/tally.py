@@ -89,6 +89,9 @@ class _Tally:
     """
 
     paced = False
+    # The answer's text as received, kept for a conversation's turn only (the next turn sends
+    # it back): a list to append to, or None to keep none.
+    answer: list[str] | None = None
 
     def __init__(self, sample: RequestSample, plan: LoadPlan, t0: float,
                  max_events: int, guard: self_measure.Guard | None = None) -> None:
@@ -217,6 +220,8 @@ class _Tally:
                     s.client_stalls += 1     # the bytes came in time; we saw them late
             self.last_text_at = now
             self.last_text_seen = seen
+        if d.text and self.answer is not None:
+            self.answer.append(d.text)
         if d.error is not None:
             # The server gave up mid-stream in its own words (e.g. Anthropic overloaded_error).
             raise _Failed("stream_error", f"error event in the stream: {d.error}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from streamquake.loadgen.attribution import WindowLike
 from streamquake.loadgen.plan import (
     Cancel,
     ClosedLoop,
+    Conversation,
     LoadPlan,
     LoadStage,
     OpenLoop,
@@ -61,7 +63,7 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         users=users,
         spawn_rate=spawn_rate,
         arrival=arrival,
-        classes=[_class(c) for c in load.classes],
+        classes=[_conversation(_class(c), c, load.seed) for c in load.classes],
         samples_path=str(samples_dir),
         windows=[(w.name, w.start, w.end) for w in windows],
         raw_samples=load.samples == "all",
@@ -100,6 +102,21 @@ def load_stages(steps: Sequence[StepSpec], windows: Sequence[WindowLike],
         stages.append(LoadStage(start=w.start, end=w.end, rate_from=ramp[0], rate_to=ramp[1],
                                 spike=spike))
     return stages
+
+
+def _conversation(plan: RequestClassPlan, c: RequestClass, seed: int) -> RequestClassPlan:
+    """The class's ``conversation``, its system prefix as text: a count of tokens becomes a
+    seeded text of that many words, the same in every session and every load process."""
+    spec = c.conversation
+    if spec is None:
+        return plan
+    from streamquake.loadgen.trace import synth_prompt
+
+    system = spec.system_prefix if isinstance(spec.system_prefix, str) else \
+        synth_prompt(spec.system_prefix, random.Random(f"{seed}/system/{c.name}"))
+    return plan.model_copy(update={"conversation": Conversation(
+        turns=spec.turns, system=system, think_min_s=spec.think_time.min_s,
+        think_max_s=spec.think_time.max_s)})
 
 
 def _class(c: RequestClass) -> RequestClassPlan:
