@@ -32,6 +32,7 @@ from streamquake.faults.contract import (
     Wiring,
 )
 from streamquake.faults.engine import streams
+from streamquake.faults.engine.address import target_base
 from streamquake.faults.engine.spec import NoisyTenantFault
 from streamquake.journal import JournalEntry
 from streamquake.protocols import get
@@ -141,13 +142,8 @@ class NoisyTenantInjector:
                                self.timeout_s)
 
     def _ctx_base(self) -> str:
-        if not self.ctx.target_host or not self.ctx.target_port:
-            raise InjectorError(f"fault '{self.spec.label}' (noisy_tenant) has no target to "
-                                "send to: give its `url` (e.g. http://127.0.0.1:8000), or the "
-                                "target's address (`streamquake inject ... --target HOST:PORT`)")
-        host = self.ctx.target_host
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{self.ctx.target_port}"
+        return target_base(self.ctx, self.spec.label, "noisy_tenant", "no target to send to",
+                           "http://127.0.0.1:8000")
 
     # -- the contract --------------------------------------------------------------------------
 
