@@ -318,3 +318,25 @@ def test_a_rate_sends_no_more_than_its_arrivals_and_revert_closes_streams_at_onc
         assert done["tokens_received"] > 0 and done["bytes_received"] > 0, done
         wait_until(lambda: _established(port) == 0, "the target to see both streams closed")
         assert tenant.revert()["requests_sent"] == 2         # idempotent: nothing more sent
+
+
+@pytest.mark.timeout(30)
+def test_a_key_in_the_targets_path_is_sent_but_never_shown(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Gemini's key rides in the path's query (``?key=${VAR}``): the tenant's requests carry it,
+    and what it says (preflight's sentences, the journal, its record and description) shows
+    the path as the scenario wrote it."""
+    from streamquake.faults.engine.tenant import ScenarioTarget
+
+    secret = "sq-tenant-secret-7f3a9c"
+    monkeypatch.setenv("SQ_TENANT_KEY", secret)
+    view = ScenarioTarget("gemini", "gemini-x", "/v1beta/models/gemini-x:streamGenerateContent"
+                          "?alt=sse&key=${SQ_TENANT_KEY}", {}, True, url="http://127.0.0.1:9")
+    spec = NoisyTenantFault.model_validate({"type": "noisy_tenant", "name": "t"})
+    tenant = NoisyTenantInjector(spec, RunContext(target_host="", target_port=0,
+                                                  run_dir=tmp_path, resources=[view]))
+    req = tenant.request()
+    assert req.url.endswith(f"key={secret}") and req.shown.endswith("key=${SQ_TENANT_KEY}")
+    said = tenant.preflight()              # nothing listens on port 9
+    assert said and "${SQ_TENANT_KEY}" in said[0], said
+    assert secret not in json.dumps([said, tenant.describe()]), said

@@ -40,6 +40,9 @@ class Request:
     headers: dict[str, str]
     verify_tls: bool
     timeout_s: float
+    # The URL as the scenario wrote it (``${VAR}`` unexpanded): what messages, the journal and
+    # the report show, never a secret a path's query carries (Gemini's ``?key=``).
+    shown: str = ""
 
     @property
     def where(self) -> str:

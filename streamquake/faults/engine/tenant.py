@@ -126,11 +126,12 @@ class NoisyTenantInjector:
         model = spec.model or (view.model if view else None) or "sim-1"
         base = spec.url or (view.url if view and view.url else None) or self._ctx_base()
         if spec.path is not None:
-            path = spec.path
+            path = written = spec.path
         elif view is not None and view.path is not None and protocol == view.protocol:
+            written = view.path
             path = _expand(view.path, "the scenario's target.path")
         else:
-            path = fmt.path(model)
+            path = written = fmt.path(model)
         headers = dict(fmt.headers())
         if view is not None and spec.url is None:
             for name, value in view.headers.items():
@@ -139,7 +140,7 @@ class NoisyTenantInjector:
                             max_tokens or spec.max_tokens)
         verify = view.verify_tls if view is not None else True
         return streams.Request(base + path, fmt, json.dumps(body).encode(), headers, verify,
-                               self.timeout_s)
+                               self.timeout_s, shown=base + written)
 
     def _ctx_base(self) -> str:
         return target_base(self.ctx, self.spec.label, "noisy_tenant", "no target to send to",
@@ -157,11 +158,11 @@ class NoisyTenantInjector:
         try:
             answer = streams.ask_once(req)
         except streams.NO_ANSWER as exc:
-            return [f"cannot reach the target at {req.url} "
+            return [f"cannot reach the target at {req.shown} "
                     f"({streams.reason_of(exc, req.timeout_s)}): its requests would all "
                     "fail; check the target is up, or give the fault's `url`"]
         if answer.status != 200:
-            return [f"the target at {req.url} refused the tenant's {req.fmt.name} request: "
+            return [f"the target at {req.shown} refused the tenant's {req.fmt.name} request: "
                     f"HTTP {answer.status} ({answer.message}); give the fault the `protocol` "
                     "and `path` the target serves"]
         return []
@@ -172,7 +173,7 @@ class NoisyTenantInjector:
         entry.claim({f"engine:{req.where}:noisy_tenant": f"the extra load on {req.where}"},
                     per_owner=True)
         # What `recover` reads: nothing to undo, and whose process the streams lived in.
-        entry.save({"url": req.url, "concurrency": self.spec.concurrency, "pid": os.getpid()})
+        entry.save({"url": req.shown, "concurrency": self.spec.concurrency, "pid": os.getpid()})
         self._applied = True
         self._stop = threading.Event()
         self._opened = streams.Opened()
@@ -183,7 +184,7 @@ class NoisyTenantInjector:
                                  name=f"noisy-tenant-{i}", daemon=True)
             self._threads.append(t)
             t.start()
-        return {"url": req.url, "protocol": req.fmt.name, "concurrency": self.spec.concurrency,
+        return {"url": req.shown, "protocol": req.fmt.name, "concurrency": self.spec.concurrency,
                 "rate_per_s": self.spec.rate_per_s, "prompt_tokens": self.spec.prompt_tokens,
                 "max_tokens": self.spec.max_tokens, "pid": os.getpid()}
 
@@ -235,7 +236,7 @@ class NoisyTenantInjector:
 
     def describe(self) -> JsonDict:
         try:
-            url: str | None = self.request().url
+            url: str | None = self.request().shown
         except InjectorError:
             url = None
         s = self.spec
