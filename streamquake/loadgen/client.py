@@ -48,7 +48,7 @@ from streamquake.loadgen.stamps import (
 from streamquake.loadgen.tally import _Tally
 from streamquake.loadgen.templates import Redactor, expand_headers, expand_path
 from streamquake.loadgen.wire import build_request, join_path, protocol_headers
-from streamquake.protocols.history import with_history
+from streamquake.protocols import with_history
 
 _ERROR_BODY_MAX = 4096
 _DRAIN_S = 1.0          # after the terminal event, how long to wait for the HTTP body's end

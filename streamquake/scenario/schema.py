@@ -33,7 +33,7 @@ from streamquake.metric_catalog import HIGHER_IS_BETTER as HIGHER_IS_BETTER
 from streamquake.metric_catalog import HISTOGRAM_METRICS as HISTOGRAM_METRICS
 from streamquake.metric_catalog import RATE_METRICS as RATE_METRICS
 from streamquake.metric_catalog import RECOVERY_TIME as RECOVERY_TIME
-from streamquake.protocols.history import HISTORY_FORMATS, has_history
+from streamquake.protocols import HISTORY_FORMATS, has_history
 from streamquake.scenario.network import NetworkConfig
 from streamquake.scenario.steps import (
     StepSpec,
