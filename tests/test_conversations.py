@@ -16,6 +16,8 @@ from typing import Any
 import pytest
 
 from streamquake.errors import ScenarioError
+from streamquake.loadgen.sse_parser import SSEEvent
+from streamquake.loadgen.wire import decode
 from streamquake.scenario import load_scenario
 from tests.conftest import run_cli
 from tests.helpers import assert_run_ok
@@ -234,3 +236,78 @@ def test_a_conversation_with_a_whole_body_is_refused_where_it_is(tmp_path: Path)
     assert len(problems) == 1, problems
     assert problems[0].startswith("6:7: load.classes.0.conversation:"), problems
     assert "'body'" in problems[0], problems
+
+
+CACHED = """\
+name: conversations-cache
+target:
+  protocol: openai
+  model: sim-1
+  embedded:
+    ttft: 20ms
+    itl: 2ms
+    output_tokens: {min: 12, max: 12}
+    prefix_cache: {slots: 8, prefill_per_token: 0.5ms}
+    seed: 4
+  timeout: 10s
+  probe: false
+load:
+  users: 4
+  think_time: {min: 10ms, max: 30ms}
+  classes:
+    - name: chat
+      max_tokens: 12
+      prompts: ["How do I reset the router?", "It did not help.", "What next?"]
+      conversation: {turns: 3, think_time: 20ms, system_prefix: 300 tokens}
+  seed: 9
+faults:
+  - {type: cache_flush, name: flush, every: 50ms}
+steps:
+  - {name: warm, kind: warmup, duration: 1s}
+  - {name: before, kind: baseline, duration: 3s}
+  - {name: flush, kind: fault, duration: 3s, faults: [flush]}
+  - {name: after, kind: recovery, duration: 3s}
+"""
+
+
+@pytest.mark.timeout(150)
+def test_a_cache_flush_shows_as_lost_prefix_reuse_and_longer_ttft_of_later_turns(
+        tmp_path: Path) -> None:
+    """Against the embedded target's prefix cache, which says what it reused in llama-server's
+    ``timings.cache_n``: before the flush a turn reads only what is new since the turn before;
+    in it every turn reads its whole history; after it the reuse is back."""
+    scenario = tmp_path / "cached.yaml"
+    scenario.write_text(CACHED)
+    out = tmp_path / "out"
+    proc = run_cli("run", str(scenario), "--out", str(out), timeout=120)
+    assert_run_ok(proc, out)
+    report = json.loads((out / "report.json").read_text())
+    by = {p["name"]: p["stats"] for p in report["phases"]}
+    reuse = {name: by[name]["prompt_cache_reuse"] for name in ("before", "flush", "after")}
+    assert reuse["before"] > 0.8 and reuse["after"] > 0.8, reuse
+    assert reuse["flush"] < 0.5 * reuse["before"], reuse
+    last = {name: by[name]["conversation"]["turns"]["3"]["ttft_ms"]["p50"]
+            for name in ("before", "flush", "after")}
+    # The flush's later turns read their ~330 words again (0.5 ms each): far longer.
+    assert last["flush"] > last["before"] + 100 and last["flush"] > last["after"] + 100, last
+    summary = (out / "summary.md").read_text()
+    assert "| prompt tokens from cache |" in summary
+    assert "| sessions done/failed/abandoned |" in summary
+
+
+@pytest.mark.timeout(10)
+def test_the_client_reads_llama_servers_timings_in_both_its_formats() -> None:
+    # llama-server's last event of an OpenAI chat stream, and of its native /completion one
+    # (shapes as llama-server b4000+ sends them), with the prompt's account in `timings`.
+    timings = {"cache_n": 394, "prompt_n": 1, "prompt_ms": 0.9, "predicted_n": 8}
+    chat = {"choices": [{"finish_reason": "stop", "index": 0, "delta": {}}],
+            "created": 1, "id": "chatcmpl-x", "model": "m", "object": "chat.completion.chunk",
+            "timings": timings}
+    native = {"content": "", "stop": True, "stop_type": "eos", "tokens_predicted": 8,
+              "model": "m", "timings": timings}
+    for protocol, obj in (("openai", chat), ("llama_cpp", native)):
+        decoded = decode(protocol, SSEEvent(data=json.dumps(obj)))
+        assert (decoded.cache_n, decoded.prompt_n) == (394, 1), protocol
+        bare = {k: v for k, v in obj.items() if k != "timings"}
+        decoded = decode(protocol, SSEEvent(data=json.dumps(bare)))
+        assert (decoded.cache_n, decoded.prompt_n) == (None, None), protocol

@@ -106,6 +106,10 @@ class Stats:
     sessions_failed: int = 0
     sessions_abandoned: int = 0
     turns: dict[str, SparseHistogram] = field(default_factory=dict)   # "ttft_ms/2" -> values
+    # Prompt tokens read from the server's prefix cache, and all prompt tokens, over the
+    # requests whose server said (llama-server's ``timings``): ``prompt_cache_reuse``.
+    cache_tokens: int = 0
+    prompt_tokens: int = 0
     missing_events: int = 0
     expected_events: int = 0
     stalls: int = 0                   # server stalls in the requests counted here
@@ -262,6 +266,9 @@ class Stats:
         if s.session is not None:
             name = f"sessions_{s.session}"
             setattr(self, name, getattr(self, name) + 1)
+        if s.cache_n is not None:
+            self.cache_tokens += s.cache_n
+            self.prompt_tokens += s.cache_n + (s.prompt_n or 0)
         if s.cancelled:
             self.cancelled += 1
             return
@@ -453,6 +460,8 @@ class Stats:
             return self.not_sent / due if due else None
         if metric == "usage_deficit":
             return self.usage_unseen / self.usage_tokens if self.usage_tokens else None
+        if metric == "prompt_cache_reuse":
+            return self.cache_tokens / self.prompt_tokens if self.prompt_tokens else None
         raise KeyError(f"unknown rate metric {metric!r}; known: {', '.join(RATE_METRICS)}")
 
     def percentile_interval(self, metric: str, p: float, confidence: float
@@ -537,6 +546,10 @@ class Stats:
                     if estimate is not None else "; nor does it send usage to compare with")
             return (f"{NOT_MEASURABLE}: the server numbers none of its events (no SSE `id:` "
                     "lines), so lost chunks cannot be counted" + also)
+        if metric == "prompt_cache_reuse" and (self.requests or self.cancelled) \
+                and not self.prompt_tokens:
+            return (f"{NOT_MEASURABLE}: the server said nothing of its prefix cache (no "
+                    "llama-server `timings.cache_n` in its streams)")
         if metric == "usage_deficit" and self.successes and not self.usage_tokens:
             return (f"{NOT_MEASURABLE}: the server sent no usage (output token counts) to "
                     "compare the content events that arrived with")
@@ -712,6 +725,7 @@ class Stats:
 
 _COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries", "cancelled",
              "sessions_completed", "sessions_failed", "sessions_abandoned",
+             "cache_tokens", "prompt_tokens",
              "missing_events", "expected_events", "stalls", "client_stalls", "shared_stamps",
              "usage_tokens", "usage_unseen", "usage_short", "tokens_counted",
              "bunch_judged", "bunched", "bunched_first_with_end", "bunched_reads",
@@ -723,4 +737,5 @@ _TABLES = ("unattributed", "errors", "retried_attempts", "answered_models", "lat
 # A rate metric -> the attributes that count its k and its n.
 _TRIALS = {"error_rate": ("error_count", "requests"), "stall_rate": ("stalled", "successes"),
            "chunk_loss": ("missing_events", "expected_events"),
-           "not_sent_rate": ("not_sent", "due"), "usage_deficit": ("usage_unseen", "usage_tokens")}
+           "not_sent_rate": ("not_sent", "due"), "usage_deficit": ("usage_unseen", "usage_tokens"),
+           "prompt_cache_reuse": ("cache_tokens", "prompt_tokens")}

@@ -93,6 +93,8 @@ class RequestSample:
                                           #   neither a success nor an error, counted apart
     turn: int | None = None               # a conversation's turn (1, 2, ...): its class's sessions
     session: SessionEnd | None = None     # on a session's last turn: how the session ended
+    cache_n: int | None = None            # prompt tokens the server read from its prefix cache
+    prompt_n: int | None = None           # ... and read anew (llama-server's ``timings``)
     stalls: int = 0                       # inter-event gaps above the stall threshold (server's)
     client_stalls: int = 0                # such gaps that were the load process's own lateness
     clock: Literal["kernel", "user"] = "user"   # event times: kernel receive stamps, or not

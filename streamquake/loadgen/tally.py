@@ -222,6 +222,8 @@ class _Tally:
             self.last_text_seen = seen
         if d.text and self.answer is not None:
             self.answer.append(d.text)
+        if d.cache_n is not None:
+            s.cache_n, s.prompt_n = d.cache_n, d.prompt_n
         if d.error is not None:
             # The server gave up mid-stream in its own words (e.g. Anthropic overloaded_error).
             raise _Failed("stream_error", f"error event in the stream: {d.error}")

@@ -82,6 +82,10 @@ class Decoded(NamedTuple):
     reasoning: str = ""                     # reasoning (thinking) text this event carries
     tools: tuple[ToolDelta, ...] = ()       # tool calls opened or continued by this event
     usage_reasoning_tokens: int | None = None   # the server's count of reasoning tokens
+    # The engine's account of the prompt (llama-server's ``timings``): tokens read from its
+    # prefix cache (``cache_n``) and read anew (``prompt_n``), on the event that carries it.
+    cache_n: int | None = None
+    prompt_n: int | None = None
 
     @property
     def tool_args(self) -> bool:

@@ -179,6 +179,9 @@ def summary_rows(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS
             continue
         if metric == "conversation" and not any(p.stats.get(metric) for p in result.phases):
             continue
+        if metric == "prompt_cache_reuse" and all(p.stats.get(metric) is None
+                                                  for p in result.phases):
+            continue        # a server that says nothing of its prefix cache
         cells = {}
         for phase in columns:
             stats: JsonDict = by_phase.get(phase, {})
