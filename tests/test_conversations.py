@@ -18,6 +18,7 @@ import pytest
 from streamquake.errors import ScenarioError
 from streamquake.loadgen.sse_parser import SSEEvent
 from streamquake.loadgen.wire import decode
+from streamquake.protocols import HISTORY_FORMATS, Protocol, get, with_history
 from streamquake.scenario import load_scenario
 from tests.conftest import run_cli
 from tests.helpers import assert_run_ok
@@ -305,9 +306,27 @@ def test_the_client_reads_llama_servers_timings_in_both_its_formats() -> None:
             "timings": timings}
     native = {"content": "", "stop": True, "stop_type": "eos", "tokens_predicted": 8,
               "model": "m", "timings": timings}
-    for protocol, obj in (("openai", chat), ("llama_cpp", native)):
+    cases: tuple[tuple[Protocol, dict[str, Any]], ...] = (("openai", chat), ("llama_cpp", native))
+    for protocol, obj in cases:
         decoded = decode(protocol, SSEEvent(data=json.dumps(obj)))
         assert (decoded.cache_n, decoded.prompt_n) == (394, 1), protocol
         bare = {k: v for k, v in obj.items() if k != "timings"}
         decoded = decode(protocol, SSEEvent(data=json.dumps(bare)))
         assert (decoded.cache_n, decoded.prompt_n) == (None, None), protocol
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("protocol", HISTORY_FORMATS)
+def test_each_format_with_a_history_writes_one_its_server_reads_whole(
+        protocol: Protocol) -> None:
+    # The history as the embedded target's parser for the format reads it: every prompt and
+    # answer, and the system prefix, in the text it prices.
+    wire = get(protocol)
+    turns = [("first question", "first answer"), ("second question", "second answer")]
+    body = with_history(protocol, wire.body("sim-1", "ignored", 16), "the shared prefix",
+                        turns, "third question")
+    text = wire.parse(json.loads(json.dumps(body)), "sim-1").prompt
+    for part in ("the shared prefix", "first question", "first answer", "second question",
+                 "second answer", "third question"):
+        assert part in text, (protocol, part, text)
+    assert "ignored" not in text
