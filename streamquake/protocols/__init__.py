@@ -13,7 +13,6 @@ import re
 from functools import cache
 
 from streamquake.protocols import anthropic, gemini, llama_cpp, openai, openai_responses, sse
-from streamquake.protocols._history import HISTORY_FORMATS, has_history, with_history
 from streamquake.protocols._shapes import describe, readers
 from streamquake.protocols.base import (
     BadRequest,
@@ -30,7 +29,6 @@ from streamquake.protocols.base import (
 )
 
 __all__ = [
-    "HISTORY_FORMATS",
     "BadRequest",
     "Completion",
     "Decoded",
@@ -44,11 +42,9 @@ __all__ = [
     "describe",
     "for_path",
     "get",
-    "has_history",
     "names",
     "readers",
     "stamp",
-    "with_history",
 ]
 
 _REGISTRY: dict[str, WireProtocol] = {

@@ -89,7 +89,7 @@ class StepSpec(ScenarioModel):
     name: PlainName
     kind: StepKind
     duration_s: Annotated[DurationS, not_shorter_than(SHORTEST_S, "a step")] = Field(
-        alias="duration", gt=0)
+        alias="duration")
     faults: tuple[str, ...] = ()
     load: StepLoad | None = None
 
