@@ -114,6 +114,11 @@ CATALOG: tuple[MetricInfo, ...] = (
                "Usage's output tokens that never arrived as events, over usage's tokens",
                kind="rate", unit="fraction", timing=False,
                rows=(("usage tokens not seen as events", None),)),
+    MetricInfo("prompt_cache_reuse", "prompt tokens from cache",
+               "Prompt tokens the server read from its prefix cache (llama-server's "
+               "timings.cache_n), over the prompt tokens of the requests that said",
+               kind="rate", unit="fraction", higher_is_better=True, gates=False, timing=False,
+               rows=(("prompt tokens from cache", None),)),
     MetricInfo("recovery_time_s", "recovery time",
                "Per judged fault: its revert to back within tolerance of baseline",
                kind="per_fault", unit="s"),

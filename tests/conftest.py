@@ -263,6 +263,7 @@ SLOW: tuple[str, ...] = (
     "test_target_stamps.py::test_stamps_are_invisible_to_an_sse_parser_and_absent_by_default",
     "test_target_stamps.py::test_the_openai_and_anthropic_sdks_skip_the_stamps",
     "test_tc_scaffold.py::test_a_fault_on_the_scaffold_changes_only_its_leaves",
+    "test_tool_call_faults.py::test_a_run_counts_each_steps_spoilt_calls_in_that_step_only",
     "test_uml_xstate.py::test_fp_and_vector_registers_survive_context_switches_in_uml",
 )
 
@@ -289,7 +290,8 @@ QUIET: tuple[str, ...] = (
 # time lands on whichever of their tests comes first.
 SLOW_GROUPS: tuple[str, ...] = ("uml", "report_runs", "client_timing", "test_cli_words",
                                 "test_steps_outputs", "test_stream_formats", "test_answer_parts",
-                                "test_engine_parts", "test_held_answers", "test_secrets_echoed")
+                                "test_engine_parts", "test_held_answers", "test_secrets_echoed",
+                                "test_conversations")
 
 # What starts first (longest first, so no long test starts last and runs alone): modules or
 # groups, in this order; everything else follows in collection order.

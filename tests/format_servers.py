@@ -16,27 +16,16 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from tests.stream_servers import ChunkedEvents, serve_in_thread
 
 GAP_S = 0.002           # between two events
 WORDS = (" measure", " the", " stream", " as", " it", " is", " sent", " now")
 
 
-def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def setup(self) -> None:
-        super().setup()
-        # As uvicorn does: each event leaves at once, not held for the peer's delayed ACK.
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
+class Handler(ChunkedEvents):
+    gap_s = GAP_S
 
     def do_POST(self) -> None:
         length = int(self.headers.get("Content-Length") or 0)
@@ -52,19 +41,6 @@ class Handler(BaseHTTPRequestHandler):
             self._responses(body, case)
         else:
             self._transformers(body, case)
-
-    def _chunk(self, data: bytes) -> None:
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-        time.sleep(GAP_S)
-
-    def _event(self, obj: object, name: str | None = None) -> None:
-        head = b"" if name is None else b"event: " + name.encode() + b"\n"
-        self._chunk(head + b"data: " + _dumps(obj) + b"\n\n")
-
-    def _end(self) -> None:
-        self.wfile.write(b"0\r\n\r\n")       # the chunked terminator: the body ended cleanly
-        self.wfile.flush()
 
     def _cut(self) -> None:
         # The connection closes inside the chunked body: no terminator.
@@ -141,17 +117,8 @@ class Handler(BaseHTTPRequestHandler):
 @contextmanager
 def serve() -> Iterator[str]:
     """The server on a free loopback port, in a thread of this process; yields its URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                              daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_in_thread(Handler) as url:
+        yield url
 
 
 if __name__ == "__main__":

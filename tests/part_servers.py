@@ -11,14 +11,12 @@ event is its own HTTP chunk, ``GAP_S`` apart, as uvicorn and llama-server send t
 
 from __future__ import annotations
 
-import json
-import socket
-import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, urlsplit
+
+from tests.stream_servers import ChunkedEvents, serve_in_thread
 
 GAP_S = 0.002
 THOUGHTS = ("The", " user", " asks", " about", " Paris", ".")        # reasoning: 6 events
@@ -27,19 +25,8 @@ ANSWER = (" It", " is", " sunny", " in", " Paris", " today", ",", " 21", " degre
 ARGS = ('{"', "location", '":"', "Paris", '","', "unit", '":"', "celsius", '"}')   # 9 pieces
 
 
-def _dumps(obj: object) -> bytes:
-    return json.dumps(obj, separators=(",", ":")).encode()
-
-
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-
-    def setup(self) -> None:
-        super().setup()
-        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        pass
+class Handler(ChunkedEvents):
+    gap_s = GAP_S
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
@@ -57,15 +44,7 @@ class Handler(BaseHTTPRequestHandler):
             self._gemini(case)
         else:
             self._openai(case)
-        self.wfile.write(b"0\r\n\r\n")
-        self.wfile.flush()
-
-    def _event(self, obj: object, name: str | None = None) -> None:
-        head = b"" if name is None else b"event: " + name.encode() + b"\n"
-        data = head + b"data: " + (obj if isinstance(obj, bytes) else _dumps(obj)) + b"\n\n"
-        self.wfile.write(b"%x\r\n%s\r\n" % (len(data), data))
-        self.wfile.flush()
-        time.sleep(GAP_S)
+        self._end()
 
     # --- OpenAI chat: llama-server, vLLM, OpenAI ------------------------------------------------
 
@@ -234,14 +213,5 @@ class Handler(BaseHTTPRequestHandler):
 @contextmanager
 def serve() -> Iterator[str]:
     """The server on a free loopback port, in a thread of this process; yields its URL."""
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.1},
-                              daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}"
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
+    with serve_in_thread(Handler) as url:
+        yield url

@@ -10,20 +10,17 @@ llama-server's own reasoning stream: tests/test_engine_parts.py."""
 from __future__ import annotations
 
 import json
-import random
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from streamquake.loadgen.client import StreamClient
-from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.run.scoring import score_samples
 from streamquake.run.timeline import PhaseWindow
 from streamquake.scenario import parse_scenario
-from tests import part_servers
+from tests import one_request, part_servers
 from tests.conftest import run_cli
 from tests.helpers import assert_run_ok
 
@@ -39,16 +36,7 @@ def wire() -> Iterator[str]:
 
 
 def measure(base_url: str, protocol: str, path: str) -> RequestSample:
-    plan = LoadPlan.model_validate({
-        "base_url": base_url, "protocol": protocol, "path": path, "model": "m-1",
-        "samples_path": "/nonexistent", "end_at": 0.0, "timeout_s": 20.0,
-        "connect_timeout_s": 5.0})
-    client = StreamClient(plan)
-    try:
-        return client.measure(RequestClassPlan(prompts=["weather?"], max_tokens=64),
-                              random.Random(0))
-    finally:
-        client.close()
+    return one_request.measure(base_url, protocol, path, prompt="weather?", max_tokens=64)
 
 
 def _ttfa_after(s: RequestSample, events_before: int) -> None:

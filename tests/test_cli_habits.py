@@ -43,8 +43,8 @@ def test_faults_lists_every_type_with_its_parameters() -> None:
     proc = run_cli("faults", "--json", env=FAMILY_ENV)
     assert proc.returncode == 0, proc.stderr
     docs = {d["type"]: d for d in json.loads(proc.stdout)}
-    assert set(docs) == {"cache_flush", "gpu_clocks", "marker_file", "netem", "sse_proxy",
-                         "tbf"}
+    assert set(docs) == {"cache_flush", "gpu_clocks", "marker_file", "netem", "noisy_tenant",
+                         "sse_proxy", "tbf"}
     assert docs["marker_file"]["family"] == "example"
     params = {p["name"]: p for p in docs["netem"]["params"]}
     assert params["delay"]["type"] == "duration" and params["delay"]["default"] == "0ms"
@@ -75,8 +75,8 @@ def test_schema_is_the_scenarios_json_schema(tmp_path: Path) -> None:
     defs = schema["$defs"]
     union = schema["properties"]["faults"]["items"]
     assert set(union["discriminator"]["mapping"]) == {"cache_flush", "gpu_clocks",
-                                                       "marker_file", "netem", "sse_proxy",
-                                                       "tbf"}
+                                                       "marker_file", "netem", "noisy_tenant",
+                                                       "sse_proxy", "tbf"}
     # Durations and percentages are accepted as a scenario writes them, not only as numbers.
     baseline = defs["PhasesSpec"]["properties"]["baseline"]["anyOf"]
     assert any(v.get("type") == "number" for v in baseline)   # its 100 ms floor: a validator

@@ -213,6 +213,7 @@ faults:
     assert "drop=15%" in proc.stdout and "first_event_delay=400ms" in proc.stdout
     assert "stall.probability=1%, stall.duration=2s" in proc.stdout
     assert "25000" not in proc.stdout and "400.0" not in proc.stdout
+    assert "drop_usage" not in proc.stdout     # a switch left off says nothing
 
 
 @pytest.mark.timeout(60)

@@ -61,13 +61,28 @@ EXAMPLES: dict[str, tuple[str, str]] = {
     # README, "Engine faults: the KV cache flushed"
     "streamquake run scenarios/kv-cache-flush.yaml --out out/kv-cache-flush":
         (DRY_RUN, "a real run of 28 s (tests/test_engine_cache_flush.py runs its like)"),
+    # README, "Engine faults: a noisy tenant"
+    "streamquake run scenarios/noisy-tenant.yaml --out out/noisy-tenant":
+        (DRY_RUN, "a real run of 20 s (tests/test_noisy_tenant.py runs its like)"),
     # README, "Faults in the meaning of a stream"
     "streamquake run scenarios/stream-error-event.yaml --out out/stream-error-event":
         (DRY_RUN, "a real run of 26 s (tests/test_stream_meaning_faults.py runs its like)"),
+    # README, "Faults in a tool call's stream"
+    "streamquake run scenarios/tool-call-chunks.yaml --out out/tool-call-chunks":
+        (DRY_RUN, "a real run of 29 s (tests/test_tool_call_faults.py runs its like)"),
     # README, "Client cancellations"
     "streamquake run scenarios/client-cancellations.yaml --out out/client-cancellations "
     "--set target.embedded.send_log=out/sends.jsonl":
         (DRY_RUN, "a real run of 20 s (tests/test_cancellations.py runs its like)"),
+    # README, "Conversations"
+    "streamquake run scenarios/conversations.yaml --out out/conversations":
+        (DRY_RUN, "a real run of 27 s (tests/test_conversations.py runs its like)"),
+    # README, "Priorities"
+    "streamquake run scenarios/priority-flood.yaml --out out/priority-flood":
+        (DRY_RUN, "a real run of about 45 s (tests/test_priority_scheduler.py runs its like)"),
+    "streamquake run scenarios/priority-flood.yaml --out out/priority-flood-fifo "
+    "--set target.embedded.scheduler=null":
+        (DRY_RUN, "a real run of about 45 s (tests/test_priority_scheduler.py runs its like)"),
     # Capacity under fault
     "streamquake capacity capacity.yaml --warmup 6s --probe 4s --precision 20% --no-watchdog":
         (NOT_RUN, "a search of several minutes, on a scenario of the suite's "

@@ -26,6 +26,7 @@ import pytest
 
 from streamquake.embedded.config import TargetConfig
 from streamquake.embedded.process import TargetProcess, start_target
+from streamquake.reports.csv_report import read_samples
 from tests.conftest import REPO, cli_cmd, run_cli
 from tests.engines.llama_server import EXACT_LENGTH, LlamaServer, llama_server, serve
 from tests.engines.tap import Tap
@@ -377,6 +378,18 @@ def test_on_llama_server_the_engines_own_timings_show_the_flush_in_its_step_only
     assert cache_n["flush"] < 0.1 * min(cache_n["before"], cache_n["after"]), cache_n
     ttft = {name: _step(report, name)["stats"]["ttft_ms"]["p50"] for name in prompt_n}
     assert ttft["flush"] > ttft["before"] and ttft["flush"] > ttft["after"], ttft
+    # streamquake reads the same timings from each stream: request by request (joined by the
+    # response's id) they are the wire's, and its reuse per step says what the engine did.
+    wire = {ex.events[-2].json["id"]: ex.events[-2].json["timings"] for ex in tap.exchanges()
+            if ex.status == 200 and len(ex.events) > 1 and ex.events[-1].data == "[DONE]"}
+    read = [(s.response_id, s.cache_n, s.prompt_n)
+            for s in read_samples(tmp_path / "out" / "run" / "samples")
+            if s.error is None and s.response_id in wire]
+    assert len(read) >= sum(counts.values()) - 2, (len(read), counts)
+    assert all((cache, anew) == (wire[rid]["cache_n"], wire[rid]["prompt_n"])
+               for rid, cache, anew in read), read
+    reuse = {name: _step(report, name)["stats"]["prompt_cache_reuse"] for name in prompt_n}
+    assert reuse["before"] > 0.8 and reuse["flush"] < reuse["before"], reuse
     record = _fault(report)
     done = record["reverted"]
     assert done["erases_failed"] == 0 and done["erased"] >= 4 * 5, done

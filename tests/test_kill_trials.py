@@ -3,11 +3,13 @@ has run, its children stop at once (killed, not drained), and `recover` is quick
 
 Faults: an SSE proxy fault, a tbf fault with the target in its own namespace (host kernel), a GPU
 clock lock (emulated driver), a KV-cache flush every 50 ms (the embedded target's prefix cache; its
-flushing dies with the run, and `recover` clears its entry). Kills: SIGKILL of the run, SIGKILL of
-its process group, SIGTERM twice (no recover needed: the run reverts), and SIGKILLs that the run
-delivers to itself at named points (streamquake/killpoints.py) between journaling a namespace, the
-run's tc scaffold, a qdisc or a clock lock and making it, and right after making it. A netem kill
-inside UML is in tests/uml. The longer profile is scripts/kill-trials. Then, with the watchdog: a
+flushing dies with the run, and `recover` clears its entry), a noisy tenant's streams (threads of
+the run: they end with it; tests/test_noisy_tenant.py shows a target of its own left with none).
+Kills: SIGKILL of the run, SIGKILL of its process group, SIGTERM twice (no recover needed: the run
+reverts), and SIGKILLs that the run delivers to itself at named points (streamquake/killpoints.py)
+between journaling a namespace, the run's tc scaffold, a qdisc or a clock lock and making it, and
+right after making it. A netem kill inside UML is in tests/uml. The longer profile is
+scripts/kill-trials. Then, with the watchdog: a
 kill as the namespace is made is undone by the lease alone; and a child that kills the run before
 it sets its death signal.
 """
@@ -50,6 +52,9 @@ SCENARIOS = {
     "flush": "name: kill-flush\n" + TARGET.replace(
         "{min: 20, max: 20}}", "{min: 20, max: 20}, prefix_cache: {slots: 2}}") + (
         "faults:\n  - {type: cache_flush, name: flush, phase: fault, every: 50ms}\n"),
+    # The noisy tenant's streams are threads of the run: a kill ends them with it.
+    "noisy": "name: kill-noisy\n" + TARGET + (
+        "faults:\n  - {type: noisy_tenant, name: tenant, phase: fault, concurrency: 4}\n"),
 }
 REPEAT = int(os.environ.get("STREAMQUAKE_KILL_TRIALS_REPEAT", "1"))   # scripts/kill-trials
 TIMES_LOG = os.environ.get("STREAMQUAKE_KILL_TRIALS_LOG")   # "took start-up" per recover
@@ -127,14 +132,15 @@ def _check_clean(kind: str, gpus: FakeGpus, original_gpus: str, before: set[str]
         assert gpus.text() == original_gpus
 
 
-# Each fault kind killed each way once in the suite: 12 trials of a live fault and 8 kill points.
-# scripts/kill-trials REPEAT runs the long profile: 17 live trials (the proxy's three ways twice,
+# Each fault kind killed each way once in the suite: 13 trials of a live fault and 8 kill points.
+# scripts/kill-trials REPEAT runs the long profile: 18 live trials (the proxy's three ways twice,
 # a second SIGKILL of tbf and of the GPU lock) times REPEAT, and the kill points times REPEAT.
 LIVE_PROFILE = [("proxy", "kill"), ("proxy", "killpg"), ("proxy", "term2"),
                 ("proxy", "kill"), ("proxy", "killpg"), ("proxy", "term2"),
                 ("tbf", "kill"), ("tbf", "killpg"), ("tbf", "term2"),
                 ("gpu", "kill"), ("gpu", "killpg"), ("gpu", "term2"), ("tbf", "kill"),
-                ("gpu", "kill"), ("flush", "kill"), ("flush", "killpg"), ("flush", "term2")]
+                ("gpu", "kill"), ("flush", "kill"), ("flush", "killpg"), ("flush", "term2"),
+                ("noisy", "kill")]
 LIVE = LIVE_PROFILE * REPEAT if REPEAT > 1 else list(dict.fromkeys(LIVE_PROFILE))
 
 

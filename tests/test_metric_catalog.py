@@ -38,14 +38,14 @@ ALL = frozenset(METRICS)
 
 def _full(**kw: object) -> RequestSample:
     """A request that measured everything a request can: open loop, a new TLS connection,
-    reasoning before its answer, usage, SSE ids."""
+    reasoning before its answer, usage, SSE ids, the server's prefix cache."""
     fields: dict[str, object] = {
         "cls": "chat", "sent": 1000.0, "scheduled": 999.98, "send_ms": 6.0, "dns_ms": 1.0,
         "connect_ms": 1.5, "tls_ms": 2.0, "write_ms": 0.5, "ttfb_ms": 50.0, "ttft_ms": 80.0,
         "ttfa_ms": 95.0, "e2e_ms": 400.0, "itl_ms": [10.0, 12.0, 11.0, 30.0],
         "content_events": 5, "reasoning_events": 1, "content_reads": 5, "output_tokens": 5,
         "usage_tokens": 6, "expected_events": 5, "missing_events": 1, "stalls": 1,
-        "status": 200}
+        "status": 200, "cache_n": 90, "prompt_n": 10}
     fields.update(kw)
     return RequestSample(**fields)  # type: ignore[arg-type]
 

@@ -30,6 +30,7 @@ from streamquake.run.timeline import PhaseWindow
 from streamquake.run.verdicts import check_slo
 from streamquake.scenario import parse_scenario
 from streamquake.scenario.schema import SLOSpec, VerdictSpec
+from tests import one_request
 from tests.conftest import REPO, listening, run_cli
 
 KEY = "sk-" + "31415926535897932384626433832795"
@@ -43,18 +44,8 @@ def server() -> Iterator[str]:
 
 def measure(base_url: str, protocol: str, path: str | None = None,
             headers: dict[str, str] | None = None) -> RequestSample:
-    fields: dict[str, object] = {
-        "base_url": base_url, "protocol": protocol, "samples_path": "/nonexistent",
-        "end_at": 0.0, "timeout_s": 10.0, "connect_timeout_s": 5.0, "model": "gpt-4o",
-        "headers": headers or {},
-    }
-    if path is not None:
-        fields["path"] = path
-    client = StreamClient(LoadPlan.model_validate(fields), environ={"KEY": KEY})
-    try:
-        return client.measure(RequestClassPlan(), random.Random(0))
-    finally:
-        client.close()
+    return one_request.measure(base_url, protocol, path, cls=RequestClassPlan(), timeout_s=10.0,
+                               model="gpt-4o", headers=headers, environ={"KEY": KEY})
 
 
 @pytest.mark.timeout(30)

@@ -18,34 +18,21 @@ import pytest
 from streamquake.loadgen.attribution import Window
 from streamquake.loadgen.samples import RequestSample
 from streamquake.run.recovery_time import time_to_recovery
-from streamquake.scenario import RecoverySpec
 from tests.conftest import run_cli
+from tests.recovery_samples import BASE, SPEC, due_every
 
 # -- the measurement on its own ---------------------------------------------------------------
 
 
-def _requests(start: float, end: float, every: float, slow_until: float) -> list[RequestSample]:
-    """One request due every ``every`` s: 200 ms to first token until ``slow_until``, 20 after."""
-    out, t = [], start
-    while t < end - 1e-9:
-        ttft = 200.0 if t < slow_until else 20.0
-        out.append(RequestSample(cls="c", sent=t, scheduled=t, ttft_ms=ttft, e2e_ms=ttft + 50))
-        t = round(t + every, 6)
-    return out
-
-
-SPEC = RecoverySpec.model_validate({"tolerance": "50%", "metrics": ["ttft_ms"],
-                                    "window": "2s", "slack": "0ms"})
-BASE = {"ttft_ms": 20.0}           # the limit: 30 ms
 
 
 @pytest.mark.timeout(10)
 def test_one_slow_request_never_moves_the_time_and_eight_in_a_row_do() -> None:
     # 5 requests/s: a 2 s window held 10, and its p95 was its largest value, one request.
     after = Window("rec", 100.0, 130.0)
-    clean = time_to_recovery(_requests(100.0, 130.0, 0.2, 0.0), "f", after, 100.0, BASE, SPEC)
+    clean = time_to_recovery(due_every(100.0, 130.0, 0.2, 0.0), "f", after, 100.0, BASE, SPEC)
     assert clean.recovered and clean.time_s == 0.0
-    samples = _requests(100.0, 130.0, 0.2, 0.0)
+    samples = due_every(100.0, 130.0, 0.2, 0.0)
     late = next(s for s in samples if s.sent >= 128.5)
     late.ttft_ms = 500.0
     one = time_to_recovery(samples, "f", after, 100.0, BASE, SPEC)
@@ -72,7 +59,7 @@ def test_streams_of_the_fault_step_still_open_hold_the_time() -> None:
     hung = [RequestSample(cls="c", sent=t, scheduled=t, ttft_ms=4000.0, e2e_ms=4050.0)
             for t in (97.0 + 0.1 * k for k in range(30))]
     after = Window("rec", 100.0, 110.0)
-    new = _requests(100.0, 110.0, 0.05, 0.0)
+    new = due_every(100.0, 110.0, 0.05, 0.0)
     rt = time_to_recovery(hung + new, "f", after, 100.0, BASE, SPEC)
     # Their first tokens came 1.0-3.9 s after the revert: not back until most had.
     assert rt.recovered and rt.time_s is not None and rt.time_s >= 3.0

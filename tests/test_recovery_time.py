@@ -20,31 +20,17 @@ import pytest
 from pydantic import ValidationError
 
 from streamquake.loadgen.attribution import Window
-from streamquake.loadgen.samples import RequestSample
 from streamquake.result import RecoveryTime
 from streamquake.run.recovery_time import time_to_recovery, window_requests
 from streamquake.run.verdicts import check_recovery_time
-from streamquake.scenario import RecoverySpec
 from streamquake.scenario.schema import SLOSpec, VerdictSpec
 from tests.conftest import REPO, cli_cmd
 from tests.nvml_shim import FakeGpus
+from tests.recovery_samples import BASE, SPEC, due_every
 
 # -- the measurement on its own ---------------------------------------------------------------
 
 
-def _requests(start: float, end: float, every: float, slow_until: float) -> list[RequestSample]:
-    """One request due every ``every`` s: 200 ms to first token until ``slow_until``, 20 after."""
-    out, t = [], start
-    while t < end - 1e-9:
-        ttft = 200.0 if t < slow_until else 20.0
-        out.append(RequestSample(cls="c", sent=t, scheduled=t, ttft_ms=ttft, e2e_ms=ttft + 50))
-        t = round(t + every, 6)
-    return out
-
-
-SPEC = RecoverySpec.model_validate({"tolerance": "50%", "metrics": ["ttft_ms"],
-                                    "window": "2s", "slack": "0ms"})
-BASE = {"ttft_ms": 20.0}           # the limit: 30 ms
 
 
 @pytest.mark.timeout(10)
@@ -58,7 +44,7 @@ def test_a_p95_window_holds_the_requests_that_bound_it() -> None:
 @pytest.mark.timeout(10)
 def test_comes_back_at_the_first_window_that_stays_within_tolerance() -> None:
     after = Window("rec", 100.0, 110.0)
-    rt = time_to_recovery(_requests(100.0, 110.0, 0.05, 103.0), "f", after, 100.1, BASE, SPEC)
+    rt = time_to_recovery(due_every(100.0, 110.0, 0.05, 103.0), "f", after, 100.1, BASE, SPEC)
     assert rt.recovered and rt.time_s is not None and not rt.not_recovered
     assert rt.earliest_s is not None and rt.latest_s is not None
     # The last slow request was due at 102.95, 2.85 s after the revert. At 20/s a window holds
@@ -76,7 +62,7 @@ def test_comes_back_at_the_first_window_that_stays_within_tolerance() -> None:
 @pytest.mark.timeout(10)
 def test_requests_that_depend_on_each_other_count_as_fewer() -> None:
     after = Window("rec", 100.0, 120.0)
-    stalled = _requests(100.0, 120.0, 0.1, 0.0)
+    stalled = due_every(100.0, 120.0, 0.1, 0.0)
     for s in stalled:
         if 118.6 <= s.sent < 119.3:      # one 0.7 s stall near the end: 7 slow requests
             s.ttft_ms = 400.0
@@ -91,7 +77,7 @@ def test_requests_that_depend_on_each_other_count_as_fewer() -> None:
     assert worth.text.startswith("unknown: the last window's p95 is over the limit (7 of 72 "
                                  "requests beyond it), too few to be sure")
     # A service slow through the last seconds is still not back, however they depend.
-    slow = _requests(100.0, 120.0, 0.1, 200.0)
+    slow = due_every(100.0, 120.0, 0.1, 200.0)
     assert time_to_recovery(slow, "f", after, 100.0, BASE, SPEC,
                             dependence={"ttft_ms": 10.0}).not_recovered
 
@@ -99,19 +85,19 @@ def test_requests_that_depend_on_each_other_count_as_fewer() -> None:
 @pytest.mark.timeout(10)
 def test_never_back_within_the_step_is_said_only_on_the_evidence() -> None:
     after = Window("rec", 100.0, 110.0)
-    rt = time_to_recovery(_requests(100.0, 110.0, 0.05, 200.0), "f", after, 100.0, BASE, SPEC)
+    rt = time_to_recovery(due_every(100.0, 110.0, 0.05, 200.0), "f", after, 100.0, BASE, SPEC)
     assert not rt.recovered and rt.time_s is None and rt.not_recovered
     assert rt.text == ("not recovered within 10.0 s (the last window's p95 is over the limit "
                        "at 95%: 40 of 40 requests beyond it)")
     # Fast, but every request of the last seconds failed: not back either.
-    failing = _requests(100.0, 110.0, 0.05, 0.0)
+    failing = due_every(100.0, 110.0, 0.05, 0.0)
     for s in failing:
         if s.sent >= 107.0:
             s.ttft_ms, s.error = None, "timeout"
     assert time_to_recovery(failing, "f", after, 100.0, BASE, SPEC).not_recovered
     # 5 requests a second: 50 requests, too few for a p95 window, and one slow one among them
     # is no proof of anything: unknown, never "not recovered".
-    few = _requests(100.0, 110.0, 0.2, 0.0)
+    few = due_every(100.0, 110.0, 0.2, 0.0)
     few[-2].ttft_ms = 200.0
     unknown = time_to_recovery(few, "f", after, 100.0, BASE, SPEC)
     assert not unknown.recovered and not unknown.not_recovered and unknown.earliest_s == 0.0
@@ -157,12 +143,12 @@ def test_the_slo_decides_from_the_interval_and_is_inconclusive_in_between() -> N
 @pytest.mark.timeout(10)
 def test_what_cannot_be_measured_says_why() -> None:
     after = Window("rec", 100.0, 101.0)
-    short = time_to_recovery(_requests(100.0, 101.0, 0.05, 0.0), "f", after, 100.0, BASE, SPEC)
+    short = time_to_recovery(due_every(100.0, 101.0, 0.05, 0.0), "f", after, 100.0, BASE, SPEC)
     assert "shorter than recovery.window (2 s)" in short.detail
     none = time_to_recovery([], "f", Window("rec", 100.0, 110.0), 100.0, {"ttft_ms": None},
                             SPEC)
     assert none.detail == "no ttft_ms in the baseline step to come back to"
-    top = time_to_recovery(_requests(100.0, 110.0, 0.05, 0.0), "f", Window("rec", 100.0, 110.0),
+    top = time_to_recovery(due_every(100.0, 110.0, 0.05, 0.0), "f", Window("rec", 100.0, 110.0),
                            100.0, BASE, SPEC.model_copy(update={"percentile": 100.0}))
     assert top.detail.startswith("recovery.percentile 100 (the maximum) is bounded from above "
                                  "by no number of requests")

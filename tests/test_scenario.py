@@ -29,7 +29,7 @@ EXPECTED = {
     ],
     "unknown_fault_type.yaml": [
         "7:5: faults.0.type: 'chaos_monkey' is not a type known here (hint: one of: cache_flush, "
-        "gpu_clocks, netem, sse_proxy, tbf)"
+        "gpu_clocks, netem, noisy_tenant, sse_proxy, tbf)"
     ],
     "percentile_missing.yaml": [
         "7:5: slos.0: 'ttft_ms' is a distribution: add 'percentile', e.g. 95"
@@ -43,11 +43,11 @@ EXPECTED = {
     "merge_key_unknown_field.yaml": [
         # A merged key is located where it is written: in the anchored mapping.
         "5:26: load.classes.0.max_tokenz: unknown field (hint: did you mean 'max_tokens'? "
-        "allowed here: body, cancel, dataset, max_tokens, name, prompt, prompts, read, slos, "
-        "weight)",
+        "allowed here: body, cancel, conversation, dataset, max_tokens, name, priority, prompt, "
+        "prompts, read, slos, weight)",
         "5:26: load.classes.1.max_tokenz: unknown field (hint: did you mean 'max_tokens'? "
-        "allowed here: body, cancel, dataset, max_tokens, name, prompt, prompts, read, slos, "
-        "weight)",
+        "allowed here: body, cancel, conversation, dataset, max_tokens, name, priority, prompt, "
+        "prompts, read, slos, weight)",
     ],
     "merge_not_a_mapping.yaml": [
         "4:7: '<<' merges a mapping (or a list of mappings) into this one, but this is a list "

@@ -36,6 +36,7 @@ from tests.conftest import run_cli
 from tests.engines.llama_server import BUILD, ENV_BINARY, EXACT_LENGTH, LlamaServer, serve
 from tests.engines.tap import Tap
 from tests.helpers import assert_run_ok
+from tests.one_request import measure
 from tests.timing import HANG_S
 
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 12, "max": 12}, "seed": 3}
@@ -64,21 +65,6 @@ def engine(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
             pytest.skip(f"llama-server is not built here ({done.stderr.strip()}); "
                         "scripts/build-llama-server builds it (CI does, before the tests)")
     yield from serve(tmp_path_factory.mktemp("llama-server"), slots=2)
-
-
-def measure(base_url: str, protocol: str, path: str | None = None, *,
-            cls: RequestClassPlan | None = None) -> RequestSample:
-    fields: dict[str, object] = {"base_url": base_url, "protocol": protocol,
-                                 "samples_path": "/nonexistent", "end_at": 0.0,
-                                 "timeout_s": 20.0, "connect_timeout_s": 5.0, "model": "m-1"}
-    if path is not None:
-        fields["path"] = path
-    client = StreamClient(LoadPlan.model_validate(fields))
-    try:
-        return client.measure(cls or RequestClassPlan(prompts=["say something"], max_tokens=8),
-                              random.Random(0))
-    finally:
-        client.close()
 
 
 def ok(s: RequestSample) -> RequestSample:

@@ -11,28 +11,23 @@ Real processes on loopback: the embedded target, the proxy process in front of i
 from __future__ import annotations
 
 import json
-import random
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
-from streamquake.embedded.config import TargetConfig
-from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.errors import ScenarioError
-from streamquake.faults.proxy.server import ProxyProcess, start_proxy
+from streamquake.faults.proxy.server import ProxyProcess
 from streamquake.faults.proxy.spec import SSEProxyFault
-from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.metrics import Stats
-from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.scenario import load_scenario
+from tests import one_request
 from tests.conftest import run_cli
+from tests.one_request import control, proxied_target
 
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 12, "max": 12}, "seed": 3}
 
@@ -46,35 +41,13 @@ FORMATS = [
 
 
 @pytest.fixture(scope="module")
-def target() -> Iterator[TargetProcess]:
-    with start_target(TargetConfig.model_validate(FAST)) as t:
-        yield t
-
-
-@pytest.fixture(scope="module")
-def proxy(target: TargetProcess) -> Iterator[ProxyProcess]:
-    with start_proxy(target.url) as p:
+def proxy() -> Iterator[ProxyProcess]:
+    with proxied_target(FAST) as p:
         yield p
 
 
-def control(proxy: ProxyProcess, method: str, path: str, body: Any = None) -> Any:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(proxy.control_url + path, data=data, method=method,
-                                 headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=5) as resp:
-        return json.loads(resp.read())
-
-
 def measure(base_url: str, protocol: str, timeout_s: float = 20.0) -> RequestSample:
-    plan = LoadPlan.model_validate({
-        "base_url": base_url, "protocol": protocol, "samples_path": "/nonexistent",
-        "end_at": 0.0, "timeout_s": timeout_s, "connect_timeout_s": 5.0, "model": "m-1"})
-    client = StreamClient(plan)
-    try:
-        return client.measure(RequestClassPlan(prompts=["say something"], max_tokens=12),
-                              random.Random(0))
-    finally:
-        client.close()
+    return one_request.measure(base_url, protocol, max_tokens=12, timeout_s=timeout_s)
 
 
 @pytest.mark.timeout(60)
@@ -100,8 +73,7 @@ def test_each_format_gets_its_own_error_event_and_the_client_names_it(
 
 @pytest.mark.timeout(60)
 def test_a_stream_begun_before_the_fault_is_spared_and_the_next_is_not() -> None:
-    slow = TargetConfig.model_validate({**FAST, "itl": "60ms"})     # 12 tokens: ~0.7 s
-    with start_target(slow) as t, start_proxy(t.url) as p:
+    with proxied_target({**FAST, "itl": "60ms"}) as p:     # 12 tokens: ~0.7 s
         early: list[RequestSample] = []
         reader = threading.Thread(target=lambda: early.append(measure(p.url, "anthropic")))
         reader.start()

@@ -127,3 +127,24 @@ def test_the_schema_writes_a_bound_on_an_optional_quantity_as_json_schema() -> N
     assert rate[-1]["type"] == "string" and "8mbit" in rate[-1]["description"]
     buffer = defs["ReadSpec"]["properties"]["receive_buffer"]["anyOf"]
     assert buffer[0] == {"minimum": 1, "type": "integer"}
+
+
+@pytest.mark.timeout(30)
+def test_the_schema_bounds_a_phase_and_a_step_as_the_validator_does() -> None:
+    """A phase, a step and a recovery window are checked by ``not_shorter_than`` (an after
+    validator, invisible to JSON schema); the schema still tells an editor they cannot be
+    negative, and a baseline, a step and a window not zero either."""
+    from streamquake.scenario.docs import scenario_schema
+
+    defs = scenario_schema()["$defs"]
+    assert isinstance(defs, dict)
+
+    def bound(model: str, field: str) -> dict[str, object]:
+        number = defs[model]["properties"][field]["anyOf"][0]
+        return {k: v for k, v in number.items() if k != "type"}
+
+    assert [bound("PhasesSpec", f) for f in ("warmup", "fault", "recovery")] == [
+        {"minimum": 0}] * 3
+    assert bound("PhasesSpec", "baseline") == {"exclusiveMinimum": 0}
+    assert bound("RecoverySpec", "window") == {"exclusiveMinimum": 0}
+    assert bound("StepSpec", "duration") == {"exclusiveMinimum": 0}

@@ -11,12 +11,14 @@ import socket
 import ssl
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass, field
-from typing import IO
+from typing import IO, Any
 
 from aiohttp import web
 
 from streamquake import protocols
+from streamquake.embedded import scheduler as sched
 from streamquake.embedded.config import TargetConfig
 from streamquake.embedded.formats import TOKEN_JSON, TOOL_NAME, tool_piece
 from streamquake.embedded.prefix_cache import SlotCache, add_routes, prefilled
@@ -77,6 +79,8 @@ class StreamRecord:
     sent_ns: list[int] = field(default_factory=list)
     content: list[int] = field(default_factory=list)     # 1: the write carried a token
     complete: bool = False                                # False: the client left mid-stream
+    priority: int | None = None     # the request's, when a scheduler reads it (None: none does)
+    preempted: int = 0              # times a P0 took its slot before its first token
 
     def line(self) -> str:
         return json.dumps({
@@ -84,6 +88,7 @@ class StreamRecord:
             "trace_id": self.trace_id,
             "arrived_ns": self.arrived_ns, "admitted_ns": self.admitted_ns,
             "sent_ns": self.sent_ns, "content": self.content, "complete": self.complete,
+            "priority": self.priority, "preempted": self.preempted,
         }, separators=(",", ":")) + "\n"
 
 
@@ -97,6 +102,7 @@ class TargetState:
     requests: int = 0
     send_log: SendLog | None = None
     cache: SlotCache | None = None
+    scheduler: sched.PriorityScheduler | None = None
 
     def next_index(self) -> int:
         self.requests += 1
@@ -148,6 +154,7 @@ async def _generate(
     delays: DelaySampler,
     record: StreamRecord | None = None,
     reasoning_tokens: int = 0,
+    first_wait: Callable[[float], Awaitable[None]] | None = None,
 ) -> None:
     loop = asyncio.get_running_loop()
     start = loop.time()
@@ -169,7 +176,11 @@ async def _generate(
         if i:
             deadline += delays.itl_s()
         wait = deadline - loop.time()
-        if wait > 0:
+        if not i and first_wait is not None:
+            # The scheduler's wait: a P0 may evict this stream and it waits again.
+            await first_wait(wait)
+            deadline = loop.time()
+        elif wait > 0:
             await asyncio.sleep(wait)
         if i < thinking:
             await write_token(enc.reasoning(TOKEN_JSON[tok]))
@@ -190,7 +201,9 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
     arrived_ns = time.time_ns() if state.send_log is not None else 0
     cfg = state.config
     try:
-        gen = fmt.parse(await _read_json(request), model)
+        body = await _read_json(request)
+        gen = fmt.parse(body, model)
+        priority = _priority(body) if state.scheduler is not None else None
     except BadRequest as exc:
         return _json_error(fmt, 400, str(exc))
     index = state.next_index()
@@ -199,13 +212,21 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
         return _json_error(fmt, 500, "simulated server error (error_rate)")
     resp = web.StreamResponse(headers={**SSE_HEADERS, "X-Streamquake-Request": str(index)})
     record = None if state.send_log is None else StreamRecord(
-        index, fmt.name, arrived_ns, trace_id=_trace_id(request.headers.get("traceparent")))
+        index, fmt.name, arrived_ns, trace_id=_trace_id(request.headers.get("traceparent")),
+        priority=priority)
+    admission: AbstractAsyncContextManager[Any] = state.slots
+    first_wait = ticket = None
+    if state.scheduler is not None and priority is not None:
+        ticket = state.scheduler.ticket(priority)
+        admission = sched.slot(state.scheduler, ticket)
     try:
         await resp.prepare(request)
         # Queue wait counts toward TTFT: the clock for the first token starts at admission.
         # The prefill of what the prompt cache lacks counts toward TTFT too (prefix_cache).
-        async with state.slots, prefilled(state.cache, gen.prompt) as prefill:
+        async with admission, prefilled(state.cache, gen.prompt) as prefill:
             delays = DelaySampler(cfg.ttft, cfg.itl, rng, state.scale)
+            if ticket is not None and state.scheduler is not None:
+                first_wait = functools.partial(state.scheduler.form, ticket, again=delays.ttft_s)
             enc = fmt.encoder(gen, cfg.sse_event_ids)
             enc.stamp_send_time = cfg.stamp_send_time
             enc.reasoning_first = cfg.reasoning_tokens > 0 and bool(plan.tokens)
@@ -214,7 +235,7 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
             if record is not None:
                 record.admitted_ns = time.time_ns()
                 record.response_id = enc.response_id
-            await _generate(resp, enc, plan, delays, record, cfg.reasoning_tokens)
+            await _generate(resp, enc, plan, delays, record, cfg.reasoning_tokens, first_wait)
             if record is not None:
                 record.complete = True
     except ConnectionResetError:
@@ -222,8 +243,21 @@ async def _stream(request: web.Request, fmt: WireProtocol, model: str | None) ->
     finally:
         # Also when the handler is cancelled (the client hung up): what was sent is logged.
         if record is not None and state.send_log is not None:
+            if ticket is not None:
+                record.preempted = ticket.preemptions
             state.send_log.write(record)
     return resp
+
+
+def _priority(body: object) -> int:
+    """A request's ``priority`` body field (vLLM's: 0 is served first), 0 when absent."""
+    value = body.get("priority", 0) if isinstance(body, dict) else 0
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 3:
+        raise BadRequest(f"'priority' must be an integer from 0 (served first) to 3, "
+                         f"got {value!r}")
+    return value
 
 
 def _trace_id(traceparent: str | None) -> str | None:
@@ -255,12 +289,16 @@ def build_app(config: TargetConfig) -> web.Application:
     scale = _gpu_scale() if config.gpu_clock_scale else None
     send_log = SendLog(config.send_log) if config.send_log is not None else None
     cache = SlotCache(config.prefix_cache) if config.prefix_cache is not None else None
+    scheduler = None if config.scheduler is None else sched.PriorityScheduler(
+        config.capacity, config.scheduler)
     app[STATE_KEY] = TargetState(
         config=config, slots=asyncio.Semaphore(config.capacity), scale=scale, send_log=send_log,
-        cache=cache,
+        cache=cache, scheduler=scheduler,
     )
     if cache is not None:
         add_routes(app, cache)
+    if scheduler is not None:
+        sched.add_routes(app, scheduler)
     if send_log is not None:
         log = send_log
 

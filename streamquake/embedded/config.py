@@ -72,6 +72,36 @@ class PrefixCache(_Frozen):
         description="time to read one prompt token the cache does not hold (a whitespace word)")
 
 
+PRIORITIES = (0, 1, 2, 3)     # P0 (served first) to P3, as a request's body field `priority`
+
+
+class Scheduler(_Frozen):
+    """Which waiting stream takes a free slot of ``capacity`` (the batch): by the request's
+    ``priority`` (vLLM's body field and ``--scheduling-policy priority``: 0 first, up to 3), then
+    by arrival. Without a scheduler the target admits streams in arrival order alone (FIFO)."""
+
+    policy: Literal["priority"] = Field(
+        default="priority", description="admit by priority (0 first), then arrival")
+    per_priority: dict[Annotated[int, Field(ge=0, le=3)], int] = Field(
+        default_factory=dict,
+        description="the most streams of a priority in the batch at once, e.g. {3: 6}: P3 never "
+        "holds more than 6 slots, so the rest stay for P0-P2; a priority not named may take "
+        "every slot")
+    preempt: bool = Field(
+        default=False,
+        description="a P0 that finds the batch full takes the slot of a lower-priority stream "
+        "still forming (admitted, its first token not yet sent): that one waits again at its "
+        "place in the queue and, readmitted, starts its first token over")
+
+    @model_validator(mode="after")
+    def _limits(self) -> Scheduler:
+        for p, n in self.per_priority.items():
+            if n < 1:
+                raise ValueError(f"per_priority: {p}: {n} would never admit a P{p} stream: give "
+                                 f"at least 1, or leave P{p} out to let it take every slot")
+        return self
+
+
 class TargetConfig(_Frozen):
     protocols: list[Protocol] = Field(default_factory=lambda: list(typing.get_args(Protocol)))
     ttft: Delay = Field(default_factory=lambda: Fixed.model_validate({"value": "200ms"}))
@@ -93,6 +123,10 @@ class TargetConfig(_Frozen):
         "its arguments unclosed, as a real server's are",
     )
     capacity: int = Field(default=256, ge=1, description="streams served at once; more wait")
+    scheduler: Scheduler | None = Field(
+        default=None,
+        description="admit waiting streams by their request's `priority` (0-3), with per-"
+        "priority limits and P0 pre-emption (Scheduler); none: in arrival order (FIFO)")
     error_rate: Fraction = Field(default=0.0, description="fraction answered 500 before "
                                  "streaming")
     seed: int = 0
@@ -133,3 +167,14 @@ class TargetConfig(_Frozen):
     )
     tls_cert: str | None = None
     tls_key: str | None = None
+
+    @model_validator(mode="after")
+    def _batch_limits(self) -> TargetConfig:
+        limits = {} if self.scheduler is None else self.scheduler.per_priority
+        over = {p: n for p, n in limits.items() if n > self.capacity}
+        if over:
+            p, n = next(iter(over.items()))
+            raise ValueError(f"scheduler.per_priority: {p}: {n} is more than capacity "
+                             f"({self.capacity}), the streams served at once: give at most "
+                             f"{self.capacity}, or raise capacity")
+        return self

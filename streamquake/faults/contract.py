@@ -82,6 +82,19 @@ class TargetView(Protocol):
     @property
     def verify_tls(self) -> bool: ...
 
+    # What the scenario's own requests are (a fault that sends requests of its own asks alike).
+    @property
+    def protocol(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def path(self) -> str | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
 
 class ScenarioView(Protocol):
     """All a family may read of a scenario: the scenario satisfies it, and no family imports

@@ -40,6 +40,8 @@ def written_pairs(model: BaseModel, skip: tuple[str, ...] = ENVELOPE,
         value = getattr(model, name)
         if name in skip or value is None or (only_given and name not in model.model_fields_set):
             continue
+        if value is False and info.default is False and name not in model.model_fields_set:
+            continue    # a switch left off says nothing: ``drop_usage=false`` on every line
         key = info.alias or name
         if isinstance(value, BaseModel):
             out += [(f"{key}.{k}", v) for k, v in written_pairs(value, (), only_given)]

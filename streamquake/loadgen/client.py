@@ -27,6 +27,7 @@ from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError, HTTP
 from geventhttpclient.url import URL
 
 from streamquake.loadgen import self_measure
+from streamquake.loadgen.conversation import Turn
 from streamquake.loadgen.failures import _Cancelled, _Failed, _StreamTimeout
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
 from streamquake.loadgen.samples import ErrorKind, RequestSample
@@ -47,6 +48,7 @@ from streamquake.loadgen.stamps import (
 from streamquake.loadgen.tally import _Tally
 from streamquake.loadgen.templates import Redactor, expand_headers, expand_path
 from streamquake.loadgen.wire import build_request, join_path, protocol_headers
+from streamquake.protocols import with_history
 
 _ERROR_BODY_MAX = 4096
 _DRAIN_S = 1.0          # after the terminal event, how long to wait for the HTTP body's end
@@ -161,16 +163,21 @@ class StreamClient:
 
     def measure(
         self, cls: RequestClassPlan, rng: random.Random, scheduled: float | None = None,
-        cancel: bool = False,
+        cancel: bool = False, turn: Turn | None = None,
     ) -> RequestSample:
         """Send one request of class ``cls`` now and follow its stream to the end.
 
         Always returns a sample: within the plan's timeout (checked between reads, so a socket
         that never runs dry cannot hold it), and with any credential redacted from its reason.
         ``cancel``: this is one of the streams its class's ``cancel`` abandons: the client
-        closes the connection at that point, and the sample says ``cancelled``.
+        closes the connection at that point, and the sample says ``cancelled``. ``turn``: a
+        conversation's turn: its history is the request's messages, and its ``answer`` is set
+        to the text received.
         """
         path, body = build_request(self.plan.protocol, self.plan.model, cls, rng, self._path)
+        if turn is not None:
+            body = with_history(self.plan.protocol, body, turn.system, turn.history,
+                                turn.prompt)
         uri = join_path(self._prefix, self._path or path)
         payload = json.dumps(body).encode()
         trace_id, span_id, traceparent = _traceparent()     # fresh per attempt
@@ -183,6 +190,8 @@ class StreamClient:
         setattr(gevent.getcurrent(), _FIRST_BYTE, None)
         deadline_at = t0 + self.plan.timeout_s
         tally = _Tally(sample, self.plan, t0, self.max_events, self_measure.active())
+        if turn is not None:
+            sample.turn, tally.answer = turn.number, []
         resp: HTTPSocketResponse | None = None
         deadline = gevent.Timeout(self.plan.timeout_s, _StreamTimeout())
         deadline.start()
@@ -231,6 +240,8 @@ class StreamClient:
             sample.model = _printable(self.redact(sample.model), _ID_MAX)
         if sample.finish_reason is not None:
             sample.finish_reason = _printable(self.redact(sample.finish_reason), 40)
+        if turn is not None and tally.answer is not None:
+            turn.answer = "".join(tally.answer)
         return tally.finish(end)
 
     def _open(

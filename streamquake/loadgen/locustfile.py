@@ -42,9 +42,11 @@ from streamquake.errors import EXIT_SCENARIO, ScenarioError
 from streamquake.loadgen import collector, holds, relay
 from streamquake.loadgen.attribution import Window
 from streamquake.loadgen.client import StreamClient
+from streamquake.loadgen.conversation import Session, Turn, session_end
 from streamquake.loadgen.plan import (
     LIFTED_PREFIX,
     PLAN_ENV,
+    Conversation,
     LoadPlan,
     OpenLoop,
     RequestClassPlan,
@@ -532,19 +534,63 @@ class StreamUser(User):
               cls: RequestClassPlan | None = None) -> None:
         if cls is None:
             cls = self.rng.choices(plan.classes, weights=self.weights)[0]
+        if cls.conversation is not None:
+            self._session(plan, scheduled, cls, cls.conversation)
+            return
+        self._request(plan, scheduled, cls)
+
+    def _session(self, plan: LoadPlan, scheduled: float | None, cls: RequestClassPlan,
+                 conversation: Conversation) -> None:
+        """A conversation class's session: its turns one after another, each sending the
+        history so far, a think time apart; the first due when ``scheduled`` (open loop) or
+        now. It ends at its last turn, a failed one, or when the next would start at or after
+        the run's end (loadgen/conversation.py): the last turn's sample says how. So a turn's
+        sample is written when the next turn is sent or the session ends (after the think
+        time), and written all the same if the user is stopped meanwhile."""
+        session = Session(cls, conversation)
+        for number in range(1, conversation.turns + 1):
+            turn = session.turn(number)
+            sample = self._request(plan, scheduled if number == 1 else None, cls, turn,
+                                   hold=True)
+            end = session_end(sample, number, conversation.turns)
+            next_at = time.time() + session.think_s(self.rng)
+            if end is None and next_at >= plan.end_at:
+                end = "abandoned"
+            try:
+                if end is None:
+                    gevent.sleep(max(0.0, next_at - time.time()))
+                    if time.time() >= plan.end_at:
+                        end = "abandoned"       # woken late, past the end: no next turn
+            except BaseException:
+                end = "abandoned"               # the user was stopped in its think time
+                raise
+            finally:
+                sample.session = end
+                _write(sample)
+                _fire(self.environment, sample)
+            if end is not None:
+                return
+            session.answered(turn)
+
+    def _request(self, plan: LoadPlan, scheduled: float | None, cls: RequestClassPlan,
+                 turn: Turn | None = None, hold: bool = False) -> RequestSample:
+        """One request and its retries, each attempt's sample written; ``hold``: the final
+        attempt's is returned unwritten (a session's turn: its caller writes it)."""
         attempt = 1
         cancel = cls.cancel is not None and self.cancel_rng.random() < cls.cancel.share
         while True:
             sample = self.stream_client.measure(cls, self.rng, scheduled=scheduled,
-                                                cancel=cancel)
+                                                cancel=cancel, turn=turn)
             sample.attempt = attempt
             delay = retry_delay(plan.retries, sample)
             # No retry that would start after the run's end: the attempt stands as it is.
             if delay is not None and time.time() + delay < plan.end_at:
                 sample.retried = True
+            elif hold:
+                return sample
             _write(sample)
             _fire(self.environment, sample)
             if not sample.retried:
-                return
+                return sample
             gevent.sleep(delay)
             attempt += 1

@@ -52,7 +52,7 @@ from streamquake.jsontypes import JsonDict, JsonValue
 from streamquake.loadgen.batches import TimeBatches
 from streamquake.loadgen.histogram import SparseHistogram
 from streamquake.loadgen.quantile_ci import effective_samples, normal_quantile, rank_bounds
-from streamquake.loadgen.samples import ERROR_KINDS, RequestSample
+from streamquake.loadgen.samples import ERROR_KINDS, SESSION_ENDS, RequestSample
 from streamquake.metric_catalog import CENSORABLE as CENSORABLE  # the catalog's, named here too
 from streamquake.metric_catalog import HISTOGRAM_METRICS as HISTOGRAM_METRICS
 from streamquake.metric_catalog import RATE_METRICS as RATE_METRICS
@@ -100,6 +100,16 @@ class Stats:
     # Requests the client abandoned (a class's ``cancel``): neither successes nor errors, nor
     # in ``requests``; their TTFB, TTFT and gaps before the close count, their end does not.
     cancelled: int = 0
+    # Conversations (a class's ``conversation``): sessions by how they ended, counted where
+    # their last turn is, and each turn's TTFT and E2E by its number (``turn_summary``).
+    sessions_completed: int = 0
+    sessions_failed: int = 0
+    sessions_abandoned: int = 0
+    turns: dict[str, SparseHistogram] = field(default_factory=dict)   # "ttft_ms/2" -> values
+    # Prompt tokens read from the server's prefix cache, and all prompt tokens, over the
+    # requests whose server said (llama-server's ``timings``): ``prompt_cache_reuse``.
+    cache_tokens: int = 0
+    prompt_tokens: int = 0
     missing_events: int = 0
     expected_events: int = 0
     stalls: int = 0                   # server stalls in the requests counted here
@@ -221,6 +231,8 @@ class Stats:
             self._put("ttfa_ms", s.ttfa_ms, at)
         if (due := s.ttft_scheduled_ms) is not None:
             self._put("ttft_scheduled_ms", due, at)
+        if s.turn is not None and s.ttft_ms is not None:
+            self._put_turn("ttft_ms", s.turn, s.ttft_ms)
 
     def add_gaps(self, gaps_ms: list[float], at: float | None = None) -> None:
         """Inter-token gaps; ``at`` (epoch s) places them in a time batch."""
@@ -251,6 +263,12 @@ class Stats:
         self._count_trials(before, self._due(s))
 
     def _add_outcome(self, s: RequestSample) -> None:
+        if s.session is not None:
+            name = f"sessions_{s.session}"
+            setattr(self, name, getattr(self, name) + 1)
+        if s.cache_n is not None:
+            self.cache_tokens += s.cache_n
+            self.prompt_tokens += s.cache_n + (s.prompt_n or 0)
         if s.cancelled:
             self.cancelled += 1
             return
@@ -301,6 +319,38 @@ class Stats:
                 self._put("e2e_scheduled_ms", due, at)
             if (tps := s.tokens_per_s) is not None:
                 self._put("output_tokens_per_s", tps, at)
+            if s.turn is not None:
+                self._put_turn("e2e_ms", s.turn, s.e2e_ms)
+
+    def _put_turn(self, metric: str, turn: int, value: float) -> None:
+        key = f"{metric}/{turn}"
+        hist = self.turns.get(key)
+        if hist is None:
+            hist = self.turns[key] = SparseHistogram(_SIG_FIGS)
+        hist.record(round(value * _SCALE))
+
+    def turn_summary(self) -> JsonDict | None:
+        """Conversations' figures (None without any): sessions by how they ended, and by turn
+        number its TTFT (every turn that had a first token) and E2E (answered turns): count,
+        mean, p50, p95, max."""
+        sessions = (self.sessions_completed, self.sessions_failed, self.sessions_abandoned)
+        if not self.turns and not any(sessions):
+            return None
+        by_turn: dict[int, JsonDict] = {}
+        for key in sorted(self.turns, key=lambda k: (int(k.rsplit("/", 1)[1]), k)):
+            metric, turn = key.rsplit("/", 1)
+            hist = self.turns[key]
+            cell: JsonDict = {"count": hist.total}
+            mean = hist.mean()
+            cell["mean"] = None if mean is None else mean / _SCALE
+            for p in (50, 95):
+                v = hist.percentile(p)
+                cell[f"p{p}"] = None if v is None else v / _SCALE
+            top = hist.max()
+            cell["max"] = None if top is None else top / _SCALE
+            by_turn.setdefault(int(turn), {})[metric] = cell
+        return {"sessions": dict(zip(SESSION_ENDS, sessions, strict=True)),
+                "turns": {str(k): v for k, v in by_turn.items()}}
 
     def _put(self, metric: str, value: float, at: float | None = None) -> None:
         scaled = round(value * _SCALE)
@@ -410,6 +460,8 @@ class Stats:
             return self.not_sent / due if due else None
         if metric == "usage_deficit":
             return self.usage_unseen / self.usage_tokens if self.usage_tokens else None
+        if metric == "prompt_cache_reuse":
+            return self.cache_tokens / self.prompt_tokens if self.prompt_tokens else None
         raise KeyError(f"unknown rate metric {metric!r}; known: {', '.join(RATE_METRICS)}")
 
     def percentile_interval(self, metric: str, p: float, confidence: float
@@ -494,6 +546,10 @@ class Stats:
                     if estimate is not None else "; nor does it send usage to compare with")
             return (f"{NOT_MEASURABLE}: the server numbers none of its events (no SSE `id:` "
                     "lines), so lost chunks cannot be counted" + also)
+        if metric == "prompt_cache_reuse" and (self.requests or self.cancelled) \
+                and not self.prompt_tokens:
+            return (f"{NOT_MEASURABLE}: the server said nothing of its prefix cache (no "
+                    "llama-server `timings.cache_n` in its streams)")
         if metric == "usage_deficit" and self.successes and not self.usage_tokens:
             return (f"{NOT_MEASURABLE}: the server sent no usage (output token counts) to "
                     "compare the content events that arrived with")
@@ -553,6 +609,7 @@ class Stats:
             "requests_retried": self.retries,
             "cancelled": self.cancelled,
             "cancelled_share": self.cancelled_share,
+            **({} if (conv := self.turn_summary()) is None else {"conversation": conv}),
             "shared_stamps": self.shared_stamps,
             "shared_stamp_share": self.shared_stamp_share,
             "bunching": {"streams": self.bunch_judged, "bunched": self.bunched,
@@ -601,7 +658,8 @@ class Stats:
                     reason = _OTHER_REASONS
                 mine[reason] = mine.get(reason, 0) + n
         for mine_hists, theirs_hists in ((self.histograms, other.histograms),
-                                         (self.censored, other.censored)):
+                                         (self.censored, other.censored),
+                                         (self.turns, other.turns)):
             for metric, hist in theirs_hists.items():
                 if metric not in mine_hists:
                     mine_hists[metric] = SparseHistogram(_SIG_FIGS)
@@ -624,7 +682,7 @@ class Stats:
 
     def _empty(self) -> bool:
         return not (self.requests or self.cancelled or self.sent or self.not_sent
-                    or self.histograms or self.censored)
+                    or self.histograms or self.censored or self.turns)
 
     def to_wire(self) -> JsonDict:
         """Counts as numbers, histograms as standard HdrHistogram V2 histoblobs."""
@@ -635,6 +693,8 @@ class Stats:
         censored: JsonDict = {m: h.encode() for m, h in self.censored.items() if h.total}
         if censored:
             out["censored"] = censored
+        if self.turns:
+            out["turns"] = {k: h.encode() for k, h in self.turns.items() if h.total}
         if self.batches is not None:
             out["batches"] = self.batches.to_wire()
         return out
@@ -656,12 +716,16 @@ class Stats:
             if metric not in CENSORABLE:
                 raise ValueError(f"unknown censored metric {metric!r} in a scorecard")
             stats.censored[metric] = SparseHistogram.decode(blob, _SIG_FIGS)
+        for key, blob in data.get("turns", {}).items():
+            stats.turns[str(key)] = SparseHistogram.decode(blob, _SIG_FIGS)
         if (batches := data.get("batches")) is not None:
             stats.batches = TimeBatches.from_wire(batches)
         return stats
 
 
 _COUNTERS = ("requests", "sent", "not_sent", "successes", "stalled", "retries", "cancelled",
+             "sessions_completed", "sessions_failed", "sessions_abandoned",
+             "cache_tokens", "prompt_tokens",
              "missing_events", "expected_events", "stalls", "client_stalls", "shared_stamps",
              "usage_tokens", "usage_unseen", "usage_short", "tokens_counted",
              "bunch_judged", "bunched", "bunched_first_with_end", "bunched_reads",
@@ -673,4 +737,5 @@ _TABLES = ("unattributed", "errors", "retried_attempts", "answered_models", "lat
 # A rate metric -> the attributes that count its k and its n.
 _TRIALS = {"error_rate": ("error_count", "requests"), "stall_rate": ("stalled", "successes"),
            "chunk_loss": ("missing_events", "expected_events"),
-           "not_sent_rate": ("not_sent", "due"), "usage_deficit": ("usage_unseen", "usage_tokens")}
+           "not_sent_rate": ("not_sent", "due"), "usage_deficit": ("usage_unseen", "usage_tokens"),
+           "prompt_cache_reuse": ("cache_tokens", "prompt_tokens")}

@@ -49,6 +49,18 @@ class Cancel(_Frozen):
     after_tokens: int | None = None
 
 
+class Conversation(_Frozen):
+    """A class's sessions (its ``conversation``): ``turns`` requests, each sending ``system``
+    (the same in every session), the earlier turns' prompts and answers, then its own prompt
+    (the class's prompts in order); a think time drawn from ``think_min_s``-``think_max_s``
+    between a turn's answer and the next turn."""
+
+    turns: int
+    system: str = ""
+    think_min_s: float = 0.0
+    think_max_s: float = 0.0
+
+
 class RequestClassPlan(_Frozen):
     name: str = "default"
     weight: float = 1.0
@@ -57,8 +69,10 @@ class RequestClassPlan(_Frozen):
     prompt_max_tokens: list[int] | None = None
     max_tokens: int = 64
     body: dict[str, Any] | None = None     # full request body; overrides prompts/max_tokens
+    priority: int | None = None            # the body field `priority` (vLLM's), on every body
     read: SlowRead | None = None           # a slow consumer; None reads as fast as it can
     cancel: Cancel | None = None           # a share of streams the client abandons early
+    conversation: Conversation | None = None   # sessions of turns whose history grows
 
 
 class ClosedLoop(_Frozen):

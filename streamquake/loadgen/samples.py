@@ -33,6 +33,12 @@ HELD_SHARE = 0.25
 HELD_GAP_MS = 2.0
 
 
+# How a conversation's session ended (on its last turn's sample): every turn answered; a turn
+# failed (the session stops there); or the run ended, or the client cancelled a turn, first.
+SessionEnd = Literal["completed", "failed", "abandoned"]
+SESSION_ENDS: tuple[SessionEnd, ...] = typing.get_args(SessionEnd)
+
+
 @dataclass
 class RequestSample:
     """Everything measured about one streamed request. Times are epoch seconds / milliseconds."""
@@ -85,6 +91,10 @@ class RequestSample:
     retried: bool = False                 # this attempt failed and was retried: counted apart
     cancelled: bool = False               # the client closed it early (its class's ``cancel``):
                                           #   neither a success nor an error, counted apart
+    turn: int | None = None               # a conversation's turn (1, 2, ...): its class's sessions
+    session: SessionEnd | None = None     # on a session's last turn: how the session ended
+    cache_n: int | None = None            # prompt tokens the server read from its prefix cache
+    prompt_n: int | None = None           # ... and read anew (llama-server's ``timings``)
     stalls: int = 0                       # inter-event gaps above the stall threshold (server's)
     client_stalls: int = 0                # such gaps that were the load process's own lateness
     clock: Literal["kernel", "user"] = "user"   # event times: kernel receive stamps, or not

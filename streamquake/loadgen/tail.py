@@ -46,3 +46,19 @@ class SampleTail:
             except (ValueError, TypeError):
                 continue
         return new
+
+
+class RunSamples:
+    """A finished run's per-request samples, for the stages after it that need requests one by
+    one (time to recovery, a flapping fault's on/off split): read from the load processes'
+    files once, on first use, and shared. The scorecards hold histograms, which stay small
+    however long a run is; the requests themselves stay in their files until a stage asks."""
+
+    def __init__(self, samples_dir: Path) -> None:
+        self.samples_dir = samples_dir
+        self._read: list[RequestSample] | None = None
+
+    def all(self) -> list[RequestSample]:
+        if self._read is None:
+            self._read = SampleTail(self.samples_dir).poll()
+        return self._read

@@ -59,13 +59,23 @@ class _ToolCall:
         try:
             orjson.loads(text)
             return
+        except orjson.JSONDecodeError as exc:
+            at = exc.pos
         except ValueError:
-            pass
+            at = 0
         name = f" {self.name!r}" if self.name else ""
         why = f" (finish reason {finish!r})" if finish else ""
-        raise _Failed("tool_call", f"a tool call{name} ended with its JSON arguments unclosed "
-                                   f"after {self.deltas} argument deltas{why}: the answer "
-                                   "stopped inside the call")
+        if at >= len(text.rstrip()):    # it parsed to the end and wanted more
+            raise _Failed("tool_call", f"a tool call{name} ended with its JSON arguments "
+                                       f"unclosed after {self.deltas} argument deltas{why}: "
+                                       "the answer stopped inside the call")
+        # Whole but not JSON: argument chunks came twice, out of order, or garbled. The words
+        # are the reason the reports group requests by (a few per kind): no quoted text, which
+        # would make each request's reason its own.
+        raise _Failed("tool_call", f"a tool call{name} ended with arguments that are not "
+                                   f"valid JSON after {self.deltas} argument deltas{why}: "
+                                   f"unexpected text at character {at}, as when a chunk is "
+                                   "repeated, reordered or garbled on the way")
 
 
 class _Tally:
@@ -79,6 +89,9 @@ class _Tally:
     """
 
     paced = False
+    # The answer's text as received, kept for a conversation's turn only (the next turn sends
+    # it back): a list to append to, or None to keep none.
+    answer: list[str] | None = None
 
     def __init__(self, sample: RequestSample, plan: LoadPlan, t0: float,
                  max_events: int, guard: self_measure.Guard | None = None) -> None:
@@ -207,6 +220,10 @@ class _Tally:
                     s.client_stalls += 1     # the bytes came in time; we saw them late
             self.last_text_at = now
             self.last_text_seen = seen
+        if d.text and self.answer is not None:
+            self.answer.append(d.text)
+        if d.cache_n is not None:
+            s.cache_n, s.prompt_n = d.cache_n, d.prompt_n
         if d.error is not None:
             # The server gave up mid-stream in its own words (e.g. Anthropic overloaded_error).
             raise _Failed("stream_error", f"error event in the stream: {d.error}")

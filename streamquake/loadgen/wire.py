@@ -37,8 +37,17 @@ def build_request(
 
     A class's full ``body`` replaces the prompt-built one; the fields that make the response a
     stream (``stream``, ``stream_options.include_usage``) are still forced, because without
-    them there is nothing to measure.
+    them there is nothing to measure. A class's ``priority`` is the body field ``priority``.
     """
+    path, body = _body(protocol, model, cls, rng, to)
+    if cls.priority is not None:
+        body["priority"] = cls.priority
+    return path, body
+
+
+def _body(
+    protocol: Protocol, model: str, cls: RequestClassPlan, rng: random.Random, to: str | None,
+) -> tuple[str, JsonDict]:
     wire = get(protocol)
     path = wire.path(model)
     route = path if to is None else to

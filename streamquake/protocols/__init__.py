@@ -13,6 +13,7 @@ import re
 from functools import cache
 
 from streamquake.protocols import anthropic, gemini, llama_cpp, openai, openai_responses, sse
+from streamquake.protocols._history import HISTORY_FORMATS, has_history, with_history
 from streamquake.protocols._shapes import describe, readers
 from streamquake.protocols.base import (
     BadRequest,
@@ -29,6 +30,7 @@ from streamquake.protocols.base import (
 )
 
 __all__ = [
+    "HISTORY_FORMATS",
     "BadRequest",
     "Completion",
     "Decoded",
@@ -42,9 +44,11 @@ __all__ = [
     "describe",
     "for_path",
     "get",
+    "has_history",
     "names",
     "readers",
     "stamp",
+    "with_history",
 ]
 
 _REGISTRY: dict[str, WireProtocol] = {

@@ -4,6 +4,7 @@ and lenient reading of payloads that come off the network."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 
 import orjson
 
@@ -74,6 +75,15 @@ def error_text(err: object) -> str:
 
 # A server's token count is a count: below 0 or beyond this it says nothing about the stream.
 COUNT_MAX = 2**31 - 1
+
+
+def prompt_timings(obj: Mapping[str, object]) -> tuple[int | None, int | None]:
+    """(cache_n, prompt_n) of llama-server's ``timings`` in an event's object: the prompt
+    tokens read from the prefix cache and read anew; (None, None) where it has none."""
+    timings = obj.get("timings")
+    if type(timings) is not dict:
+        return None, None
+    return int_or_none(timings.get("cache_n")), int_or_none(timings.get("prompt_n"))
 
 
 def int_or_none(value: object) -> int | None:

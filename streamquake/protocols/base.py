@@ -82,6 +82,10 @@ class Decoded(NamedTuple):
     reasoning: str = ""                     # reasoning (thinking) text this event carries
     tools: tuple[ToolDelta, ...] = ()       # tool calls opened or continued by this event
     usage_reasoning_tokens: int | None = None   # the server's count of reasoning tokens
+    # The engine's account of the prompt (llama-server's ``timings``): tokens read from its
+    # prefix cache (``cache_n``) and read anew (``prompt_n``), on the event that carries it.
+    cache_n: int | None = None
+    prompt_n: int | None = None
 
     @property
     def tool_args(self) -> bool:
@@ -311,6 +315,24 @@ class WireProtocol(ABC):
             return False
         return (d.usage_output_tokens is not None and not d.generated and d.finish is None
                 and not d.done and d.error is None)
+
+    def tool_args_delta(self, event: Event) -> ToolDelta | None:
+        """The tool call's argument chunk ``event`` carries, when that is all it carries: one
+        piece of one streamed call's JSON arguments (OpenAI chat's
+        ``delta.tool_calls[].function.arguments``, Anthropic's ``input_json_delta``, the
+        Responses API's ``response.function_call_arguments.delta``), no text, no finish, not
+        the end, no error. None otherwise, and for a call sent whole (Gemini's
+        ``functionCall``: it has no chunks). Each format's ``decode`` knows its shape. Never
+        raises."""
+        try:
+            d = self.decode(event)
+        except ProtocolError:
+            return None
+        if (len(d.tools) != 1 or d.text or d.reasoning or d.finish is not None or d.done
+                or d.error is not None):
+            return None
+        (call,) = d.tools
+        return call if call.key and call.piece else None
 
     @abstractmethod
     def is_content_event(self, event: Event) -> bool:

@@ -22,6 +22,7 @@ from streamquake.protocols._json import (
     json_object,
     nonempty_str,
     object_or_none,
+    prompt_timings,
     short,
     split,
 )
@@ -103,9 +104,11 @@ class LlamaCpp(WireProtocol):
         if obj.get("stop") is not True:
             return Decoded(text=text)
         reason = obj.get("stop_type")
+        cached, read = prompt_timings(obj)
         return Decoded(text=text, usage_output_tokens=int_or_none(obj.get("tokens_predicted")),
                        done=True, finish=str(reason) if reason else "stop",
-                       model=model if isinstance(model, str) else None)
+                       model=model if isinstance(model, str) else None,
+                       cache_n=cached, prompt_n=read)
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)

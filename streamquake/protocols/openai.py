@@ -26,6 +26,7 @@ from streamquake.protocols._json import (
     nonempty_str,
     not_an_object,
     object_or_none,
+    prompt_timings,
     shape,
     short,
     split,
@@ -245,8 +246,10 @@ class OpenAI(WireProtocol):
             if type(details) is dict:
                 thought = int_or_none(details.get("reasoning_tokens"))
         rid, model = obj.get("id"), obj.get("model")
+        cached, read = prompt_timings(obj) if "timings" in obj else (None, None)
         return Decoded(text, tokens, False, None, rid if type(rid) is str else None, finish,
-                       model if type(model) is str else None, reasoning, tools, thought)
+                       model if type(model) is str else None, reasoning, tools, thought,
+                       cached, read)
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)

@@ -58,7 +58,7 @@ SAMPLE_COLUMNS = ("phase", "scored", "class", "sent_epoch_s", "t_s", "scheduled_
                   "send_ms", "dns_ms", "connect_ms", "tls_ms", "write_ms", "reused",
                   "trace_id", "body_bytes", "shared_stamps", "response_id", "usage_tokens", "model",
                   "finish_reason", "content_reads", "burst_events", "burst_reads",
-                  "bunched", "cancelled")
+                  "bunched", "cancelled", "turn", "session", "cache_n", "prompt_n")
 
 
 def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path: Path) -> int:
@@ -69,6 +69,9 @@ def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path:
     (it ended after its phase did, and is counted in its phase all the same: see
     loadgen/scorecard.py), or ``no`` (due outside every phase). ``cancelled``: the client
     abandoned it (its class's ``cancel``); its ``e2e_ms`` is then when it closed the stream.
+    ``turn``: a conversation's turn number; ``session``: on a session's last turn, how the
+    session ended (completed, failed, abandoned). ``cache_n``, ``prompt_n``: the prompt tokens
+    the server said it read from its prefix cache and anew (llama-server's ``timings``).
     Returns the number of rows."""
     windows = [PhaseWindow(p.name, p.start, p.end) for p in result.phases]
     t0 = windows[0].start if windows else result.started_at
@@ -96,7 +99,10 @@ def write_samples_csv(result: RunResult, samples: Iterable[RequestSample], path:
                           s.response_id or "",
                           "" if s.usage_tokens is None else s.usage_tokens, s.model or "",
                           s.finish_reason or "", s.content_reads, s.burst_events,
-                          s.burst_reads, _yes_no(s.bunched), _yes_no(s.cancelled)])
+                          s.burst_reads, _yes_no(s.bunched), _yes_no(s.cancelled),
+                          "" if s.turn is None else s.turn, s.session or "",
+                          "" if s.cache_n is None else s.cache_n,
+                          "" if s.prompt_n is None else s.prompt_n])
             rows += 1
     return rows
 

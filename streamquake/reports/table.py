@@ -24,6 +24,10 @@ _LAYOUT: tuple[str | tuple[str, str, str | None], ...] = (
     ("cut off by the timeout: TTFT/end", "censored", None),
     "error_rate",
     ("cancelled by the client (share)", "cancelled", None),   # with a class's cancel
+    # With a conversation class: its sessions, and TTFT of its first turn against its last.
+    ("sessions done/failed/abandoned", "conversation", "sessions"),
+    ("TTFT p50/p95 ms, turn 1", "conversation", "first"),
+    ("TTFT p50/p95 ms, last turn", "conversation", "last"),
     ("retried attempts (not requests)", "requests_retried", None),   # with load.retries
     "send_ms",
     "dns_ms", "connect_ms", "tls_ms",                   # these three where some were measured
@@ -173,6 +177,11 @@ def summary_rows(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS
             continue
         if metric == "cancelled" and not any(p.stats.get("cancelled") for p in result.phases):
             continue
+        if metric == "conversation" and not any(p.stats.get(metric) for p in result.phases):
+            continue
+        if metric == "prompt_cache_reuse" and all(p.stats.get(metric) is None
+                                                  for p in result.phases):
+            continue        # a server that says nothing of its prefix cache
         cells = {}
         for phase in columns:
             stats: JsonDict = by_phase.get(phase, {})
@@ -182,6 +191,9 @@ def summary_rows(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS
             if metric == "cancelled":
                 cells[phase] = _cancelled(stats)
                 continue
+            if metric == "conversation":
+                cells[phase] = _conversation(_dict_of(stats.get(metric)), stat or "")
+                continue
             value = stats.get(metric)
             bound = _bound_mark(stats, metric, stat) if value is not None else ""
             if stat is not None:
@@ -190,6 +202,26 @@ def summary_rows(result: RunResult, columns: tuple[str, ...] = PHASE_COLUMNS
             cells[phase] = bound + text if text != "-" else text
         rows.append((label, cells))
     return rows
+
+
+def _conversation(conv: dict[str, object], stat: str) -> str:
+    """A conversation class's cell: its sessions ``30/1/2`` (completed, failed, abandoned), or
+    TTFT p50/p95 of its first or its last turn (the highest turn number measured in the step)
+    ``48.2/61.0``."""
+    if stat == "sessions":
+        ends = _dict_of(conv.get("sessions"))
+        return "/".join(str(ends.get(k, 0)) for k in ("completed", "failed", "abandoned")) \
+            if ends else "-"
+    turns = _dict_of(conv.get("turns"))
+    if not turns:
+        return "-"
+    numbers = sorted(int(k) for k in turns)
+    ttft = _dict_of(_dict_of(turns[str(numbers[0] if stat == "first" else numbers[-1])])
+                    .get("ttft_ms"))
+    p50, p95 = ttft.get("p50"), ttft.get("p95")
+    if not isinstance(p50, int | float) or not isinstance(p95, int | float):
+        return "-"
+    return f"{p50:.1f}/{p95:.1f}"
 
 
 def _cancelled(stats: JsonDict) -> str:

@@ -19,13 +19,12 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.attribution import Window, attribute
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.tail import SampleTail
+from streamquake.loadgen.tail import RunSamples
 from streamquake.result import FaultRecord
 from streamquake.run.ledger import Ledger, PlannedFault
 from streamquake.run.timeline import PhaseWindow
@@ -107,10 +106,12 @@ def split_states(record: FaultRecord, window: PhaseWindow,
 
 
 def attribute_states(records: Sequence[FaultRecord], windows: Sequence[PhaseWindow],
-                     samples_dir: Path, sampled: bool) -> list[str]:
-    """Fill each flapping fault's ``states``; warnings for what could not be split."""
+                     run_samples: RunSamples | None) -> list[str]:
+    """Fill each flapping fault's ``states`` (``run_samples``: None where the run kept no
+    samples); warnings for what could not be split."""
     flapping = [r for r in records if r.edges]
-    samples = SampleTail(samples_dir).poll() if flapping and sampled else []
+    sampled = run_samples is not None
+    samples = run_samples.all() if flapping and run_samples is not None else []
     for record in flapping:
         # A record per window it flapped in (a step or a phase): the one its first edge is in.
         window = next((w for w in windows if w.start <= record.edges[0].at < w.end), None)

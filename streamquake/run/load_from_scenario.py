@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -9,6 +10,7 @@ from streamquake.loadgen.attribution import WindowLike
 from streamquake.loadgen.plan import (
     Cancel,
     ClosedLoop,
+    Conversation,
     LoadPlan,
     LoadStage,
     OpenLoop,
@@ -61,7 +63,7 @@ def load_plan_for(scenario: Scenario, base_url: str, samples_dir: Path, end_at: 
         users=users,
         spawn_rate=spawn_rate,
         arrival=arrival,
-        classes=[_class(c) for c in load.classes],
+        classes=[_conversation(_class(c), c, load.seed) for c in load.classes],
         samples_path=str(samples_dir),
         windows=[(w.name, w.start, w.end) for w in windows],
         raw_samples=load.samples == "all",
@@ -102,6 +104,21 @@ def load_stages(steps: Sequence[StepSpec], windows: Sequence[WindowLike],
     return stages
 
 
+def _conversation(plan: RequestClassPlan, c: RequestClass, seed: int) -> RequestClassPlan:
+    """The class's ``conversation``, its system prefix as text: a count of tokens becomes a
+    seeded text of that many words, the same in every session and every load process."""
+    spec = c.conversation
+    if spec is None:
+        return plan
+    from streamquake.loadgen.trace import synth_prompt
+
+    system = spec.system_prefix if isinstance(spec.system_prefix, str) else \
+        synth_prompt(spec.system_prefix, random.Random(f"{seed}/system/{c.name}"))
+    return plan.model_copy(update={"conversation": Conversation(
+        turns=spec.turns, system=system, think_min_s=spec.think_time.min_s,
+        think_max_s=spec.think_time.max_s)})
+
+
 def _class(c: RequestClass) -> RequestClassPlan:
     read = None if c.read is None else SlowRead(
         rate_bytes_per_s=c.read.rate_bytes_per_s, pause_s=c.read.pause_s,
@@ -111,14 +128,16 @@ def _class(c: RequestClass) -> RequestClassPlan:
         after_s=None if c.cancel.after_ms is None else c.cancel.after_ms / 1000.0)
     if c.dataset is None:
         return RequestClassPlan(name=c.name, weight=c.weight, prompts=c.prompt_list,
-                                max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel)
+                                max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel,
+                            priority=c.priority)
     from streamquake.loadgen.trace import read_prompts
 
     # The rows travel in the plan, so a load process on another host needs no copy of the file.
     rows = read_prompts(c.dataset)
     return RequestClassPlan(name=c.name, weight=c.weight, prompts=[r.prompt for r in rows],
                             prompt_max_tokens=[r.max_tokens or 0 for r in rows],
-                            max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel)
+                            max_tokens=c.max_tokens, body=c.body, read=read, cancel=cancel,
+                            priority=c.priority)
 
 
 def _trace(spec: TraceSpec, start_at: float, processes: int, classes: set[str]) -> TraceReplay:

@@ -60,13 +60,12 @@ import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from streamquake.loadgen.attribution import WindowLike, due_at
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.quantile_ci import min_samples_for_upper_bound, rank_bounds
 from streamquake.loadgen.samples import RequestSample
-from streamquake.loadgen.tail import SampleTail
+from streamquake.loadgen.tail import RunSamples
 from streamquake.result import FaultRecord, RecoveryTime
 from streamquake.run.verdicts import recovery_limit
 from streamquake.scenario import HIGHER_IS_BETTER, RecoverySpec, Scenario
@@ -395,9 +394,10 @@ def reverted(records: Sequence[FaultRecord], faults: Sequence[str], since: float
 
 def recovery_times(scenario: Scenario, windows: Sequence[WindowLike],
                    records: Sequence[FaultRecord], stats: Mapping[str, Stats],
-                   samples_dir: Path, sampled: bool) -> tuple[list[RecoveryTime], list[str]]:
+                   run_samples: RunSamples | None) -> tuple[list[RecoveryTime], list[str]]:
     """The time to recovery of each judged fault (a fault step with a baseline step before it
-    and a recovery step after it), and warnings for what could not be measured."""
+    and a recovery step after it), and warnings for what could not be measured
+    (``run_samples``: None where the run kept no samples)."""
     spec = scenario.recovery
     if spec is None:
         return [], []
@@ -407,10 +407,10 @@ def recovery_times(scenario: Scenario, windows: Sequence[WindowLike],
              and before.name in stats and step.name in by_name and after.name in by_name]
     if not pairs:
         return [], []
-    if not sampled:
+    if run_samples is None:
         return [], ["time to recovery needs the per-request samples, and load.samples is "
                     "'none': not measured"]
-    samples = SampleTail(samples_dir).poll()
+    samples = run_samples.all()
     out = []
     for before, step, after_name in pairs:
         after, during = by_name[after_name], by_name[step.name]

@@ -27,6 +27,7 @@ from streamquake.faults.contract import FaultSpec
 from streamquake.journal import Journal
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen.scorecard import Scorecard
+from streamquake.loadgen.tail import RunSamples
 from streamquake.result import Check, JudgedFault, PhaseResult, RunResult
 from streamquake.run import preflight, probe
 from streamquake.run.by_hand import ByHand
@@ -320,13 +321,14 @@ class Runner:
                 telemetry: JsonDict, stopped_at: float | None = None) -> RunResult:
         scored = score(self.scenario, windows, card,
                        proxy_drops(telemetry, self.ledger.records, windows))
-        scored.warnings += attribute_states(self.ledger.records, windows, self.work_dir / "samples",
-                                            sampled=self.scenario.load.samples != "none")
+        # Read once, if a stage needs the requests one by one (None: the run kept none).
+        samples = (RunSamples(self.work_dir / "samples") if self.scenario.load.samples != "none"
+                   else None)
+        scored.warnings += attribute_states(self.ledger.records, windows, samples)
         warm = {s.name for s in self.scenario.timeline if s.kind == "warmup"}
         measured = {k: v for k, v in scored.stats.items() if k not in warm}
         times, said = recovery_times(self.scenario, windows, self.ledger.records, measured,
-                                     self.work_dir / "samples",
-                                     sampled=self.scenario.load.samples != "none")
+                                     samples)
         scored.warnings += said
         checks = evaluate(self.scenario, measured, scored.class_stats, times)
         checks, mismatch = mismatch_checks(self.scenario, measured, checks)

@@ -33,6 +33,7 @@ from streamquake.metric_catalog import HIGHER_IS_BETTER as HIGHER_IS_BETTER
 from streamquake.metric_catalog import HISTOGRAM_METRICS as HISTOGRAM_METRICS
 from streamquake.metric_catalog import RATE_METRICS as RATE_METRICS
 from streamquake.metric_catalog import RECOVERY_TIME as RECOVERY_TIME
+from streamquake.protocols import HISTORY_FORMATS, has_history
 from streamquake.scenario.network import NetworkConfig
 from streamquake.scenario.steps import (
     StepSpec,
@@ -428,6 +429,37 @@ class CancelSpec(ScenarioModel):
         return self
 
 
+class ConversationSpec(ScenarioModel):
+    """A session of ``turns`` requests whose history grows: turn k sends ``system_prefix`` (the
+    same in every session, so a prefix cache can keep it), the earlier turns' prompts and the
+    answers received, then the class's k-th prompt (its prompts in order, round again when
+    fewer). ``think_time`` waits between a turn's answer and the next turn. A session fails at
+    its first failed turn and stops there. ``system_prefix``: a text, or a count of tokens
+    (``300 tokens``, or a number) for a seeded text of that many words."""
+
+    turns: int = Field(ge=1, le=1000)
+    think_time: ThinkTime = Field(default_factory=ThinkTime)
+    system_prefix: str | int = ""
+
+    @field_validator("think_time", mode="before")
+    @classmethod
+    def _one_time(cls, v: object) -> object:
+        # A single duration ("1s") waits that long every time.
+        return {"min": v, "max": v} if isinstance(v, str | int | float) else v
+
+    @field_validator("system_prefix", mode="before")
+    @classmethod
+    def _tokens(cls, v: object) -> object:
+        if isinstance(v, bool):
+            raise ValueError("give a text, or a count of tokens such as '300 tokens'")
+        if isinstance(v, str) and (m := re.fullmatch(r"\s*([0-9]+)\s*tokens?\s*", v)):
+            v = int(m[1])
+        if isinstance(v, int) and not 1 <= v <= 100_000:
+            raise ValueError(f"a system prefix of {v} tokens: give 1 to 100000 tokens, or a "
+                             "text")
+        return v
+
+
 class RequestClass(ScenarioModel):
     name: PlainName = "default"
     weight: float = Field(default=1.0, gt=0, le=1e6)
@@ -436,9 +468,13 @@ class RequestClass(ScenarioModel):
     dataset: str | None = None     # a JSONL/CSV file of prompts (and max_tokens), loadgen/trace.py
     max_tokens: int = Field(default=64, ge=1)
     body: dict[str, JsonValue] | None = None
+    # vLLM's body field `priority` (0 served first, with --scheduling-policy priority): P0-P3.
+    priority: int | None = Field(default=None, ge=0, le=3)
     slos: list[SLOSpec] = Field(default_factory=list)
     read: ReadSpec | None = None   # a slow consumer; none: read as fast as the stream comes
     cancel: CancelSpec | None = None   # a share of streams the client abandons early
+    # sessions of turns whose history grows (each turn sends the answers before it back)
+    conversation: ConversationSpec | None = None
 
     @model_validator(mode="after")
     def _one_prompt(self) -> RequestClass:
@@ -446,6 +482,9 @@ class RequestClass(ScenarioModel):
         if len(given) > 1:
             raise ValueError(f"give one of 'prompt', 'prompts' or 'dataset', not "
                              f"{' and '.join(repr(g) for g in given)}")
+        if self.priority is not None and self.body is not None and "priority" in self.body:
+            raise ValueError("priority: the class's 'body' has a 'priority' too: give it once, "
+                             "in 'priority' or in 'body'")
         return self
 
     @property
@@ -512,11 +551,11 @@ PhaseS = Annotated[DurationS, not_shorter_than(SHORTEST_S, "a phase", zero_leave
 
 
 class PhasesSpec(ScenarioModel):
-    warmup_s: PhaseS = Field(default=0.0, alias="warmup")
+    warmup_s: PhaseS = Field(default=0.0, alias="warmup", ge=0)
     baseline_s: Annotated[DurationS, not_shorter_than(SHORTEST_S, "the baseline")] = Field(
-        alias="baseline")
-    fault_s: PhaseS = Field(alias="fault")
-    recovery_s: PhaseS = Field(alias="recovery")
+        alias="baseline", gt=0)
+    fault_s: PhaseS = Field(alias="fault", ge=0)
+    recovery_s: PhaseS = Field(alias="recovery", ge=0)
 
     def duration_s(self, phase: str) -> float:
         return float(getattr(self, f"{phase}_s"))
@@ -537,7 +576,7 @@ class RecoverySpec(ScenarioModel):
     slack_ms: DurationMs = Field(default=5.0, alias="slack", ge=0)
     # Time to recovery (run/recovery_time.py): the requests due in each window this long.
     window_s: Annotated[DurationS, not_shorter_than(SHORTEST_S, "a recovery window")] = Field(
-        default=2.0, alias="window")
+        default=2.0, alias="window", gt=0)
 
 
 def _fault_union() -> object:
@@ -594,6 +633,23 @@ class Scenario(ScenarioModel):
                 raise ValueError(f"fault '{f.label}' runs at '{f.at}', but `agents` lists no "
                                  f"agent of that name (listed: {known}); add it there or use "
                                  "`at: local`")
+        return self
+
+    @model_validator(mode="after")
+    def _conversations_have_history(self) -> Scenario:
+        for i, c in enumerate(self.load.classes):
+            if c.conversation is not None and c.body is not None:
+                raise ValueError(f"load.classes.{i}.conversation: the class's 'body' is sent as "
+                                 "it is, with no history to grow: give the turns' prompts in "
+                                 "'prompts' instead of 'body'")
+            if c.conversation is None or has_history(self.target.protocol, self.target.path):
+                continue
+            what = ("legacy completions (target.path " + repr(self.target.path) + ")"
+                    if self.target.protocol == "openai" else f"'{self.target.protocol}'")
+            raise ValueError(
+                f"load.classes.{i}.conversation: {what} requests take one prompt, no message "
+                "history to send the earlier turns in; formats with one: "
+                f"{', '.join(HISTORY_FORMATS)} (OpenAI's chat path), or remove 'conversation'")
         return self
 
     @field_validator("steps")

@@ -89,7 +89,7 @@ class StepSpec(ScenarioModel):
     name: PlainName
     kind: StepKind
     duration_s: Annotated[DurationS, not_shorter_than(SHORTEST_S, "a step")] = Field(
-        alias="duration")
+        alias="duration", gt=0)
     faults: tuple[str, ...] = ()
     load: StepLoad | None = None
 

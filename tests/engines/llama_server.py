@@ -64,20 +64,21 @@ def _healthy(url: str) -> bool:
         return False         # not listening yet, or 503 while the model loads
 
 
-def serve(workdir: Path, slots: int = 4, threads: int = 1,
-          extra: tuple[str, ...] = ()) -> Iterator[LlamaServer]:
-    """Start llama-server on a free loopback port with the tiny model (``extra``: more of its
-    options); yield it once /health answers, and stop it after, whatever happened."""
+def serve(workdir: Path, slots: int = 4, threads: int = 1, extra: tuple[str, ...] = (),
+          model_file: Path | None = None, alias: str = ALIAS) -> Iterator[LlamaServer]:
+    """Start llama-server on a free loopback port with the tiny model (or ``model_file``, served
+    as ``alias``; ``extra``: more of its options); yield it once /health answers, and stop it
+    after, whatever happened."""
     exe = binary()
-    model = write_model(workdir / "tiny-llama.gguf")
+    model = model_file or write_model(workdir / "tiny-llama.gguf")
     port = free_port()
     log = workdir / "llama-server.log"
-    cmd = [str(exe), "-m", str(model), "-a", ALIAS, "--host", "127.0.0.1", "--port", str(port),
+    cmd = [str(exe), "-m", str(model), "-a", alias, "--host", "127.0.0.1", "--port", str(port),
            "-t", str(threads), "-tb", str(threads), "-np", str(slots), "-c", str(1024 * slots),
            "--no-webui", "--no-warmup", *extra]
     with open(log, "wb") as out:
         proc = spawn(cmd, stdout=out, stderr=subprocess.STDOUT)
-    server = LlamaServer(f"http://127.0.0.1:{port}", ALIAS, log)
+    server = LlamaServer(f"http://127.0.0.1:{port}", alias, log)
     try:
         def ready() -> bool:
             if proc.poll() is not None:

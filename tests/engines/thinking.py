@@ -18,19 +18,14 @@ streams are tested against servers that send real ones' exact bytes (tests/part_
 
 from __future__ import annotations
 
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from unittest import mock
 
 import gguf
-import pytest
 
-from streamquake.procs import spawn, stop
-from tests.conftest import free_port
 from tests.engines import model
-from tests.engines.llama_server import LlamaServer, _healthy, binary
-from tests.timing import wait_until
+from tests.engines.llama_server import LlamaServer, serve
 
 THINK_TEMPLATE = (
     "{%- for message in messages %}{%- if message.role == 'assistant' %}assistant: "
@@ -57,22 +52,6 @@ def write_thinking_model(path: Path) -> Path:
 
 def serve_thinking(workdir: Path, budget: int, slots: int = 2) -> Iterator[LlamaServer]:
     """llama-server with the thinking model and ``--reasoning-budget budget``; stopped after."""
-    exe = binary()
-    path = write_thinking_model(workdir / "tiny-thinker.gguf")
-    port = free_port()
-    log = workdir / "llama-server.log"
-    cmd = [str(exe), "-m", str(path), "-a", ALIAS, "--host", "127.0.0.1", "--port", str(port),
-           "-t", "1", "-tb", "1", "-np", str(slots), "-c", str(1024 * slots), "--no-webui",
-           "--no-warmup", "--reasoning-format", "deepseek", "--reasoning-budget", str(budget)]
-    with open(log, "wb") as out:
-        proc = spawn(cmd, stdout=out, stderr=subprocess.STDOUT)
-    server = LlamaServer(f"http://127.0.0.1:{port}", ALIAS, log)
-    try:
-        def ready() -> bool:
-            if proc.poll() is not None:
-                pytest.fail(f"llama-server exited with {proc.returncode}:\n{server.log_tail()}")
-            return _healthy(server.url)
-        wait_until(ready, "llama-server to answer /health", interval_s=0.1)
-        yield server
-    finally:
-        stop(proc)
+    yield from serve(workdir, slots=slots, model_file=write_thinking_model(
+        workdir / "tiny-thinker.gguf"), alias=ALIAS, extra=(
+        "--reasoning-format", "deepseek", "--reasoning-budget", str(budget)))

@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from streamquake.errors import InjectorError
 from streamquake.faults.contract import JsonDict, JsonValue, RunContext
 from streamquake.faults.engine import slots as api
+from streamquake.faults.engine.address import target_base
 from streamquake.faults.engine.spec import CacheFlushFault
 from streamquake.journal import JournalEntry
 
@@ -61,12 +62,8 @@ class Tally:
 def base_url(spec: CacheFlushFault, ctx: RunContext) -> str:
     if spec.url is not None:
         return spec.url
-    if not ctx.target_host or not ctx.target_port:
-        raise InjectorError(f"fault '{spec.label}' (cache_flush) has no engine to flush: give "
-                            "its `url` (e.g. http://127.0.0.1:8080), or the target's address "
-                            "(`streamquake inject ... --target HOST:PORT`)")
-    host = f"[{ctx.target_host}]" if ":" in ctx.target_host else ctx.target_host
-    return f"http://{host}:{ctx.target_port}"
+    return target_base(ctx, spec.label, "cache_flush", "no engine to flush",
+                       "http://127.0.0.1:8080")
 
 
 class CacheFlushInjector:

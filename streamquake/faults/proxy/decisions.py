@@ -18,6 +18,7 @@ from streamquake.faults.proxy.framing import (
     corrupt_event,
     is_content_event,
     is_usage_event,
+    tool_args_delta,
 )
 from streamquake.faults.proxy.spec import SSEProxyFault
 
@@ -51,6 +52,11 @@ class Stats:
     hangs: int = 0
     hangs_ended_by_client: int = 0
     usage_dropped: int = 0      # usage-only events dropped (``drop_usage``)
+    # Tool calls whose argument chunks after the first were dropped, first argument chunks sent
+    # twice, and first two argument chunks swapped (``tool_call``: cut, duplicate, reorder).
+    tool_calls_cut: int = 0
+    tool_chunks_duplicated: int = 0
+    tool_chunks_reordered: int = 0
     upstream_errors: int = 0
     # Errors the proxy answered itself (502/504; injected ones are not counted here), and
     # requests sent again on a fresh connection after a pooled one was found closed.
@@ -92,7 +98,9 @@ class ActiveFault:
         error = self.spec.error_event
         if error is not None and rng.random() < error.probability:
             error_after = error.after
-        return FaultStream(self, rng, reset_after, error_after)
+        tool = self.spec.tool_call
+        mode = tool.mode if tool is not None and rng.random() < tool.probability else None
+        return FaultStream(self, rng, reset_after, error_after, tool_mode=mode)
 
 
 @dataclass
@@ -105,6 +113,7 @@ class FaultStream:
     error_after: int | None = None   # content events before this stream's error event
     contents: int = 0                # content events forwarded while this fault was on
     midway: bool = False             # met after the stream had begun
+    tool_mode: str | None = None     # what this stream's tool call meets (``ToolCall.mode``)
 
     def roll(self, probability: float | None) -> bool:
         return probability is not None and self.rng.random() < probability
@@ -136,6 +145,15 @@ class StreamFaults:
         self.opened = time.monotonic()
         self.erred: FaultStream | None = None    # the fault whose error event ends the stream
         self.hung: FaultStream | None = None      # the fault that holds the stream open
+        # ``tool_call``: the stream's first tool call (its key, once its first argument chunk
+        # came), the fault that spoils it (None: none does), its argument chunks so far, and
+        # the first chunk while ``reorder`` holds it back for the second.
+        self._tool_key: str | None = None
+        self._tool_fs: FaultStream | None = None
+        self._tool_chunks = 0
+        self.held: bytes | None = None
+        self._held_by: FaultStream | None = None
+        self._extra_events = 0      # events sent beyond the one ``count_forwarded`` is told of
 
     def faults(self) -> list[FaultStream]:
         active = self._active
@@ -150,6 +168,7 @@ class StreamFaults:
                     # Met mid-stream: an error or a hang is the answer's fate from its start,
                     # so a stream begun before the fault (in the phase before) never gets one.
                     fs.error_after = None
+                    fs.tool_mode = None
                     fs.midway = True
             out.append(fs)
         return out
@@ -166,6 +185,13 @@ class StreamFaults:
 
     def decide(self, ev: SSEEvent, raw: bytes, faults: list[FaultStream]) -> bytes | None:
         """Apply per-event faults: the bytes to send, or None to drop the event."""
+        out = self._decide(ev, raw, faults)
+        if self.held is not None or self._tool_fs is not None or (
+                faults and self._tool_key is None and any(fs.tool_mode for fs in faults)):
+            out = self._tool_step(ev, out, faults)
+        return out
+
+    def _decide(self, ev: SSEEvent, raw: bytes, faults: list[FaultStream]) -> bytes | None:
         totals = self.totals
         totals.events_seen += 1
         content = bool(faults) and is_content_event(ev)
@@ -204,6 +230,84 @@ class StreamFaults:
                 totals.corruptions += 1
                 raw = corrupt_event(raw)
         return raw
+
+    def _tool_step(self, ev: SSEEvent, out: bytes | None, faults: list[FaultStream]
+                   ) -> bytes | None:
+        """``tool_call``: spoil the stream's first tool call's argument chunks, one by one.
+
+        Each is counted as the call's first chunk passes, its fate then set: so the count of a
+        call met at a fault's end lands in that fault's record, not after it went off (a call
+        of one chunk, with nothing after it to drop or swap, is counted though it comes whole).
+        """
+        held, self.held = self.held, None
+        spoiler = (self._held_by if held is not None else self._tool_fs
+                   or next((fs for fs in faults if fs.tool_mode), None))
+        chunk = out is not None and spoiler is not None and self._tool_chunk(ev, spoiler)
+        if held is not None:
+            if out is None:
+                return held     # the event was dropped: the held chunk goes in its place
+            self._extra_events += 1
+            if not chunk:       # no second chunk came: nothing to swap it with
+                return held + out
+            return out + held
+        if not chunk or out is None or self._tool_fs is None:
+            return out
+        self._tool_chunks += 1
+        fs, mode = self._tool_fs, self._tool_fs.tool_mode
+        if mode == "cut":
+            if self._tool_chunks == 1:
+                self._tool_count(fs, "tool_calls_cut")
+                return out
+            return None
+        self._tool_fs = None    # done with this call: its later chunks pass untouched
+        if mode == "duplicate":
+            self._tool_count(fs, "tool_chunks_duplicated")
+            self._extra_events += 1
+            return out + out
+        if mode == "reorder":
+            self._tool_count(fs, "tool_chunks_reordered")
+            self.held, self._held_by = out, fs
+            return None
+        return out
+
+    def _tool_chunk(self, ev: SSEEvent, spoiler: FaultStream) -> bool:
+        """Whether ``ev`` is an argument chunk of the stream's first tool call (the first such
+        chunk fixes which call that is, and that ``spoiler`` spoils it), in the format the
+        fault names, else the one the request's path names."""
+        if ev.data is None:
+            return False
+        spec = spoiler.fault.spec.tool_call
+        if spec is not None and spec.protocol is not None:
+            wire: protocols.WireProtocol | None = protocols.get(spec.protocol)
+        else:
+            if self._wire is False:
+                self._wire = protocols.for_path(self.path)
+            wire = self._wire if isinstance(self._wire, protocols.WireProtocol) else None
+        if wire is None:
+            return False
+        delta = tool_args_delta(ev, wire)
+        if delta is None:
+            return False
+        if self._tool_key is None:
+            self._tool_key, self._tool_fs = delta.key, spoiler
+        return delta.key == self._tool_key
+
+    def _tool_count(self, fs: FaultStream | None, what: str) -> None:
+        assert fs is not None
+        for st in (fs.fault.stats, self.totals):
+            setattr(st, what, getattr(st, what) + 1)
+
+    @property
+    def spoiling(self) -> bool:
+        """A ``tool_call`` fault still has work on this stream (a chunk held, a call being cut),
+        whether or not that fault is still on: the call's fate was set as it began."""
+        return self.held is not None or self._tool_fs is not None
+
+    def take_held(self) -> bytes:
+        """A chunk ``reorder`` still holds when the stream ends (sent then, as it came)."""
+        held, self.held = self.held or b"", None
+        self._extra_events += bool(held)
+        return held
 
     def _usage_dropped(self, ev: SSEEvent, faults: list[FaultStream]) -> bool:
         droppers = [fs for fs in faults if fs.fault.spec.drop_usage]
@@ -308,10 +412,12 @@ class StreamFaults:
         totals.bytes += nbytes
 
     def count_forwarded(self, faults: list[FaultStream], nbytes: int, event: bool) -> None:
+        event_count = int(event) + self._extra_events   # a duplicate or a released chunk too
+        self._extra_events = 0
         self.bytes += nbytes
-        self.events += event
+        self.events += event_count
         for fs in faults:
             fs.fault.stats.bytes += nbytes
-            fs.fault.stats.events_forwarded += event
+            fs.fault.stats.events_forwarded += event_count
         self.totals.bytes += nbytes
-        self.totals.events_forwarded += event
+        self.totals.events_forwarded += event_count

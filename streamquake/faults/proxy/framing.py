@@ -208,6 +208,17 @@ def is_usage_event(ev: SSEEvent, protocol: protocols.WireProtocol) -> bool:
     ))
 
 
+def tool_args_delta(ev: SSEEvent, protocol: protocols.WireProtocol) -> protocols.ToolDelta | None:
+    """The tool-call argument chunk ``ev`` carries in ``protocol``, if that is all it carries
+    (see ``WireProtocol.tool_args_delta``)."""
+    if ev.data is None:
+        return None
+    return protocol.tool_args_delta(_TextEvent(
+        ev.name.decode("utf-8", "replace") if ev.name else "message",
+        ev.data.decode("utf-8", "replace"),
+    ))
+
+
 def corrupt_event(raw: bytes) -> bytes:
     """Cut each data payload in half and append garbage, so no JSON parser accepts it."""
     parts = _LINE_END_KEPT.split(raw)

@@ -32,6 +32,10 @@ Semantics, per fault (several may be active at once; their effects add up):
   that began before the fault came on is never held.
 * ``drop_usage``: the events that carry only the usage count (``WireProtocol.is_usage_event``,
   in the format the request's path names) are dropped.
+* ``tool_call``: ``{mode, probability, protocol}`` per stream: the stream's first tool call's
+  argument chunks (``WireProtocol.tool_args_delta``) are spoilt: ``cut`` drops all after the
+  first, ``duplicate`` sends the first twice, ``reorder`` swaps the first two. A stream that
+  began before the fault came on is spared.
 * ``seed``: per-stream random generators come from (seed, fault name, stream number).
 """
 

@@ -162,6 +162,11 @@ class _SSERelay:
                 outcome = await self._read()
             if outcome == CONTINUE:
                 outcome = await self._from_pump()
+            if self.stream.held is not None and outcome in (END, ERROR):
+                # A tool-call chunk ``reorder`` held for a second that never came.
+                raw = self.stream.take_held()
+                self.pending.append(raw)
+                self.stream.count_forwarded(self.stream.faults(), len(raw), False)
             if outcome == ERROR:
                 raw = self.stream.error_bytes(self.path)
                 self.pending.append(raw)
@@ -254,7 +259,8 @@ class _SSERelay:
                       ) -> str:
         """Relay one read's blocks (``tail``: the body's unended rest, no event)."""
         stream = self.stream
-        if not self.proxy.faults and not stream.lag_s and not tail:  # nothing to decide or hold
+        if not self.proxy.faults and not stream.lag_s and not tail and not stream.spoiling:
+            # Nothing to decide or hold back.
             stream.pass_through(len(data), count_events(data, ends))
             if data:
                 self.pending.append(data)

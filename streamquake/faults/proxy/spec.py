@@ -84,9 +84,26 @@ class ErrorEvent(_Part):
                                       "the one whose endpoint the request's path names)")
 
 
+class ToolCall(_Part):
+    """Spoil a streamed tool call's JSON arguments, with ``probability`` per stream: ``cut``
+    drops every argument chunk after the first (the stream otherwise ends as it would),
+    ``duplicate`` sends the first chunk twice, ``reorder`` swaps the first two. The first chunk
+    opens the JSON object, so what the client assembles never parses (a chunk repeated inside a
+    string value still could)."""
+
+    mode: Literal["cut", "duplicate", "reorder"] = Field(
+        description="cut (drop the argument chunks after the first), duplicate (send the first "
+        "twice) or reorder (swap the first two)")
+    probability: Fraction = Field(1.0, description="of each stream that carries a tool call")
+    protocol: Protocol | None = Field(None, description="the wire format whose tool-call "
+                                      "events to read (default: the one whose endpoint the "
+                                      "request's path names)")
+
+
 _ACTIONS = (
     "drop", "delay_ms", "first_event_delay_ms", "stall", "truncate_after_events",
     "truncate_after_bytes", "abort", "reset", "corrupt", "error_event", "stop_after",
+    "tool_call",
 )
 
 
@@ -123,6 +140,9 @@ class SSEProxyFault(FaultSpec):
     drop_usage: bool = Field(False, description="drop the events that carry only the usage "
                              "count (OpenAI's last chunk under `include_usage`), in the format "
                              "the request's path names")
+    tool_call: ToolCall | None = Field(None, description="spoil a streamed tool call's JSON "
+                                       "arguments: `mode` cut, duplicate or reorder its "
+                                       "argument chunks, with `probability` per stream")
     seed: int | None = Field(None, description="for repeatable random choices")
 
     @model_validator(mode="after")
@@ -131,7 +151,7 @@ class SSEProxyFault(FaultSpec):
             raise ValueError(
                 "an sse_proxy fault needs at least one action: drop, delay, first_event_delay, "
                 "stall, truncate_after_events, truncate_after_bytes, abort, reset, corrupt, "
-                "error_event, stop_after or drop_usage"
+                "error_event, stop_after, tool_call or drop_usage"
             )
         if self.delay_jitter_ms is not None and self.delay_ms is None:
             raise ValueError("delay_jitter needs delay: set delay (e.g. '100ms') as well")
