@@ -27,10 +27,12 @@ from streamquake.errors import ScenarioError
 from streamquake.faults.proxy.framing import SSEFramer, parse_event, tool_args_delta
 from streamquake.faults.proxy.server import ProxyProcess
 from streamquake.faults.proxy.spec import SSEProxyFault
+from streamquake.loadgen.attribution import Window, due_at, window_at
 from streamquake.loadgen.failures import _Failed
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.tally import _ToolCall
 from streamquake.protocols import Completion, GenRequest, Protocol, ToolDelta
+from streamquake.reports.csv_report import iter_samples
 from streamquake.scenario import load_scenario
 from tests import one_request
 from tests.conftest import run_cli
@@ -359,14 +361,23 @@ def test_a_run_counts_each_steps_spoilt_calls_in_that_step_only(tmp_path: Path) 
     phases = {p["name"]: p["stats"] for p in report["phases"]}
     errors = {name: stats["errors"] for name, stats in phases.items()}
     done = {f["name"]: f["reverted"]["stats"] for f in report["faults"]}
+    applied = {f["name"]: f["applied_at"] for f in report["faults"]}
+    windows = [Window(p["name"], p["start"], p["end"]) for p in report["phases"]]
+    samples = list(iter_samples(out / "run" / "samples"))
     for name, counter in zip(("cut", "duplicate", "reorder"), COUNTERS, strict=True):
         # The proxy's count of what it did is the client's count of tool_call errors in that
         # step, and it did nothing else.
         assert errors[name]["tool_call"] == done[name][counter] > 0, (name, errors, done)
         assert sum(errors[name].values()) == done[name][counter], (name, errors)
         assert all(done[name][c] == 0 for c in COUNTERS if c != counter), (name, done)
-        if name != "reorder":   # every stream (one begun in the step before is spared)
-            assert done[name][counter] >= phases[name]["requests"] - 2, (name, phases[name])
+        if name != "reorder":
+            # Every stream but those the step's requests sent before its fault was applied (a
+            # busy machine's apply lets a few through; the proxy spares a stream it held before).
+            early = sum(1 for x in samples if x.sent < applied[name]
+                        and (w := window_at(due_at(x), windows)) is not None and w.name == name)
+            spared = max(2, early)
+            assert done[name][counter] >= phases[name]["requests"] - spared, (
+                name, phases[name], early)
     reorder = phases["reorder"]
     assert 0 < reorder["errors"]["tool_call"] < reorder["requests"], reorder
     for name in ("before", "after"):

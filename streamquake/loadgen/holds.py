@@ -9,6 +9,9 @@ here. The guard (loadgen/self_measure.py) writes, every second, each kind's coun
 and total, in wall time and in this thread's CPU time: wall time is what the events waited,
 CPU time is what the work itself cost (a step preempted by another process on a shared core
 is long in wall time only), and a hold over :data:`LIMIT_S` of CPU time is counted apart.
+A kernel built without ``CONFIG_IRQ_TIME_ACCOUNTING`` charges the interrupts and softirqs it
+serves on a CPU to the thread running there, so on a busy machine a single hold's CPU time can
+include network work that is not ours; a hold that recurs run after run is ours.
 
 ``STREAMQUAKE_TEST_FREEZE`` ("MS/EVERY_S", test-only, unset in use) makes the process hold its
 hub for MS milliseconds every EVERY_S seconds, as bookkeeping of kind ``test_freeze``: the
