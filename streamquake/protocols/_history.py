@@ -19,14 +19,28 @@ __all__ = ["HISTORY_FORMATS", "has_history", "with_history"]
 Turns = Sequence[tuple[str, str]]
 
 
+def _message(role: str, text: str) -> JsonValue:
+    return {"role": role, "content": text}
+
+
+def _gemini_message(role: str, text: str) -> JsonValue:
+    return {"role": role, "parts": [{"text": text}]}
+
+
+def _dialogue(turns: Turns, prompt: str, message: Callable[[str, str], JsonValue] = _message,
+              answerer: str = "assistant") -> list[JsonValue]:
+    """Each earlier turn's prompt and answer, then the new prompt, as the format's messages."""
+    out: list[JsonValue] = []
+    for asked, answer in turns:
+        out += [message("user", asked), message(answerer, answer)]
+    out.append(message("user", prompt))
+    return out
+
+
 def _chat(body: JsonDict, system: str, turns: Turns, prompt: str) -> JsonDict:
     # OpenAI chat: the system prompt is the first message, so a prefix cache keeps it.
-    messages: list[JsonValue] = [{"role": "system", "content": system}] if system else []
-    for asked, answer in turns:
-        messages += [{"role": "user", "content": asked},
-                     {"role": "assistant", "content": answer}]
-    messages.append({"role": "user", "content": prompt})
-    body["messages"] = messages
+    first = [_message("system", system)] if system else []
+    body["messages"] = first + _dialogue(turns, prompt)
     return body
 
 
@@ -34,35 +48,21 @@ def _anthropic(body: JsonDict, system: str, turns: Turns, prompt: str) -> JsonDi
     # Anthropic's messages take no system role: the system prompt is the top-level field.
     if system:
         body["system"] = system
-    messages: list[JsonValue] = []
-    for asked, answer in turns:
-        messages += [{"role": "user", "content": asked},
-                     {"role": "assistant", "content": answer}]
-    messages.append({"role": "user", "content": prompt})
-    body["messages"] = messages
+    body["messages"] = _dialogue(turns, prompt)
     return body
 
 
 def _gemini(body: JsonDict, system: str, turns: Turns, prompt: str) -> JsonDict:
     if system:
         body["systemInstruction"] = {"parts": [{"text": system}]}
-    contents: list[JsonValue] = []
-    for asked, answer in turns:
-        contents += [{"role": "user", "parts": [{"text": asked}]},
-                     {"role": "model", "parts": [{"text": answer}]}]
-    contents.append({"role": "user", "parts": [{"text": prompt}]})
-    body["contents"] = contents
+    body["contents"] = _dialogue(turns, prompt, _gemini_message, answerer="model")
     return body
 
 
 def _responses(body: JsonDict, system: str, turns: Turns, prompt: str) -> JsonDict:
     # The Responses API's ``input`` as a list of messages, the system prompt first.
-    items: list[JsonValue] = [{"role": "system", "content": system}] if system else []
-    for asked, answer in turns:
-        items += [{"role": "user", "content": asked},
-                  {"role": "assistant", "content": answer}]
-    items.append({"role": "user", "content": prompt})
-    body["input"] = items
+    first = [_message("system", system)] if system else []
+    body["input"] = first + _dialogue(turns, prompt)
     return body
 
 
