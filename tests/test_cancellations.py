@@ -8,6 +8,9 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
+import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +19,8 @@ import pytest
 from streamquake.errors import ScenarioError
 from streamquake.scenario import load_scenario
 from tests.conftest import run_cli
-from tests.helpers import assert_run_ok
+from tests.engines.llama_server import EXACT_LENGTH, LlamaServer, serve
+from tests.helpers import assert_run_ended, assert_run_ok
 
 TOKENS = 30
 AFTER = 4
@@ -154,3 +158,83 @@ def test_bad_cancel_settings_are_located(tmp_path: Path, cancel: str, where: str
     assert len(problems) == 1, problems
     assert problems[0].startswith(where), problems
     assert says in problems[0], problems
+
+
+# -- against llama-server ------------------------------------------------------------------------
+
+LLAMA_TOKENS = 64     # each answer exactly so long (EXACT_LENGTH): 0.5-1 s on the suite's model
+STALE = "the server closed the connection before answering"   # its keep-alive race, counted
+
+
+@pytest.fixture(scope="module")
+def counting_llama(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LlamaServer]:
+    """llama-server as the suite starts it, with its Prometheus counters (--metrics): its own
+    count of the tokens it generated, cancelled requests' included (a request cancelled after 6
+    events counted 5 here), is the server's side of a cancellation."""
+    yield from serve(tmp_path_factory.mktemp("llama-metrics"), extra=("--metrics",))
+
+
+def _tokens_generated(server: LlamaServer) -> float:
+    with urllib.request.urlopen(f"{server.url}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    (value,) = [float(line.split()[1]) for line in text.splitlines()
+                if line.startswith("llamacpp:tokens_predicted_total ")]
+    return value
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_on_llama_server_a_cancelled_stream_gives_its_capacity_back(
+        tmp_path: Path, counting_llama: LlamaServer) -> None:
+    """A cancelled stream stops the engine's work on it: llama-server's own count of the tokens
+    it generated in the run is the completed streams' tokens plus a few per cancelled one (the
+    AFTER the client read, and what was under way when the close reached it), not the whole
+    answer each cancelled stream asked for."""
+    body = {"messages": [{"role": "user", "content": "Say something."}],
+            "max_tokens": LLAMA_TOKENS, **EXACT_LENGTH}
+    scenario = tmp_path / "cancel-llama.yaml"
+    scenario.write_text(f"""\
+name: cancellations-llama-server
+target: {{protocol: openai, model: tiny, url: "{counting_llama.url}", timeout: 30s,
+          probe: false}}
+load:
+  users: 4
+  think_time: {{min: 0ms, max: 20ms}}
+  classes:
+    - {{name: patient, body: {json.dumps(body)}}}
+    - name: impatient
+      body: {json.dumps(body)}
+      cancel: {{share: 60%, after_tokens: {AFTER}}}
+  seed: 11
+phases: {{warmup: 1s, baseline: 3s, fault: 3s, recovery: 3s}}
+slos:
+  - {{metric: error_rate, max: 10%}}
+""")
+    before = _tokens_generated(counting_llama)
+    out = tmp_path / "out"
+    proc = run_cli("run", str(scenario), "--out", str(out), timeout=150)
+    assert_run_ended(proc)
+    # A cancelled request's slot is released when the engine sees the close: give it a moment.
+    time.sleep(1.0)
+    generated = _tokens_generated(counting_llama) - before
+    with open(out / "samples.csv", encoding="utf-8") as f:
+        rows = list(csv.DictReader(f))
+    failed = [r for r in rows if r["error"]]
+    # The only error allowed: a request llama-server's closing keep-alive connection lost
+    # before any byte of it reached the engine (no token generated for it).
+    assert all(r["error"] == "connect" and r["error_detail"] == STALE for r in failed), failed
+    assert len(failed) <= 2, failed
+    cancelled = [r for r in rows if r["cancelled"] == "yes"]
+    completed = [r for r in rows if r["cancelled"] != "yes" and not r["error"]]
+    assert {r["class"] for r in cancelled} == {"impatient"}
+    assert len(cancelled) >= 8 and len(completed) >= 8, (len(cancelled), len(completed))
+    assert all(int(r["content_events"]) == AFTER for r in cancelled), cancelled
+    assert all(int(r["output_tokens"]) == LLAMA_TOKENS for r in completed), completed
+    # The engine's tokens beyond the completed answers' are the cancelled streams': at least
+    # the AFTER each was read, and far fewer than their whole answers (LLAMA_TOKENS each).
+    beyond = generated - LLAMA_TOKENS * len(completed)
+    per_cancelled = beyond / len(cancelled)
+    print(f"\nllama-server generated {generated:.0f} tokens: {len(completed)} completed answers "
+          f"of {LLAMA_TOKENS}, {len(cancelled)} cancelled after {AFTER} "
+          f"({per_cancelled:.1f} generated per cancelled stream)")
+    assert AFTER <= per_cancelled <= LLAMA_TOKENS / 4, (generated, len(completed), len(cancelled))

@@ -31,8 +31,12 @@ from streamquake.faults.engine.spec import NoisyTenantFault
 from streamquake.faults.engine.tenant import NoisyTenantInjector
 from streamquake.journal import Journal
 from tests.conftest import REPO, cli_cmd, free_port, run_cli
+from tests.engines.llama_server import EXACT_LENGTH, LlamaServer, llama_server
+from tests.engines.tap import Exchange, Tap
 from tests.helpers import assert_run_ended, wait_for_line
 from tests.timing import wait_until
+
+__all__ = ["llama_server"]   # the session fixture
 
 TOKENS = 120                 # every answer of the target's; the class asks for 16 of them
 ASKED = 16
@@ -340,3 +344,89 @@ def test_a_key_in_the_targets_path_is_sent_but_never_shown(
     said = tenant.preflight()              # nothing listens on port 9
     assert said and "${SQ_TENANT_KEY}" in said[0], said
     assert secret not in json.dumps([said, tenant.describe()]), said
+
+
+# -- against llama-server ------------------------------------------------------------------------
+
+LLAMA_STEPS = """  - {name: warm, kind: warmup, duration: 2s}
+  - {name: before, kind: baseline, duration: 5s}
+  - {name: noise, kind: fault, duration: 6s, faults: [tenant]}
+  - {name: after, kind: recovery, duration: 6s}"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_on_llama_server_the_tenants_long_prompts_take_its_slots_in_its_step_only(
+        tmp_path: Path, llama_server: LlamaServer) -> None:
+    """llama-server with 4 slots on one thread, a relay recording the wire in front of it: the
+    tenant's 3 streams of long prompts and answers hold 3 slots in its step and share the
+    engine's batch, so the class's 3 users wait for a slot, or for their turn in the batch, and
+    their TTFT rises, there only. The engine's own account on the wire says
+    which requests were the tenant's (its prompt tokens, read anew) and none of them is a
+    sample."""
+    port = int(llama_server.url.rsplit(":", 1)[1])
+    body = {"messages": [{"role": "user", "content": "Say something short."}], "max_tokens": 16,
+            **EXACT_LENGTH}
+    fault = "{type: noisy_tenant, name: tenant, concurrency: 3, prompt_tokens: 100, " \
+            "max_tokens: 60}"
+    with Tap(port) as tap:
+        scenario = tmp_path / "noisy-llama.yaml"
+        scenario.write_text(f"""name: noisy-tenant-llama-server
+target: {{protocol: openai, model: tiny, url: "{tap.url}", timeout: 30s}}
+load:
+  users: 3
+  think_time: {{min: 50ms, max: 150ms}}
+  classes:
+    - {{name: chat, body: {json.dumps(body)}}}
+  seed: 32
+faults:
+  - {fault}
+steps:
+{LLAMA_STEPS}
+""")
+        out = tmp_path / "out"
+        done = run_cli("run", str(scenario), "--out", str(out), "--no-watchdog", timeout=150)
+        assert_run_ended(done)
+        exchanges = list(tap.exchanges())
+    report: dict[str, Any] = json.loads((out / "report.json").read_text())
+    (record,) = report["faults"]
+    assert record["error"] is None, record
+    sent = record["reverted"]
+    print("\ntenant:", json.dumps(sent))
+    ttft = {name: _step(report, name)["stats"]["ttft_ms"] for name in ("before", "noise", "after")}
+    print("class TTFT p50:", {name: t["p50"] for name, t in ttft.items()},
+          "count:", {name: t["count"] for name, t in ttft.items()})
+    for name, stats in ttft.items():
+        assert stats["count"] >= 3, (name, stats)
+    rise = ttft["noise"]["p50"] - ttft["before"]["p50"]
+    assert ttft["noise"]["p50"] > 3 * ttft["before"]["p50"], ttft
+    assert ttft["after"]["p50"] - ttft["before"]["p50"] < 0.2 * rise, ttft
+    # The tenant's: sent by the fault, streamed by the engine, and never a sample.
+    assert sent["errors"] == 0 and sent["streams_completed"] >= 1, sent
+    assert sent["requests_sent"] == sent["streams_completed"] + sent["streams_closed_at_revert"]
+    with (out / "samples.csv").open() as f:
+        sample_ids = {s["response_id"] for s in csv.DictReader(f)}
+    # Every request the relay carried is a sample's, the run's probe of the class, the tenant's
+    # preflight (one token) or one of its long streams (some still queued at revert).
+    long_prompts = [ex for ex in exchanges if ex.request.get("max_tokens") == 60]
+    assert len(long_prompts) == sent["requests_sent"], (len(long_prompts), sent)
+    answered = {ex.events[0].json["id"]: ex for ex in exchanges if ex.status == 200 and ex.events}
+    ours = [ex for rid, ex in answered.items() if rid in sample_ids]
+    assert len(ours) == len(sample_ids - {""}), (len(ours), len(sample_ids))
+    assert not {id(ex) for ex in ours} & {id(ex) for ex in long_prompts}
+    counted = {id(ex) for ex in ours + long_prompts}
+    rest = [ex.request for ex in exchanges if id(ex) not in counted]
+    preflight = [r for r in rest if r.get("max_tokens") == 1]
+    probe = [r for r in rest if r["messages"] == body["messages"]]   # the run's, of the class
+    assert len(preflight) == len(probe) == 1 and len(rest) == 2, rest
+
+    # Whole answers end with the engine's timings: the prompts it read are the tenant's long
+    # ones, many times the class's.
+    def prompt_n(exs: list[Exchange]) -> list[int]:
+        return [ex.events[-2].json["timings"]["prompt_n"] + ex.events[-2].json["timings"].get(
+            "cache_n", 0) for ex in exs if ex.events and ex.events[-1].data == "[DONE]"]
+    assert prompt_n(long_prompts) and prompt_n(ours), (len(long_prompts), len(ours))
+    print("prompt tokens, the tenant's:", sorted(set(prompt_n(long_prompts))),
+          "the class's:", sorted(set(prompt_n(ours))))
+    assert min(prompt_n(long_prompts)) > 5 * max(prompt_n(ours)), (
+        prompt_n(long_prompts)[:5], prompt_n(ours)[:5])
