@@ -410,3 +410,47 @@ def test_llama_server_without_slot_save_path_is_refused_with_its_own_words(
     assert "fault 'flush' (cache_flush): the target at " in said, said
     assert "lists its slots but will not erase them: POST /slots/0 answered 501" in said, said
     assert "start it with --slot-save-path DIR" in said, said
+
+
+CONVERSATION = """name: conversations-llama-server
+target: {{protocol: openai, model: tiny, url: "{url}", timeout: 30s, probe: false}}
+load:
+  users: 2
+  think_time: {{min: 10ms, max: 30ms}}
+  classes:
+    - name: chat
+      max_tokens: 8
+      prompts: ["How do I reset the router?", "It did not help.", "What next?"]
+      conversation: {{turns: 3, think_time: 20ms, system_prefix: 100 tokens}}
+  seed: 9
+faults:
+  - {{type: cache_flush, name: flush, every: 100ms, timeout: 10s, url: "{url}"}}
+steps:
+{steps}
+slos:
+  - {{metric: error_rate, max: 5%}}
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_on_llama_server_a_conversations_prefix_reuse_is_lost_in_the_flush_step_only(
+        tmp_path: Path, erasable_llama: LlamaServer) -> None:
+    """Sessions of 3 turns whose history grows, against llama-server's own prefix cache: each
+    turn finds the slot that holds its history and reads only what is new (the engine's
+    ``timings.cache_n``, read by the client); a flush every 100 ms in the middle step takes that
+    reuse away and the later turns read their whole history again; after it the reuse is back."""
+    scenario = tmp_path / "conversations.yaml"
+    scenario.write_text(CONVERSATION.format(url=erasable_llama.url, steps=LLAMA_STEPS))
+    report = _run(tmp_path, scenario)
+    by = {p["name"]: p["stats"] for p in report["phases"]}
+    reuse = {name: by[name]["prompt_cache_reuse"] for name in ("before", "flush", "after")}
+    last = {name: by[name]["conversation"]["turns"]["3"]["ttft_ms"]
+            for name in ("before", "flush", "after")}
+    print("\nprompt_cache_reuse:", reuse, "turn 3 TTFT p50:",
+          {name: t["p50"] for name, t in last.items()},
+          "sessions:", {name: by[name]["conversation"]["sessions"] for name in reuse})
+    assert all(t["count"] >= 3 for t in last.values()), last
+    assert reuse["before"] > 0.5 and reuse["after"] > 0.5, reuse
+    assert reuse["flush"] < 0.5 * min(reuse["before"], reuse["after"]), reuse
+    assert last["flush"]["p50"] > max(last["before"]["p50"], last["after"]["p50"]), last
