@@ -260,6 +260,32 @@ def test_chunk_drop_through_the_proxy_shows_only_in_the_fault_phase(
           f"{dropped['content_events']}")
 
 
+
+@pytest.mark.slow
+@pytest.mark.timeout(240)
+def test_an_error_event_through_the_proxy_is_the_clients_stream_error_in_its_step_only(
+        tmp_path: Path, llama_server: LlamaServer) -> None:
+    """The SSE proxy ends llama-server's streams after 3 content events with the error object
+    an OpenAI-format server sends when it gives up mid-answer: the client counts each one the
+    proxy sent as a stream_error, in the fault step only, and nothing else fails."""
+    report, samples = _run(tmp_path, _scenario(
+        tmp_path, llama_server.url, "{warmup: 1s, baseline: 3s, fault: 3s, recovery: 3s}",
+        "faults: [{type: sse_proxy, name: err, phase: fault, error_event: {after: 3}}]"))
+    (fault,) = report["faults"]
+    injected = fault["reverted"]["stats"]["error_events"]
+    errors = {n: _phase(report, n)["stats"]["errors"] for n in PHASES}
+    print(f"\nthe proxy sent {injected} error events; the client's errors by step: {errors}")
+    assert injected >= 3, fault["reverted"]["stats"]
+    assert sum(e.get("stream_error", 0) for e in errors.values()) == injected, (errors, injected)
+    assert {(s.error, s.content_events) for s in samples if s.error} == {("stream_error", 3)}
+    step = _phase(report, "fault")["stats"]
+    # A request sent in baseline's last moment may reach the proxy just after the fault came on.
+    assert step["errors"].get("stream_error", 0) >= step["requests"] - 2, step
+    assert errors["recovery"].get("stream_error", 0) == 0, errors
+    for name in ("baseline", "recovery"):
+        assert _phase(report, name)["stats"]["successes"] > 0, name
+
+
 def _print_figures(what: str, scored: list[RequestSample], wires: dict[str, Wire],
                    stats: dict[str, Any]) -> None:
     """The measured figures, for the README (pytest -s shows them)."""
