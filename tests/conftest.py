@@ -284,6 +284,10 @@ QUIET: tuple[str, ...] = (
     # under scripts/test-stress --hogs 4, alone: 0.996 of the span).
     "test_real_engine.py::test_the_engine_behind_nginx_measures_what_the_engine_sent_and_no_"
     "stream_is_flagged",
+    # The same relay, the client's gaps against the wire's span within 3% for each of
+    # llama-server's formats: in the parallel tier of a fresh clone's CI (2026-12-04) its
+    # /v1/responses streams summed to 1.044 of the span, the relay's threads late to forward.
+    "test_stream_formats.py::test_llama_server_streams_of_each_format_match_the_wire",
 )
 
 # Groups whose shared fixture is a real run (or several): slow as a whole, since the fixture's
