@@ -204,7 +204,7 @@ load:
     - {{name: patient, body: {json.dumps(body)}}}
     - name: impatient
       body: {json.dumps(body)}
-      cancel: {{share: 60%, after_tokens: {AFTER}}}
+      cancel: {{share: 100%, after_tokens: {AFTER}}}
   seed: 11
 phases: {{warmup: 1s, baseline: 3s, fault: 3s, recovery: 3s}}
 slos:

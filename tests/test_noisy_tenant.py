@@ -359,7 +359,7 @@ LLAMA_STEPS = """  - {name: warm, kind: warmup, duration: 2s}
 def test_on_llama_server_the_tenants_long_prompts_take_its_slots_in_its_step_only(
         tmp_path: Path, llama_server: LlamaServer) -> None:
     """llama-server with 4 slots on one thread, a relay recording the wire in front of it: the
-    tenant's 3 streams of long prompts and answers hold 3 slots in its step and share the
+    tenant's 3 streams of long prompts hold 3 slots in its step and share the
     engine's batch, so the class's 3 users wait for a slot, or for their turn in the batch, and
     their TTFT rises, there only. The engine's own account on the wire says
     which requests were the tenant's (its prompt tokens, read anew) and none of them is a
@@ -368,7 +368,7 @@ def test_on_llama_server_the_tenants_long_prompts_take_its_slots_in_its_step_onl
     body = {"messages": [{"role": "user", "content": "Say something short."}], "max_tokens": 16,
             **EXACT_LENGTH}
     fault = "{type: noisy_tenant, name: tenant, concurrency: 3, prompt_tokens: 100, " \
-            "max_tokens: 60}"
+            "max_tokens: 20}"
     with Tap(port) as tap:
         scenario = tmp_path / "noisy-llama.yaml"
         scenario.write_text(f"""name: noisy-tenant-llama-server
@@ -408,7 +408,7 @@ steps:
         sample_ids = {s["response_id"] for s in csv.DictReader(f)}
     # Every request the relay carried is a sample's, the run's probe of the class, the tenant's
     # preflight (one token) or one of its long streams (some still queued at revert).
-    long_prompts = [ex for ex in exchanges if ex.request.get("max_tokens") == 60]
+    long_prompts = [ex for ex in exchanges if ex.request.get("max_tokens") == 20]
     assert len(long_prompts) == sent["requests_sent"], (len(long_prompts), sent)
     answered = {ex.events[0].json["id"]: ex for ex in exchanges if ex.status == 200 and ex.events}
     ours = [ex for rid, ex in answered.items() if rid in sample_ids]
