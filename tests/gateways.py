@@ -79,8 +79,7 @@ http {{
   uwsgi_temp_path {root}/tmp/uwsgi;
   scgi_temp_path {root}/tmp/scgi;
   upstream llm {{
-    server {upstream_host};
-    keepalive 16;
+    server {upstream_host};{keepalive}
   }}
   server {{
     listen 127.0.0.1:{port};
@@ -120,9 +119,15 @@ def _listening(proc: subprocess.Popen[bytes], port: int) -> bool:
 
 
 @contextmanager
-def nginx(upstream: str, flavour: Flavour, root: Path) -> Iterator[Gateway]:
+def nginx(upstream: str, flavour: Flavour, root: Path,
+          upstream_keepalive: bool = True) -> Iterator[Gateway]:
     """nginx on a free loopback port, proxying everything to ``upstream`` (an http:// URL; its
-    path, if any, prefixes every request's), configured as ``flavour``; stopped after."""
+    path, if any, prefixes every request's), configured as ``flavour``; stopped after.
+    ``upstream_keepalive=False``: no pool of idle upstream connections (``keepalive 16`` left
+    out), as for an upstream that closes each connection after a streamed answer without
+    saying so: llama-server says ``Keep-Alive: timeout=5, max=100`` and closes 25-40 ms after
+    the stream's last chunk (measured here), so a pool hands the next request a closing
+    connection now and then, and nginx answers that POST 502 without retrying it."""
     if not Path(NGINX).exists():     # fail, never skip: the suite's rule for what it needs
         pytest.fail("nginx is not installed: scripts/setup --tests installs Debian's package")
     parts = urlsplit(upstream)
@@ -133,7 +138,8 @@ def nginx(upstream: str, flavour: Flavour, root: Path) -> Iterator[Gateway]:
         conf = root / "nginx.conf"
         conf.write_text(_CONF.format(
             root=root, port=port, upstream_host=parts.netloc,
-            upstream_path=parts.path.rstrip("/"), flavour=_FLAVOURS[flavour]))
+            upstream_path=parts.path.rstrip("/"), flavour=_FLAVOURS[flavour],
+            keepalive="\n    keepalive 16;" if upstream_keepalive else ""))
         proc = spawn([NGINX, "-p", str(root), "-c", str(conf), "-e", str(root / "error.log")],
                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
