@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import time
@@ -211,3 +212,44 @@ def test_ctrl_c_after_its_reader_is_gone_still_reverts_and_reports(
     assert {"report.html", "junit.xml", "summary.md"} <= {p.name for p in out.iterdir()}
     assert not list(state_dir.glob("journal.json")) or json.loads(
         (state_dir / "journal.json").read_text()) == []
+
+
+UP = """
+name: up-first
+target:
+  protocol: openai
+  embedded: {ttft: 20ms, itl: 5ms, output_tokens: {min: 5, max: 5}}
+load: {users: 4, workers: 2, think_time: {min: 50ms, max: 100ms}, seed: 3}
+phases: {warmup: 0s, baseline: 3s, fault: 0s, recovery: 0s}
+"""
+
+
+@pytest.mark.timeout(90)
+def test_the_first_step_opens_once_every_load_process_is_up(tmp_path: Path) -> None:
+    """No lead guessed ahead: the runner sets the steps' times once Locust's master and its two
+    workers each said they were up (and waited for their plan), half a second later; with no
+    warm-up every worker's users send from the baseline's first moment and none before it."""
+    scenario = tmp_path / "up.yaml"
+    scenario.write_text(UP)
+    out = tmp_path / "out"
+    proc = run_cli("run", str(scenario), "--out", str(out), timeout=80)
+    assert_verdict(proc, 0, out)
+    said = re.search(r"load generator: 3 Locust process\(es\) up in ([\d.]+) s; the first step "
+                     r"opens 0.5 s after", proc.stdout)
+    assert said, proc.stdout[-3000:]
+    base = _phase(_report(out), "baseline")
+    # Locust's master logs its run time once its init (which waits for the plan) is done, so
+    # after the plan was written: the first step opens at most the 0.5 s after that (a fixed
+    # lead ahead of the processes' start left 4-5 s here).
+    log = (out / "run" / "locust.log").read_text()
+    stamp = re.search(r"^\[([\d-]+ [\d:]+),(\d{3})\] [^\n]*Run time limit set", log, re.M)
+    assert stamp, log[-2000:]
+    logged = time.mktime(time.strptime(stamp.group(1), "%Y-%m-%d %H:%M:%S")) + \
+        int(stamp.group(2)) / 1000
+    assert base["start"] - logged <= 0.5 + 0.002, (base["start"], stamp.group(0))
+    files = sorted((out / "run" / "samples").glob("samples-*.jsonl"))
+    sent = [[json.loads(line)["sent"] for line in f.read_text().splitlines()] for f in files]
+    assert len(sent) == 2 and all(sent), files          # each worker's users sent requests
+    first = min(min(s) for s in sent)
+    assert base["start"] <= first < base["start"] + 0.2, (base["start"], first)
+    assert not list((out / "run").glob("ready-*"))       # the handshake leaves no file

@@ -46,6 +46,8 @@ from streamquake.loadgen.conversation import Session, Turn, session_end
 from streamquake.loadgen.plan import (
     LIFTED_PREFIX,
     PLAN_ENV,
+    PLAN_FILE_WAIT_S,
+    READY_PREFIX,
     Conversation,
     LoadPlan,
     OpenLoop,
@@ -91,7 +93,7 @@ def _plan() -> LoadPlan:
     if _Process.plan is None:
         path = os.environ.get(PLAN_ENV)
         if path:
-            _Process.plan = LoadPlan.model_validate_json(Path(path).read_text())
+            _Process.plan = _read_plan(Path(path))
         elif relay.is_remote():
             # A worker on another host: the master sends the plan once asked (_on_init).
             if not _Process.plan_ready.wait(relay.PLAN_WAIT_S) or _Process.plan is None:
@@ -102,6 +104,20 @@ def _plan() -> LoadPlan:
                                "streamquake.run.launcher")
     assert _Process.plan is not None
     return _Process.plan
+
+
+def _read_plan(path: Path) -> LoadPlan:
+    """The plan at ``path``; where it is not written yet (the runner sets the steps' times
+    once every load process is up), say this one is up (``ready-<pid>`` beside it) and wait
+    for it. Called first in the init event, so Locust starts no user before it is read."""
+    if not path.exists():
+        (path.parent / f"{READY_PREFIX}{os.getpid()}").touch()
+        deadline = time.monotonic() + PLAN_FILE_WAIT_S
+        while not path.exists():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no load plan at {path} within {PLAN_FILE_WAIT_S:g} s")
+            gevent.sleep(0.01)
+    return LoadPlan.model_validate_json(path.read_text())
 
 
 def _write(record: RequestSample | UnsentArrival) -> None:
@@ -422,11 +438,11 @@ class StreamUser(User):
 
     @staticmethod
     def _hold_until_the_first_step(plan: LoadPlan) -> None:
-        """No request before the first step opens: Locust gets a lead to start its users
-        (run/timeline.py), and what they sent in it no step would own, warming the connections
-        the first step should have opened. Users that Locust spawned at a rate before it keep
-        their spacing, shifted to the step's start; a user spawned once it is open (a Locust
-        slower than the lead, a later step's users) starts at once."""
+        """No request before the first step opens (set once the load processes were up, half a
+        second ahead: run/launcher.py start_load): what they sent before it no step would own,
+        warming the connections the first step should have opened. Users that Locust spawned at
+        a rate before it keep their spacing, shifted to the step's start; a user spawned once it
+        is open (a remote worker that joined late, a later step's users) starts at once."""
         if not plan.windows:
             return
         now, opens = time.time(), plan.windows[0][1]

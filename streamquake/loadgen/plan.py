@@ -20,6 +20,18 @@ from streamquake.protocols import Protocol
 # The environment variable that gives the load process its plan file, and the locustfile it runs.
 PLAN_ENV = "STREAMQUAKE_LOAD_PLAN"
 LOCUSTFILE = Path(__file__).with_name("locustfile.py")
+# A load process started before its plan is written (the runner's way: the steps' times are
+# set once Locust is up, not guessed ahead) says it is up with ``ready-<pid>`` beside the plan's
+# path, then waits for the plan, at most PLAN_FILE_WAIT_S.
+READY_PREFIX = "ready-"
+PLAN_FILE_WAIT_S = 120.0
+
+
+def write_plan(path: Path, plan: BaseModel) -> None:
+    """Write a load plan whole or not at all: a load process waiting for it never reads half."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(plan.model_dump_json(indent=2))
+    tmp.replace(path)
 
 
 class _Frozen(BaseModel):

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import socket
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,8 +17,8 @@ from streamquake.journal import Journal
 from streamquake.jsontypes import JsonDict
 from streamquake.loopback import is_loopback
 from streamquake.run.events import Events
-from streamquake.run.launcher import LocustRun, start_load
-from streamquake.run.timeline import PhaseWindow
+from streamquake.run.launcher import BEGIN_AFTER_READY_S, LocustRun, start_load
+from streamquake.run.timeline import REMOTE_LEAD_S, PhaseWindow, plan_windows
 from streamquake.scenario import Scenario
 
 
@@ -139,10 +138,18 @@ def _check_remote_reach(scenario: Scenario, load_url: str) -> None:
 
 
 def start_loadgen(stack: contextlib.ExitStack, scenario: Scenario, parts: Parts,
-                  windows: Sequence[PhaseWindow], events: Events) -> LocustRun:
+                  events: Events) -> tuple[LocustRun, list[PhaseWindow]]:
+    """Locust's processes, and the steps' windows: the first opens once they are up."""
     _check_remote_reach(scenario, parts.wiring.load_url)
     events.message("starting the load generator (Locust)")
-    run = start_load(scenario, base_url=parts.wiring.load_url, work_dir=parts.ctx.run_dir,
-                     windows=windows, run_time_s=windows[-1].end - time.time())
+    run, windows = start_load(
+        scenario, base_url=parts.wiring.load_url, work_dir=parts.ctx.run_dir,
+        windows_from=lambda t0: plan_windows(scenario, t0),
+        least_lead_s=REMOTE_LEAD_S if scenario.load.remote_workers else 0.0)
     stack.callback(run.stop)
-    return run
+    if run.up is not None:
+        up, took = run.up
+        said = f"{up} of {len(run.pids)}" if up < len(run.pids) else str(up)
+        events.message(f"load generator: {said} Locust process(es) up in {took:.1f} s; the "
+                       f"first step opens {BEGIN_AFTER_READY_S:g} s after")
+    return run, windows

@@ -52,7 +52,7 @@ from streamquake.run.scoring import proxy_drops, score
 from streamquake.run.series import cdfs, environment, per_second
 from streamquake.run.signals import Interrupted, Signals
 from streamquake.run.stream_limits import stream_limits_check
-from streamquake.run.timeline import STARTUP_LEAD_S, PhaseWindow, plan_windows, sleep_until
+from streamquake.run.timeline import PhaseWindow, sleep_until
 from streamquake.run.verdicts import evaluate
 from streamquake.run.watch import Watch
 from streamquake.run.workers import summarise as summarise_workers
@@ -122,9 +122,8 @@ class Runner:
                     whole_run = stack.enter_context(contextlib.ExitStack())
                     for fault in (f for f in planned if f.phase == WHOLE_RUN):
                         self.ledger.apply(whole_run, fault)
-                    windows = plan_windows(self.scenario, time.time() + STARTUP_LEAD_S)
+                    load, windows = start_loadgen(stack, self.scenario, parts, self.events)
                     self.events.emit(RunStarted(self.scenario, self.out_dir, windows[0].start))
-                    load = start_loadgen(stack, self.scenario, parts, windows, self.events)
                     self.watch = Watch(self.work_dir / "samples", self.scenario.abort_when)
                     if self.scenario.load.samples == "none":
                         self.events.message("load.samples is none: no per-request lines, so no "

@@ -11,11 +11,12 @@ from streamquake.errors import StreamquakeError
 from streamquake.loadgen.attribution import Window
 from streamquake.scenario import Scenario
 
-# The time the load processes get to import Locust and spawn their users before the first
-# window opens. Locust's start took 3 to 6.5 s on a busy 2-core machine (load average 9-12), and a
-# load that starts after a short warm-up leaves the baseline with no request at all (a run
-# warning says so when it happens anyway).
-STARTUP_LEAD_S = 6.0
+# The first window opens once the load processes say they are up (run/launcher.py start_load),
+# not after a lead guessed ahead: Locust's start took 1.5 s on a quiet 2-core machine and 3 to
+# 6.5 s on a busy one (load average 9-12), where a fixed lead either idled or left a short
+# warm-up's baseline with no request at all. Workers on other hosts, which the runner cannot
+# see come up, get this much from the start to join the master (and Locust's own wait).
+REMOTE_LEAD_S = 6.0
 TICK_S = 0.5
 
 
