@@ -253,3 +253,23 @@ def test_the_first_step_opens_once_every_load_process_is_up(tmp_path: Path) -> N
     first = min(min(s) for s in sent)
     assert base["start"] <= first < base["start"] + 0.2, (base["start"], first)
     assert not list((out / "run").glob("ready-*"))       # the handshake leaves no file
+
+
+@pytest.mark.timeout(90)
+def test_a_ramp_longer_than_the_start_up_keeps_its_spacing_from_the_first_step(
+        tmp_path: Path) -> None:
+    """8 users at 4 a second: Locust spawns them a second apart in two batches, the second
+    after the first step opened (half a second after Locust was up). The whole ramp is shifted
+    to the step's start, so the second batch starts a second after the first, not at once."""
+    scenario = tmp_path / "ramp.yaml"
+    scenario.write_text(UP.replace("users: 4, workers: 2,", "users: 8, spawn_rate: 4,")
+                        .replace("min: 50ms, max: 100ms", "min: 9s, max: 9s"))
+    out = tmp_path / "out"
+    assert_verdict(run_cli("run", str(scenario), "--out", str(out), timeout=80), 0, out)
+    base = _phase(_report(out), "baseline")
+    sent = sorted(json.loads(line)["sent"] - base["start"]
+                  for f in (out / "run" / "samples").glob("samples-*.jsonl")
+                  for line in f.read_text().splitlines())
+    assert len(sent) == 8, sent               # one request each: 9 s of thinking after it
+    # Spawned late on a busy machine, a user starts later than its place, never earlier.
+    assert 0 <= sent[0] < 0.2 and sent[-1] - sent[0] >= 0.9, sent

@@ -66,6 +66,7 @@ from streamquake.loadgen.trace import PromptSynth
 
 _IDLE_S = 3600.0        # a user past end_at waits; Locust kills waiting users at once on stop
 _WRITE_WAIT_S = 30.0    # how long the final save waits for a checkpoint's write in flight
+_RAMP_SLACK_S = 1.0    # how late past its rate a user of the first ramp may still be spawned
 
 
 class StreamFailure(Exception):
@@ -440,17 +441,21 @@ class StreamUser(User):
     def _hold_until_the_first_step(plan: LoadPlan) -> None:
         """No request before the first step opens (set once the load processes were up, half a
         second ahead: run/launcher.py start_load): what they sent before it no step would own,
-        warming the connections the first step should have opened. Users that Locust spawned at
-        a rate before it keep their spacing, shifted to the step's start; a user spawned once it
-        is open (a remote worker that joined late, a later step's users) starts at once."""
+        warming the connections the first step should have opened. The users of Locust's first
+        ramp (spawned at its rate from the first one on) keep their spacing, the whole ramp
+        shifted to the step's start, those spawned after it opened too; a user spawned later
+        (a later step's users) or a ramp begun after the step opened (a remote worker that
+        joined late) starts at once."""
         if not plan.windows:
             return
         now, opens = time.time(), plan.windows[0][1]
-        if now >= opens:
-            return
         if _Process.first_spawn is None:
             _Process.first_spawn = now
-        gevent.sleep(opens - _Process.first_spawn)
+        shift = opens - _Process.first_spawn
+        ramp_s = plan.users / plan.spawn_rate if plan.spawn_rate > 0 else 0.0
+        if shift <= 0 or now - _Process.first_spawn > ramp_s + _RAMP_SLACK_S:
+            return
+        gevent.sleep(max(0.0, now + shift - time.time()))
 
     def on_stop(self) -> None:
         self.arrivals.kill()
