@@ -41,6 +41,12 @@ load:
   think_time: {{min: 30ms, max: 60ms}}
   seed: 5
 phases: {{warmup: 3s, baseline: 3s, fault: 0s, recovery: 3s}}
+# No recovery check; its slack is the least change in milliseconds that compare and history
+# count (floor_for): without it 1 ms, and a CI run's r1 read recovery ITL p95 13.4 ms against
+# 11.7-12.4 in a1-a3 (the target's 10 +- 1 ms ITL, unchanged; a busy machine's tail) and was
+# flagged. 3 ms, a tenth of the 80 ms TTFT regression these runs inject, as an SRE sets it
+# for a shared runner.
+recovery: {{metrics: [], slack: 3ms}}
 slos:
   - {{metric: error_rate, max: 5%}}
 """
