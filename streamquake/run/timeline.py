@@ -12,7 +12,7 @@ from streamquake.loadgen.attribution import Window
 from streamquake.scenario import Scenario
 
 # The first window opens once the load processes say they are up (run/launcher.py start_load),
-# not after a lead guessed ahead: Locust's start took 1.5 s on a quiet 2-core machine and 3 to
+# not after a lead guessed ahead: Locust was up in 0.7 s on a quiet 2-core machine, and took 3 to
 # 6.5 s on a busy one (load average 9-12), where a fixed lead either idled or left a short
 # warm-up's baseline with no request at all. Workers on other hosts, which the runner cannot
 # see come up, get this much from the start to join the master (and Locust's own wait).
