@@ -30,6 +30,8 @@ from streamquake.loadgen import self_measure
 from streamquake.loadgen.conversation import Turn
 from streamquake.loadgen.failures import _Cancelled, _Failed, _StreamTimeout
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
+from streamquake.loadgen.reader import BACKLOG, _Backlog
+from streamquake.loadgen.reader import reader as _reader
 from streamquake.loadgen.samples import ErrorKind, RequestSample
 from streamquake.loadgen.sse_parser import SSELimitError, SSELimits, SSEParser
 from streamquake.loadgen.stamps import (
@@ -286,57 +288,29 @@ class StreamClient:
     def _follow(self, resp: HTTPSocketResponse, tally: _Tally, deadline: float,
                 slow: _SlowReader | None = None, abandon: _Abandon | None = None) -> float:
         """Feed the stream to ``tally`` until its terminal event; return when it arrived. A
-        ``slow`` consumer reads small blocks at its own pace, and times each event when it
-        read it, not when the kernel had it (that is what this consumer saw)."""
-        parser = SSEParser(self.limits)
+        plain-TCP stream read at full speed is read by the hub's shared reader
+        (:mod:`~streamquake.loadgen.reader`) while this greenlet waits; any other (TLS, a
+        ``slow`` consumer) by this greenlet. A slow consumer reads small blocks at its own
+        pace, and times each event when it read it, not when the kernel had it (that is what
+        this consumer saw)."""
         # Bytes that came with the headers are timed as they are (TTFB: the first byte).
         arrival = Arrival(resp._sock if slow is None else None,
                           time.perf_counter() if tally.headers_at is None else tally.headers_at)
-        size = _BLOCK if slow is None else slow.size
-        guard = tally.guard
-        kernel_reads = user_reads = 0
-        next_yield = time.perf_counter() + _YIELD_S
+        follow = _Stream(resp, tally, SSEParser(self.limits), arrival, deadline, abandon)
+        sock = resp._sock
+        shared = _reader() if slow is None and arrival.plain else None
         try:
-            while True:
-                chunk = _read_some(resp, deadline, arrival, size)
-                now = arrival.seen
-                if not chunk:
-                    if tally.ends_with_body and tally.sample.finish_reason is not None:
-                        tally.complete()     # its server sends no terminal event (transformers)
-                        return arrival.at
-                    raise _Failed("truncated", "the stream ended before the protocol's final event")
-                tally.sample.body_bytes += len(chunk)
-                events = parser.feed(chunk)
-                if events and not arrival.with_headers:
-                    # The stream's clock: "kernel" while every read off the socket that
-                    # brought events had a stamp (bytes that came with the headers are timed
-                    # at the headers, as TTFB is).
-                    if arrival.kernel:
-                        kernel_reads += 1
-                        if guard is not None:
-                            guard.seen(arrival.seen - arrival.at, len(events))
-                    else:
-                        user_reads += 1
-                        if guard is not None:
-                            guard.user_read()
-                    tally.sample.clock = "kernel" if kernel_reads and not user_reads else "user"
-                for event in events:
-                    tally.add(event, arrival.at, now, arrival.kernel, arrival.with_headers)
-                    if tally.done:
-                        return arrival.at
-                    if abandon is not None:
-                        abandon.check(tally.sample.content_events, now)
-                if slow is not None:
-                    slow.pace(len(chunk), len(events))
-                # A socket that always has data never blocks, so the gevent timeout never
-                # fires: the deadline is checked here too.
-                if now > deadline:
-                    raise _StreamTimeout()
-                if len(chunk) >= _BACKLOG and now >= next_yield:
-                    # ... and no other user (nor Locust's own timers) would run: a backlog
-                    # of a full read yields, every _YIELD_S, until the loop has polled I/O.
-                    gevent.idle()
-                    next_yield = time.perf_counter() + _YIELD_S
+            if shared is not None and sock is not None:
+                if resp._body_buffer:       # bytes read with the headers
+                    arrival.buffered()
+                    end = follow.chunk(follow.take())
+                    if end is not None:
+                        return end
+                end = follow.ended() if resp.message_complete else None
+                if end is not None:
+                    return end
+                return shared.follow(sock.fileno(), follow.step)
+            return self._read_own(follow, slow)
         except SSELimitError as exc:
             raise _Failed("limit", str(exc)) from exc
         except (HTTPConnectionClosed, OSError) as exc:
@@ -344,6 +318,119 @@ class StreamClient:
         except HTTPParseError as exc:
             raise _Failed("protocol",
                           f"invalid HTTP framing of the body: {_parse_error_text(exc)}") from exc
+
+    @staticmethod
+    def _read_own(follow: _Stream, slow: _SlowReader | None) -> float:
+        """This greenlet reads the stream itself (TLS, a slow consumer)."""
+        resp, arrival = follow.resp, follow.arrival
+        size = _BLOCK if slow is None else slow.size
+        next_yield = time.perf_counter() + _YIELD_S
+        while True:
+            chunk = _read_some(resp, follow.deadline, arrival, size)
+            end = follow.chunk(chunk)
+            if end is not None:
+                return end
+            if slow is not None:
+                slow.pace(len(chunk), follow.last_events)
+            if len(chunk) >= _BACKLOG and arrival.seen >= next_yield:
+                # A socket that always has data never blocks, so no other user (nor Locust's
+                # own timers) would run: a backlog of a full read yields, every _YIELD_S,
+                # until the loop has polled I/O.
+                gevent.idle()
+                next_yield = time.perf_counter() + _YIELD_S
+
+
+class _Stream:
+    """One stream's reading: its bytes into SSE events, its events into its tally, whoever
+    reads it (its own greenlet, or the hub's shared reader, a read at a time: ``step``)."""
+
+    __slots__ = ("resp", "tally", "parser", "arrival", "deadline", "abandon", "kernel_reads",
+                 "user_reads", "last_events")
+
+    def __init__(self, resp: HTTPSocketResponse, tally: _Tally, parser: SSEParser,
+                 arrival: Arrival, deadline: float, abandon: _Abandon | None) -> None:
+        self.resp, self.tally, self.parser, self.arrival = resp, tally, parser, arrival
+        self.deadline, self.abandon = deadline, abandon
+        self.kernel_reads = self.user_reads = self.last_events = 0
+
+    def take(self) -> bytes:
+        """The body bytes the HTTP parser holds, taken out of its buffer."""
+        buf = self.resp._body_buffer
+        out = bytes(buf)
+        del buf[:]
+        return out
+
+    def ended(self) -> float | None:
+        """The body ended: complete if its protocol may end so, else truncated (raised)."""
+        tally = self.tally
+        if tally.ends_with_body and tally.sample.finish_reason is not None:
+            tally.complete()     # its server sends no terminal event (transformers)
+            return self.arrival.at
+        raise _Failed("truncated", "the stream ended before the protocol's final event")
+
+    def step(self) -> float | _Backlog | None:
+        """One read of a socket that epoll says is ready, in the hub (``reader.Reader``):
+        what ``_read_some`` does for one ``recv``, without waiting; BACKLOG after a read that
+        took a whole block. Raises BlockingIOError when there was nothing after all."""
+        resp = self.resp
+        sock = resp._sock
+        if sock is None:
+            raise HTTPConnectionClosed("connection closed")
+        data = self.arrival.recv(sock._sock, _BLOCK)      # the plain socket: never waits
+        if not data:
+            # The peer closed: that ends a body without framing, and cuts any other short.
+            with contextlib.suppress(HTTPParseError):
+                resp.feed(data)
+            if not resp.message_complete:
+                raise HTTPConnectionClosed("connection closed")
+        else:
+            resp.feed(data)   # broken framing (an invalid chunk size, say) raises HTTPParseError
+        if resp._body_buffer:
+            end = self.chunk(self.take())
+            if end is not None:
+                return end
+        elif self.arrival.seen > self.deadline:
+            raise _StreamTimeout()
+        if resp.message_complete:
+            return self.ended()
+        return BACKLOG if len(data) >= _BLOCK else None
+
+    def chunk(self, chunk: bytes) -> float | None:
+        """Fold one read's body bytes (b"": the body ended) into the tally; when the stream's
+        terminal event came, return when it arrived."""
+        if not chunk:
+            return self.ended()
+        tally, arrival = self.tally, self.arrival
+        now = arrival.seen
+        tally.sample.body_bytes += len(chunk)
+        events = self.parser.feed(chunk)
+        self.last_events = len(events)
+        if events and not arrival.with_headers:
+            # The stream's clock: "kernel" while every read off the socket that brought
+            # events had a stamp (bytes that came with the headers are timed at the headers,
+            # as TTFB is).
+            guard = tally.guard
+            if arrival.kernel:
+                self.kernel_reads += 1
+                if guard is not None:
+                    guard.seen(now - arrival.at, len(events))
+            else:
+                self.user_reads += 1
+                if guard is not None:
+                    guard.user_read()
+            tally.sample.clock = "kernel" if self.kernel_reads and not self.user_reads else "user"
+        abandon = self.abandon
+        for event in events:
+            tally.add(event, arrival.at, now, arrival.kernel, arrival.with_headers)
+            if tally.done:
+                return arrival.at
+            if abandon is not None:
+                abandon.check(tally.sample.content_events, now)
+        # A socket that always has data never blocks, so the gevent timeout never fires: the
+        # deadline is checked here too.
+        if now > self.deadline:
+            raise _StreamTimeout()
+        return None
 
 
 class _Abandon:
@@ -456,6 +543,8 @@ def _oserror_text(exc: BaseException) -> str:
 
 
 def _printable(text: str, limit: int = 80) -> str:
+    if len(text) <= limit and text.isprintable():
+        return text         # nearly every id and model name: no copy a character at a time
     cleaned = "".join(c if c.isprintable() else "?" for c in text[:limit])
     return cleaned + ("..." if len(text) > limit else "")
 

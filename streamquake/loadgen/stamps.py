@@ -252,12 +252,12 @@ class Arrival:
     ``with_headers``: the latest bytes came in the headers' read (timed at the headers).
     """
 
-    __slots__ = ("at", "seen", "kernel", "with_headers", "_plain")
+    __slots__ = ("at", "seen", "kernel", "with_headers", "plain")
 
     def __init__(self, sock: object, floor: float) -> None:
         self.at = self.seen = floor
         self.kernel = self.with_headers = False
-        self._plain = sock is not None and not _is_tls(sock)
+        self.plain = sock is not None and not _is_tls(sock)   # read with recvmsg, stamped
 
     def buffered(self) -> None:
         """Bytes the HTTP parser already held came in the headers' read: they arrived by the
@@ -268,7 +268,7 @@ class Arrival:
     def recv(self, sock: socket.socket, size: int = _BLOCK) -> bytes:
         stamp: float | None = None
         data: bytes
-        if self._plain:
+        if self.plain:
             data, ancillary, _flags, _addr = sock.recvmsg(size, _CMSG_BYTES)
             if ancillary:       # room for one message: the stamp, when there is one
                 level, kind, raw = ancillary[0]
