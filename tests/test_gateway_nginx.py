@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from streamquake.loadgen.tally import BURST_WAIT_MS
 from tests.conftest import listening, run_cli
 from tests.gateways import Flavour, Gateway, nginx
 from tests.helpers import assert_run_ok
@@ -54,11 +55,6 @@ def _target(config: dict[str, Any]) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def paced_target() -> Iterator[str]:
     yield from _target(PACED)
-
-
-@pytest.fixture(scope="module")
-def fast_target() -> Iterator[str]:
-    yield from _target(FAST)
 
 
 class Run:
@@ -166,17 +162,37 @@ def test_buffering_gateway_bunches_the_stream_and_the_run_says_so(
     assert (tps or {}).get("count", 0) == len(paced), (tps, len(paced))
 
 
-def test_fast_server_shares_reads_but_is_not_bunched(tmp_path: Path, fast_target: str) -> None:
-    run = _run(tmp_path, "fast", fast_target)
+def test_fast_server_shares_reads_but_is_not_bunched(tmp_path: Path) -> None:
+    # The target logs when it wrote each event (``send_log``, complete once it has stopped).
+    send_log = tmp_path / "send-log.jsonl"
+    targets = _target({**FAST, "send_log": str(send_log)})
+    try:
+        run = _run(tmp_path, "fast", next(targets))
+    finally:
+        targets.close()
     # 0.2 ms tokens: many events come in one read with the one before...
     assert run.stats["shared_stamps"] > 0, run.stats
     assert any(int(s["content_reads"]) < int(s["content_events"]) for s in run.samples)
-    # ... but after no wait a reader could see: that is not a stream held back. (The whole
-    # answer in one read would be, and is all a client can tell of a stream held to its end:
-    # a late wake-up may make one such, rarely.)
+    # ... but after no wait a reader could see: that is not a stream held back. A stream is
+    # rightly flagged when the target itself stopped writing it for a burst's wait (50 ms):
+    # on a busy machine the target's process waits for a core too. Of the others (the whole
+    # answer in one read is all a client can tell of a stream held to its end: a late wake-up
+    # of the load process may make one such, rarely) at most 5% may be flagged.
     bunching = run.stats["bunching"]
-    assert bunching["streams"] == len(run.samples) and bunching["share"] <= 0.05, bunching
-    assert not run.bursts_warning, run.report["errors"]
+    assert bunching["streams"] == len(run.samples), bunching
+    paused = set()
+    for line in send_log.read_text().splitlines():
+        written = json.loads(line)
+        sent = [t for t, c in zip(written["sent_ns"], written["content"], strict=True) if c]
+        if any(b - a >= BURST_WAIT_MS * 1e6 for a, b in zip(sent, sent[1:], strict=False)):
+            paused.add(written["id"])
+    flagged = [s for s in run.samples if s["bunched"] == "yes"
+               and s["response_id"] not in paused]
+    print(f"\n{len(run.samples)} streams, {bunching['bunched']} bunched; the target paused "
+          f"{len(paused)} of those it wrote; bunched without a pause: {len(flagged)}")
+    assert len(flagged) <= 0.05 * len(run.samples), (flagged, len(paused), bunching)
+    if not paused:
+        assert bunching["share"] <= 0.05 and not run.bursts_warning, run.report["errors"]
 
 
 def test_gzip_gateway_honours_identity_and_a_gzip_stream_is_an_error(
