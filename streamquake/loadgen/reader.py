@@ -43,7 +43,6 @@ SHARED = os.environ.get("STREAMQUAKE_READER", "shared") != "own"
 ROUND_MAX = 64
 
 
-
 class _Backlog:
     """What a step returns when its read took a whole block: more was waiting."""
 
