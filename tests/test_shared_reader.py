@@ -62,7 +62,9 @@ def test_many_streams_are_read_by_the_one_reader_and_leave_its_set_empty(server:
     samples = run_streams(server, [f"/s?n=20&gap_ms={5 + i % 7}" for i in range(30)])
     assert [s.error for s in samples] == [None] * 30
     assert {s.content_events for s in samples} == {20}
-    assert {s.clock for s in samples} == {"kernel"}
+    # Kernel-stamped: every stream that read content after its headers (on a busy machine a
+    # whole short stream may come with them, timed at the headers as TTFB is).
+    assert {s.clock for s in samples if s.content_reads > 1} == {"kernel"}
     # Every read that brought a stream's content came through the shared set, but for the
     # one that came with the response headers (read by the greenlet, before it waits).
     content_reads = sum(s.content_reads for s in samples)
