@@ -68,7 +68,7 @@ def test_many_streams_are_read_by_the_one_reader_and_leave_its_set_empty(server:
     # Every read that brought a stream's content came through the shared set, but for the
     # one that came with the response headers (read by the greenlet, before it waits).
     content_reads = sum(s.content_reads for s in samples)
-    assert content_reads >= 30 * 10      # 5-11 ms apart: mostly an event a read
+    assert content_reads >= 30 * 5       # 5-11 ms apart: mostly an event a read, if not busy
     assert r.reads - reads >= content_reads - len(samples)
     assert not r._steps and in_set() == 0
 
