@@ -175,9 +175,12 @@ def test_fast_server_shares_reads_but_is_not_bunched(tmp_path: Path) -> None:
     assert any(int(s["content_reads"]) < int(s["content_events"]) for s in run.samples)
     # ... but after no wait a reader could see: that is not a stream held back. A stream is
     # rightly flagged when the target itself stopped writing it for a burst's wait (50 ms):
-    # on a busy machine the target's process waits for a core too. Of the others (the whole
-    # answer in one read is all a client can tell of a stream held to its end: a late wake-up
-    # of the load process may make one such, rarely) at most 5% may be flagged.
+    # on a busy machine the target's process waits for a core too. Of the others at most 2%
+    # may be flagged (headers read together with the first tokens after a wait for a core
+    # longer than the TTFT can still look held). Under scripts/test-stress --hogs 4 the load
+    # process, read late, took a whole answer in one read that came long after its headers:
+    # 2-5 of 150 such streams were flagged held until ``held`` asked for the headers to come
+    # with the answer; 0 of 149 since (twice).
     bunching = run.stats["bunching"]
     assert bunching["streams"] == len(run.samples), bunching
     paused = set()
@@ -190,7 +193,7 @@ def test_fast_server_shares_reads_but_is_not_bunched(tmp_path: Path) -> None:
                and s["response_id"] not in paused]
     print(f"\n{len(run.samples)} streams, {bunching['bunched']} bunched; the target paused "
           f"{len(paused)} of those it wrote; bunched without a pause: {len(flagged)}")
-    assert len(flagged) <= 0.05 * len(run.samples), (flagged, len(paused), bunching)
+    assert len(flagged) <= 0.02 * len(run.samples), (flagged, len(paused), bunching)
     if not paused:
         assert bunching["share"] <= 0.05 and not run.bursts_warning, run.report["errors"]
 

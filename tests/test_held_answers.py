@@ -84,9 +84,10 @@ def _span_ms(s: RequestSample) -> float:
 
 @pytest.mark.timeout(10)
 def test_held_is_judged_against_the_streams_own_length() -> None:
-    def sample(ttfb: float, gaps: list[float]) -> RequestSample:
-        return RequestSample(cls="c", sent=0.0, ttfb_ms=ttfb, ttft_ms=ttfb, itl_ms=gaps,
-                             content_events=len(gaps) + 1, content_reads=len(gaps) + 1)
+    def sample(ttfb: float, gaps: list[float], ttft: float | None = None) -> RequestSample:
+        return RequestSample(cls="c", sent=0.0, ttfb_ms=ttfb, ttft_ms=ttft or ttfb, itl_ms=gaps,
+                             content_events=len(gaps) + 1,
+                             content_reads=len(gaps) + 1 if any(gaps) else 1)
 
     # LiteLLM in front of llama-server (issue 31): 48 tokens the engine took 203 ms to make
     # came 30 ms after headers it held until the end; each event in a read of its own.
@@ -100,8 +101,14 @@ def test_held_is_judged_against_the_streams_own_length() -> None:
     # engine's pace, not at a gateway's write after write.
     slowed = sample(400.0, [2.5] * 29)
     assert (litellm.held, litellm.bunched) == (True, True)
-    assert [s.held for s in (engine, fast, slowed)] == [False] * 3
-    assert not any(s.bunched for s in (engine, fast, slowed))
+    # The fast server's headers at once, its 30 tokens 80 ms later in one read, 0.2 ms apart:
+    # a load process that waited for a core read them together, after the last was in (one
+    # stamp, gaps of 0). The headers came long before the answer: they were not held back.
+    read_late = sample(4.0, [0.0] * 29, ttft=92.0)
+    assert [s.held for s in (engine, fast, slowed, read_late)] == [False] * 4
+    assert not any(s.bunched for s in (engine, fast, slowed, read_late))
+    # Headers held back with that answer: they come with it, in the same read.
+    assert sample(92.0, [0.0] * 29).held is True
     assert sample(233.0, [0.5] * 6).held is None        # too few events to say
 
 

@@ -134,19 +134,24 @@ class RequestSample:
     @property
     def held(self) -> bool | None:
         """The response headers were held back with the answer, however its events were read:
-        the whole answer (first content event to last) came within ``HELD_SHARE`` of the wait
-        for the headers (TTFB), at less than ``HELD_GAP_MS`` a gap. A gateway that holds the
-        answer until the server is done, then writes each event on its own (LiteLLM's proxy)
-        shows so; a server sending its headers at once, or with its first token and its next
-        tokens at the pace it makes them, does not. The time our own hub was late within that
-        wait (``head_lag_ms``) does not count: bytes that waited unread are stamped as the
-        newest of them, so a late first read dates the head as late as the tokens behind it.
-        None with too few content events to say."""
-        if self.content_events < BUNCH_MIN_EVENTS or self.ttfb_ms is None or not self.itl_ms:
+        the whole answer, from the headers to its last content event, came within
+        ``HELD_SHARE`` of the wait for the headers (TTFB), at less than ``HELD_GAP_MS`` a gap.
+        A gateway that holds the answer until the server is done, then writes each event on its
+        own (LiteLLM's proxy) shows so; a server sending its headers at once, or with its first
+        token and its next tokens at the pace it makes them, does not, nor does one whose
+        headers came at once and whose answer came later in one read (a fast server's, read
+        late by a load process that waited for a core: its events share one stamp, so their
+        gaps read 0). The time our own hub was late within that wait (``head_lag_ms``) does
+        not count: bytes that waited unread are stamped as the newest of them, so a late
+        first read dates the head as late as the tokens behind it. None with too few content
+        events to say."""
+        if (self.content_events < BUNCH_MIN_EVENTS or self.ttfb_ms is None
+                or self.ttft_ms is None or not self.itl_ms):
             return None
         span = sum(self.itl_ms)
         wait = self.ttfb_ms - self.head_lag_ms
-        return span <= HELD_SHARE * wait and span <= HELD_GAP_MS * len(self.itl_ms)
+        answer = max(0.0, self.ttft_ms - self.ttfb_ms) + span
+        return answer <= HELD_SHARE * wait and span <= HELD_GAP_MS * len(self.itl_ms)
 
     @property
     def bunched(self) -> bool | None:
