@@ -270,8 +270,9 @@ SLOW: tuple[str, ...] = (
 # The quiet tier: tests that compare a process's own timing with a fixed expectation (the
 # load process keeping up, a tbf's on-state against its off-state, a client's gaps against the
 # server's sleep, User-Mode Linux's own clock) and so want the cores to themselves. scripts/test
-# runs them after the parallel tier, one at a time (-m quiet, -n 0), as the whole suite ran
-# before it was parallel; beside two other workers they failed on a busy 2-core machine.
+# runs them after the parallel tier on two workers (-m quiet -n 2): the UML group on one (it
+# keeps one core busy), the others one at a time on the other, then on both once UML is done;
+# beside two other workers each they failed on a busy 2-core machine.
 QUIET: tuple[str, ...] = (
     "test_netem_uml_gate.py", "test_uml_xstate.py",
     "test_saturation.py", "test_hub_holds.py", "test_gc_pauses.py",
