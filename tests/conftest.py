@@ -101,7 +101,7 @@ def echo_server() -> Iterator[str]:
                          "hostile server")
 
 
-# -- running in parallel (pytest-xdist, `scripts/test`: -n 3 --dist loadgroup) ------------------
+# -- running in parallel (pytest-xdist, `scripts/test`: -n 4 --dist loadgroup) ------------------
 #
 # Most tests wait on subprocesses (a run is a target, a proxy, Locust and the runner), so three
 # workers keep 2 cores busy. Tests go to workers one by one, except:
