@@ -83,6 +83,57 @@ def test_conformance_every_split_point(name: str) -> None:
         assert _parse_in_pieces([stream[:cut], stream[cut:]]) == expected, f"cut at {cut}"
 
 
+def _event_by_event(stream: bytes) -> list[bytes]:
+    """``stream`` cut after each blank line (LF LF), as a client that keeps up reads an LLM
+    stream: one event a read."""
+    pieces = stream.split(b"\n\n")
+    return [p + b"\n\n" for p in pieces[:-1]] + ([pieces[-1]] if pieces[-1] else [])
+
+
+@pytest.mark.timeout(10)
+@pytest.mark.parametrize("name", list(CASES))
+def test_conformance_event_by_event(name: str) -> None:
+    stream, expected = CASES[name]
+    assert _parse_in_pieces(_event_by_event(stream)) == expected
+    # After any of them, in the same parser: what was held, persisted or reset carries over.
+    follow = b"data: {\"x\": 1}\n\n"
+    for tail in ([follow], [follow, follow]):
+        whole = _parse_in_pieces([stream + b"".join(tail)])
+        assert _parse_in_pieces(_event_by_event(stream) + tail) == whole
+
+
+@pytest.mark.timeout(10)
+def test_a_whole_event_a_read_after_each_kind_of_held_state() -> None:
+    event = b'data: {"choices":[{"delta":{"content":"\xe2\x82\xac"}}]}\n\n'
+    parser = SSEParser()
+    assert parser.feed(event) == [E(data='{"choices":[{"delta":{"content":"\u20ac"}}]}')]
+    # With an id persisted, an event type or a retry held, a CR pending, or a partial line
+    # held, the next whole event comes out as the spec says.
+    assert parser.feed(b"id: 9\n") == []
+    assert parser.feed(b"data: a\n\n") == [E(data="a", id="9")]
+    assert parser.feed(b"event: e\n") == []
+    assert parser.feed(b"data: b\n\n") == [E(event="e", data="b", id="9")]
+    assert parser.feed(b"retry: 5\n") == []
+    assert parser.feed(b"data: c\n\n") == [E(data="c", id="9", retry=5)]
+    assert parser.feed(b"data: d\r") == []
+    assert parser.feed(b"\ndata: e\n\n") == [E(data="d\ne", id="9")]
+    assert parser.feed(b"da") == []
+    assert parser.feed(b"data: f\n\n") == []             # the line "dadata: f": unknown field
+    assert parser.feed(b"data: g\n\n") == [E(data="g", id="9")]
+    # A lone CR inside is a line end: the data line "a", then an unknown field "b".
+    assert parser.feed(b"data: a\rb\n\n") == [E(data="a", id="9")]
+    # A first read may open with a byte order mark.
+    fresh = SSEParser()
+    assert fresh.feed(b"\xef\xbb\xbfdata: h\n\n") == [E(data="h")]
+    # Its limits hold too.
+    small = SSEParser(SSELimits(max_line_bytes=64, max_event_bytes=16))
+    assert small.feed(b": opened\n") == []
+    assert small.feed(b"data: " + b"x" * 16 + b"\n\n") == [E(data="x" * 16)]
+    with pytest.raises(SSELimitError) as err:
+        small.feed(b"data: " + b"x" * 17 + b"\n\n")
+    assert err.value.kind == "event"
+
+
 @pytest.mark.timeout(10)
 def test_cr_ending_a_read_dispatches_at_once_and_pairs_with_next_lf() -> None:
     parser = SSEParser()
