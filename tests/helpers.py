@@ -22,6 +22,8 @@ from typing import Any, Protocol
 import pytest
 
 from streamquake.errors import EXIT_NOT_JUDGED, EXIT_OK, EXIT_SLO_BROKEN
+from streamquake.loadgen.attribution import Window, due_at, ended_at, window_at
+from streamquake.loadgen.samples import RequestSample
 
 TAIL = 3000
 
@@ -129,3 +131,19 @@ def wait_for_line(proc: subprocess.Popen[str], text: str, times: int = 1,
     proc.kill()
     rest, _ = proc.communicate(timeout=60)
     pytest.fail(f"never saw {text!r} {times} time(s):\n" + "".join(seen) + (rest or ""))
+
+
+def spared_by_fault(report: dict[str, Any], samples: list[RequestSample], step: str,
+                    fault: str | None = None) -> int:
+    """How many of ``step``'s requests a proxy fault on in that step may rightly leave alone:
+    those sent before the fault was applied (a busy machine's apply lets a few through, and
+    the proxy spares a stream it held before) and those still running when it was reverted
+    (due in the step's last moments); at least 2. ``fault``: its name (default: the only
+    one)."""
+    record = next(f for f in report["faults"] if fault is None or f["name"] == fault)
+    windows = [Window(p["name"], p["start"], p["end"]) for p in report["phases"]]
+    mine = [x for x in samples
+            if (w := window_at(due_at(x), windows)) is not None and w.name == step]
+    early = sum(1 for x in mine if x.sent < record["applied_at"])
+    crossing = sum(1 for x in mine if x.sent < record["reverted_at"] < ended_at(x))
+    return max(2, early + crossing)

@@ -21,7 +21,7 @@ from tests.conftest import run_cli
 from tests.engines.llama_server import ENV_BINARY, EXACT_LENGTH, LlamaServer, binary, llama_server
 from tests.engines.model import CHAT_TEMPLATE, ModelShape, vocabulary, write_model
 from tests.engines.tap import Exchange, Tap, read
-from tests.helpers import assert_run_ended
+from tests.helpers import assert_run_ended, spared_by_fault
 
 __all__ = ["llama_server"]   # the session fixture
 
@@ -279,8 +279,10 @@ def test_an_error_event_through_the_proxy_is_the_clients_stream_error_in_its_ste
     assert sum(e.get("stream_error", 0) for e in errors.values()) == injected, (errors, injected)
     assert {(s.error, s.content_events) for s in samples if s.error} == {("stream_error", 3)}
     step = _phase(report, "fault")["stats"]
-    # A request sent in baseline's last moment may reach the proxy just after the fault came on.
-    assert step["errors"].get("stream_error", 0) >= step["requests"] - 2, step
+    # Every stream of the step's but those sent before the fault was on or still running when
+    # it was reverted (under scripts/test-stress --hogs 4: 20 of 23 failed, the rule's -2 then).
+    spared = spared_by_fault(report, samples, "fault")
+    assert step["errors"].get("stream_error", 0) >= step["requests"] - spared, (step, spared)
     assert errors["recovery"].get("stream_error", 0) == 0, errors
     for name in ("baseline", "recovery"):
         assert _phase(report, name)["stats"]["successes"] > 0, name

@@ -28,12 +28,20 @@ def _spin(seconds: float, yield_every: float) -> None:
         gevent.sleep(0.001)
 
 
+def _run_queue_s() -> float:
+    """Seconds this thread has waited for a core (schedstat): what a busy machine costs it."""
+    with open("/proc/thread-self/schedstat", encoding="ascii") as f:
+        return int(f.read().split()[1]) / 1e9
+
+
 @pytest.mark.timeout(30)
 def test_a_busy_process_measures_itself_saturated_and_an_idle_one_not(tmp_path: Path) -> None:
     guard = self_measure.start(None, tmp_path)
     assert guard is not None
     try:
+        waited = _run_queue_s()
         gevent.sleep(1.2)               # idle: a second of nothing
+        waited = _run_queue_s() - waited
         _spin(2.3, yield_every=0.3)     # busy: the hub runs every 300 ms, the CPU never rests
         gevent.sleep(0.1)
     finally:
@@ -41,10 +49,19 @@ def test_a_busy_process_measures_itself_saturated_and_an_idle_one_not(tmp_path: 
     seconds = SaturationTail(tmp_path).poll()
     assert len(seconds) >= 3, seconds
     idle, busy = seconds[0], seconds[-1]
-    print(f"\nidle: CPU {idle.cpu_pct}%, lag max {max(idle.lag_ms):.2f} ms; busy: CPU "
-          f"{busy.cpu_pct}%, lag max {max(busy.lag_ms):.1f} ms -> {busy.reasons()}")
+    print(f"\nidle: CPU {idle.cpu_pct}%, lag max {max(idle.lag_ms):.2f} ms, waited for a core "
+          f"{waited * 1000:.1f} ms -> {idle.reasons()}; busy: CPU {busy.cpu_pct}%, lag max "
+          f"{max(busy.lag_ms):.1f} ms -> {busy.reasons()}")
     # Idle wake-ups are late only by what the scheduler adds; the busy ones by 250 ms or more.
-    assert idle.cpu_pct < 50 and max(idle.lag_ms) < min(busy.lag_ms) and idle.reasons() == []
+    assert idle.cpu_pct < 50 and max(idle.lag_ms) < min(busy.lag_ms)
+    # An idle process that got a core when it asked has no reason to be judged saturated. One
+    # that waited for one (scripts/test-stress --hogs 4: 66 ms late wake-ups, hub lag p90
+    # 18.6 ms) is rightly said to be late: its hub was, whatever kept it from running. Never
+    # for its CPU.
+    if waited < 0.005:
+        assert idle.reasons() == [], (waited, idle.reasons())
+    else:
+        assert not any("CPU" in r for r in idle.reasons()), idle.reasons()
     assert len(idle.lag_ms) >= 15         # a probe every 50 ms
     # The CPU share is what this process got of a shared machine (24-100% here, with other
     # test runs on both cores); the hub lag is certain.

@@ -24,9 +24,11 @@ from streamquake.faults.proxy.server import ProxyProcess
 from streamquake.faults.proxy.spec import SSEProxyFault
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
+from streamquake.reports.csv_report import iter_samples
 from streamquake.scenario import load_scenario
 from tests import one_request
 from tests.conftest import run_cli
+from tests.helpers import spared_by_fault
 from tests.one_request import control, proxied_target
 
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 12, "max": 12}, "seed": 3}
@@ -235,10 +237,13 @@ def test_a_run_counts_the_injected_errors_in_the_fault_phase_only(
     assert sum(e[category] for e in errors.values()) == injected > 0, (errors, injected)
     assert sum(sum(e.values()) for e in errors.values()) == injected, errors
     # In the fault phase; none after it. A request sent in baseline's last moment may reach
-    # the proxy just after the fault is on (streams it held before are spared).
+    # the proxy just after the fault is on (streams it held before are spared). Of the step's
+    # own, all but those sent before the fault was on or still running when it was reverted
+    # (under scripts/test-stress --hogs 4: 39 of 42 failed, the rule's -2 then).
     assert errors["recovery"][category] == 0 and errors["baseline"][category] <= 1, errors
     fault = phases["fault"]
-    assert fault["errors"][category] >= max(1, fault["requests"] - 2), fault
+    spared = spared_by_fault(report, list(iter_samples(out / "run" / "samples")), "fault")
+    assert fault["errors"][category] >= max(1, fault["requests"] - spared), (fault, spared)
     for name in ("baseline", "recovery"):
         assert phases[name]["successes"] > 0, name
     assert any(says in reason for reason in fault["error_reasons"][category]), \

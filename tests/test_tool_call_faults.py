@@ -27,7 +27,6 @@ from streamquake.errors import ScenarioError
 from streamquake.faults.proxy.framing import SSEFramer, parse_event, tool_args_delta
 from streamquake.faults.proxy.server import ProxyProcess
 from streamquake.faults.proxy.spec import SSEProxyFault
-from streamquake.loadgen.attribution import Window, due_at, ended_at, window_at
 from streamquake.loadgen.failures import _Failed
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.tally import _ToolCall
@@ -36,6 +35,7 @@ from streamquake.reports.csv_report import iter_samples
 from streamquake.scenario import load_scenario
 from tests import one_request
 from tests.conftest import run_cli
+from tests.helpers import spared_by_fault
 from tests.one_request import control, proxied_target
 
 TOKENS = 10
@@ -361,9 +361,6 @@ def test_a_run_counts_each_steps_spoilt_calls_in_that_step_only(tmp_path: Path) 
     phases = {p["name"]: p["stats"] for p in report["phases"]}
     errors = {name: stats["errors"] for name, stats in phases.items()}
     done = {f["name"]: f["reverted"]["stats"] for f in report["faults"]}
-    applied = {f["name"]: f["applied_at"] for f in report["faults"]}
-    reverted = {f["name"]: f["reverted_at"] for f in report["faults"]}
-    windows = [Window(p["name"], p["start"], p["end"]) for p in report["phases"]]
     samples = list(iter_samples(out / "run" / "samples"))
     for name, counter in zip(("cut", "duplicate", "reorder"), COUNTERS, strict=True):
         # The proxy's count of what it did is the client's count of tool_call errors in that
@@ -373,16 +370,11 @@ def test_a_run_counts_each_steps_spoilt_calls_in_that_step_only(tmp_path: Path) 
         assert all(done[name][c] == 0 for c in COUNTERS if c != counter), (name, done)
         if name != "reorder":
             # Every stream but those of the step's requests sent before its fault was applied
-            # (a busy machine's apply lets a few through; the proxy spares a stream it held
-            # before) or still running when it was reverted (due in the step's last tens of
-            # ms: two a run on a quiet machine, three on a busy one).
-            mine = [x for x in samples
-                    if (w := window_at(due_at(x), windows)) is not None and w.name == name]
-            early = sum(1 for x in mine if x.sent < applied[name])
-            crossing = sum(1 for x in mine if x.sent < reverted[name] < ended_at(x))
-            spared = max(2, early + crossing)
+            # or still running when it was reverted (due in the step's last tens of ms: two a
+            # run on a quiet machine, three on a busy one).
+            spared = spared_by_fault(report, samples, name, name)
             assert done[name][counter] >= phases[name]["requests"] - spared, (
-                name, phases[name], early, crossing)
+                name, phases[name], spared)
     reorder = phases["reorder"]
     assert 0 < reorder["errors"]["tool_call"] < reorder["requests"], reorder
     for name in ("before", "after"):
