@@ -103,7 +103,7 @@ def echo_server() -> Iterator[str]:
 
 # -- running in parallel (pytest-xdist, `scripts/test`: -n 4 --dist loadgroup) ------------------
 #
-# Most tests wait on subprocesses (a run is a target, a proxy, Locust and the runner), so three
+# Most tests wait on subprocesses (a run is a target, a proxy, Locust and the runner), so four
 # workers keep 2 cores busy. Tests go to workers one by one, except:
 #
 # * a module whose tests share a module-scoped fixture (one real run that several tests read)
