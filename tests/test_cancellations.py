@@ -80,6 +80,11 @@ def test_a_share_of_a_class_is_cancelled_after_n_tokens_or_ms_and_counted_apart(
     report, rows, sends = _run(tmp_path)
     measured = [p for p in report["phases"] if p["name"] in ("baseline", "fault", "recovery")]
     assert len(measured) == 3
+    # A stream the clock closed before its first token came (a busy machine's: its 100 ms
+    # passed first) has no TTFT to count; only the clock's class may have one.
+    tokenless = [r for r in rows if r["cancelled"] == "yes" and not r["ttft_ms"]]
+    assert all(r["class"] == "stopper" and int(r["content_events"]) == 0 for r in tokenless), \
+        tokenless
     for phase in measured:
         assert phase["classes"]["patient"]["cancelled"] == 0
         for name in ("impatient", "stopper"):
@@ -91,8 +96,10 @@ def test_a_share_of_a_class_is_cancelled_after_n_tokens_or_ms_and_counted_apart(
             assert abs(cls["cancelled"] - SHARE * ended) <= 4 * sd, (phase["name"], name, cls)
             # Neither a success nor an error: the completed streams are what is left.
             assert cls["successes"] == cls["requests"] == ended - cls["cancelled"]
-            # Their first tokens count (each came before the close); their E2E does not.
-            assert cls["ttft_ms"]["count"] == ended
+            # Their first tokens count (those that came before the close); their E2E does not.
+            no_first = sum(1 for r in tokenless
+                           if r["phase"] == phase["name"] and r["class"] == name)
+            assert cls["ttft_ms"]["count"] == ended - no_first, (phase["name"], name, cls)
             assert cls["e2e_ms"]["count"] == cls["successes"]
             assert cls["usage_tokens"] == TOKENS * cls["successes"]
         stats = phase["stats"]
@@ -182,18 +189,36 @@ def _tokens_generated(server: LlamaServer) -> float:
     return value
 
 
+def _llama_run(path: Path, server: LlamaServer) -> tuple[float, list[dict[str, str]]]:
+    """One run of the scenario at ``path``: llama-server's count of the tokens it generated in
+    it, and the run's samples."""
+    before = _tokens_generated(server)
+    out = path.parent / f"out-{path.stem}"
+    proc = run_cli("run", str(path), "--out", str(out), timeout=150)
+    assert_run_ended(proc)
+    # A cancelled request's slot is released when the engine sees the close: give it a moment.
+    time.sleep(1.0)
+    generated = _tokens_generated(server) - before
+    with open(out / "samples.csv", encoding="utf-8") as f:
+        return generated, list(csv.DictReader(f))
+
+
+# Enough of each kind to average over; a busy machine (llama-server slower) gets more runs.
+ENOUGH, RUNS = 8, 3
+
+
 @pytest.mark.slow
-@pytest.mark.timeout(240)
+@pytest.mark.timeout(480)
 def test_on_llama_server_a_cancelled_stream_gives_its_capacity_back(
         tmp_path: Path, counting_llama: LlamaServer) -> None:
     """A cancelled stream stops the engine's work on it: llama-server's own count of the tokens
     it generated in the run is the completed streams' tokens plus a few per cancelled one (the
     AFTER the client read, and what was under way when the close reached it), not the whole
-    answer each cancelled stream asked for."""
+    answer each cancelled stream asked for. One run gives enough streams on a quiet machine; on
+    a busy one the same run is made again (at most RUNS in all) and the counts added up."""
     body = {"messages": [{"role": "user", "content": "Say something."}],
             "max_tokens": LLAMA_TOKENS, **EXACT_LENGTH}
-    scenario = tmp_path / "cancel-llama.yaml"
-    scenario.write_text(f"""\
+    scenario = f"""\
 name: cancellations-llama-server
 target: {{protocol: openai, model: tiny, url: "{counting_llama.url}", timeout: 30s,
           probe: false}}
@@ -209,32 +234,35 @@ load:
 phases: {{warmup: 1s, baseline: 3s, fault: 3s, recovery: 3s}}
 slos:
   - {{metric: error_rate, max: 10%}}
-""")
-    before = _tokens_generated(counting_llama)
-    out = tmp_path / "out"
-    proc = run_cli("run", str(scenario), "--out", str(out), timeout=150)
-    assert_run_ended(proc)
-    # A cancelled request's slot is released when the engine sees the close: give it a moment.
-    time.sleep(1.0)
-    generated = _tokens_generated(counting_llama) - before
-    with open(out / "samples.csv", encoding="utf-8") as f:
-        rows = list(csv.DictReader(f))
+"""
+    generated, rows, runs = 0.0, [], 0
+    while runs < RUNS:
+        runs += 1
+        path = tmp_path / f"cancel-llama-{runs}.yaml"
+        path.write_text(scenario)
+        tokens, more = _llama_run(path, counting_llama)
+        generated += tokens
+        rows += more
+        if min(sum(r["cancelled"] == "yes" for r in rows),
+               sum(r["cancelled"] != "yes" and not r["error"] for r in rows)) >= ENOUGH:
+            break
     failed = [r for r in rows if r["error"]]
     # The only error allowed: a request llama-server's closing keep-alive connection lost
     # before any byte of it reached the engine (no token generated for it).
     assert all(r["error"] == "connect" and r["error_detail"] == STALE for r in failed), failed
-    assert len(failed) <= 2, failed
+    assert len(failed) <= 2 * runs, failed
     cancelled = [r for r in rows if r["cancelled"] == "yes"]
     completed = [r for r in rows if r["cancelled"] != "yes" and not r["error"]]
     assert {r["class"] for r in cancelled} == {"impatient"}
-    assert len(cancelled) >= 8 and len(completed) >= 8, (len(cancelled), len(completed))
+    assert len(cancelled) >= ENOUGH and len(completed) >= ENOUGH, \
+        (len(cancelled), len(completed), runs)
     assert all(int(r["content_events"]) == AFTER for r in cancelled), cancelled
     assert all(int(r["output_tokens"]) == LLAMA_TOKENS for r in completed), completed
     # The engine's tokens beyond the completed answers' are the cancelled streams': at least
     # the AFTER each was read, and far fewer than their whole answers (LLAMA_TOKENS each).
     beyond = generated - LLAMA_TOKENS * len(completed)
     per_cancelled = beyond / len(cancelled)
-    print(f"\nllama-server generated {generated:.0f} tokens: {len(completed)} completed answers "
-          f"of {LLAMA_TOKENS}, {len(cancelled)} cancelled after {AFTER} "
+    print(f"\nllama-server generated {generated:.0f} tokens in {runs} run(s): {len(completed)} "
+          f"completed answers of {LLAMA_TOKENS}, {len(cancelled)} cancelled after {AFTER} "
           f"({per_cancelled:.1f} generated per cancelled stream)")
     assert AFTER <= per_cancelled <= LLAMA_TOKENS / 4, (generated, len(completed), len(cancelled))

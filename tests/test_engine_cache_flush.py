@@ -346,9 +346,17 @@ def _timings_by_step(tap: Tap, report: dict[str, Any]) -> dict[str, list[dict[st
 
 # A flushed request reads 395 tokens on one thread: 0.5 s to 1 s, and 2.5 s with every core
 # busy (the first ones after the flush too, the cache empty), so the steps are longer here.
+#
+# One user at a time: llama-server defers the erase of a busy slot until a slot is released,
+# then takes one deferred task back per release. With two users on a busy machine (scripts/
+# test-stress, 12 busy loops) a user's next request reached its slot before that slot's erase
+# did, again and again: the flush step read 1 prompt token anew at the median, as the steps
+# around it, while the fault counted 32 erases done (reuse 0.60 against 1.00 before). With one
+# user the released slot's erase is the only one deferred, and it runs first: the same load
+# read the whole prompt anew in every flush-step request (reuse 0.00).
 LLAMA_STEPS = """  - {name: warm, kind: warmup, duration: 3s}
   - {name: before, kind: baseline, duration: 5s}
-  - {name: flush, kind: fault, duration: 8s, faults: [flush]}
+  - {name: flush, kind: fault, duration: 10s, faults: [flush]}
   - {name: after, kind: recovery, duration: 8s}"""
 
 
@@ -363,7 +371,7 @@ def test_on_llama_server_the_engines_own_timings_show_the_flush_in_its_step_only
         # An erase of a busy slot waits for it: up to a flushed request's length, over 1 s here.
         fault = (f'{{type: cache_flush, name: flush, every: 100ms, timeout: 10s, '
                  f'url: "{erasable_llama.url}"}}')
-        report = _run(tmp_path, _scenario(tmp_path, target, fault, LLAMA_STEPS, users=2,
+        report = _run(tmp_path, _scenario(tmp_path, target, fault, LLAMA_STEPS, users=1,
                                           think="{min: 50ms, max: 150ms}"))
     by_step = _timings_by_step(tap, report)
     prompt_n = {name: statistics.median(t["prompt_n"] for t in by_step.get(name, [{}]))
@@ -415,7 +423,7 @@ def test_llama_server_without_slot_save_path_is_refused_with_its_own_words(
 CONVERSATION = """name: conversations-llama-server
 target: {{protocol: openai, model: tiny, url: "{url}", timeout: 30s, probe: false}}
 load:
-  users: 2
+  users: 1
   think_time: {{min: 10ms, max: 30ms}}
   classes:
     - name: chat
@@ -441,20 +449,26 @@ def test_on_llama_server_a_conversations_prefix_reuse_is_lost_in_the_flush_step_
     ``timings.cache_n``, read by the client); a flush every 100 ms in the middle step takes that
     reuse away and the later turns read their whole history again; after it the reuse is back."""
     scenario = tmp_path / "conversations.yaml"
-    # A 14 s flush step: under scripts/test-stress --hogs 4 its 8 s saw only two third turns
-    # (a flushed turn re-reads its whole history: p50 1.2 s there), too few to compare.
-    steps = LLAMA_STEPS.replace("kind: fault, duration: 8s", "kind: fault, duration: 14s")
+    # A 14 s flush step: under scripts/test-stress --hogs 4 an 8 s one saw only two third turns
+    # (a flushed turn re-reads its whole history: p50 1.2 s there), too few to compare. One
+    # user, as LLAMA_STEPS says why.
+    steps = LLAMA_STEPS.replace("kind: fault, duration: 10s", "kind: fault, duration: 14s")
     assert steps != LLAMA_STEPS
     scenario.write_text(CONVERSATION.format(url=erasable_llama.url, steps=steps))
     report = _run(tmp_path, scenario)
     by = {p["name"]: p["stats"] for p in report["phases"]}
     reuse = {name: by[name]["prompt_cache_reuse"] for name in ("before", "flush", "after")}
-    last = {name: by[name]["conversation"]["turns"]["3"]["ttft_ms"]
-            for name in ("before", "flush", "after")}
-    print("\nprompt_cache_reuse:", reuse, "turn 3 TTFT p50:",
-          {name: t["p50"] for name, t in last.items()},
+    # The turns that carry a history (2 and 3), per step: a flushed one re-reads all of it.
+    later = {turn: {name: by[name]["conversation"]["turns"][turn]["ttft_ms"] for name in reuse}
+             for turn in ("2", "3")}
+    print("\nprompt_cache_reuse:", reuse, "turn 2 and 3 TTFT p50:",
+          {turn: {name: t["p50"] for name, t in steps.items()} for turn, steps in later.items()},
           "sessions:", {name: by[name]["conversation"]["sessions"] for name in reuse})
-    assert all(t["count"] >= 3 for t in last.values()), last
+    # At least 3 such turns in each step (on a machine whose every core is busy, 12 busy loops,
+    # the 14 s flush step held two sessions: two second and two third turns).
+    assert all(sum(later[turn][name]["count"] for turn in later) >= 3 and
+               all(later[turn][name]["count"] >= 1 for turn in later) for name in reuse), later
     assert reuse["before"] > 0.5 and reuse["after"] > 0.5, reuse
     assert reuse["flush"] < 0.5 * min(reuse["before"], reuse["after"]), reuse
-    assert last["flush"]["p50"] > max(last["before"]["p50"], last["after"]["p50"]), last
+    for steps in later.values():
+        assert steps["flush"]["p50"] > max(steps["before"]["p50"], steps["after"]["p50"]), later
