@@ -347,8 +347,9 @@ def _timings_by_step(tap: Tap, report: dict[str, Any]) -> dict[str, list[dict[st
 # A flushed request reads 395 tokens on one thread: 0.5 s to 1 s, and 2.5 s with every core
 # busy (the first ones after the flush too, the cache empty), so the steps are longer here.
 #
-# One user at a time: llama-server defers the erase of a busy slot until a slot is released,
-# then takes one deferred task back per release. With two users on a busy machine (scripts/
+# One user at a time: llama-server defers the erase of a busy slot, and each slot released
+# takes one deferred task back (llama.cpp's callback_on_release: the oldest deferred task in
+# older builds, the one that asked for that slot in newer ones). With two users on a busy machine (scripts/
 # test-stress, 12 busy loops) a user's next request reached its slot before that slot's erase
 # did, again and again: the flush step read 1 prompt token anew at the median, as the steps
 # around it, while the fault counted 32 erases done (reuse 0.60 against 1.00 before). With one
