@@ -349,12 +349,12 @@ def _timings_by_step(tap: Tap, report: dict[str, Any]) -> dict[str, list[dict[st
 #
 # One user at a time: llama-server defers the erase of a busy slot, and each slot released
 # takes one deferred task back (llama.cpp's callback_on_release: the oldest deferred task in
-# older builds, the one that asked for that slot in newer ones). With two users on a busy machine (scripts/
-# test-stress, 12 busy loops) a user's next request reached its slot before that slot's erase
-# did, again and again: the flush step read 1 prompt token anew at the median, as the steps
-# around it, while the fault counted 32 erases done (reuse 0.60 against 1.00 before). With one
-# user the released slot's erase is the only one deferred, and it runs first: the same load
-# read the whole prompt anew in every flush-step request (reuse 0.00).
+# older builds, the one that asked for that slot in newer ones). With two users on a busy
+# machine (scripts/test-stress, 12 busy loops) a user's next request reached its slot before
+# that slot's erase did, again and again: the flush step read 1 prompt token anew at the
+# median, as the steps around it, while the fault counted 32 erases done (reuse 0.60 against
+# 1.00 before). With one user the released slot's erase is the only one deferred, and it runs
+# first: the same load read the whole prompt anew in every flush-step request (reuse 0.00).
 LLAMA_STEPS = """  - {name: warm, kind: warmup, duration: 3s}
   - {name: before, kind: baseline, duration: 5s}
   - {name: flush, kind: fault, duration: 10s, faults: [flush]}
