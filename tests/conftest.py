@@ -101,9 +101,9 @@ def echo_server() -> Iterator[str]:
                          "hostile server")
 
 
-# -- running in parallel (pytest-xdist, `scripts/test`: -n 4 --dist loadgroup) ------------------
+# -- running in parallel (pytest-xdist, `scripts/test`: -n 5 --dist loadgroup) ------------------
 #
-# Most tests wait on subprocesses (a run is a target, a proxy, Locust and the runner), so four
+# Most tests wait on subprocesses (a run is a target, a proxy, Locust and the runner), so five
 # workers keep 2 cores busy. Tests go to workers one by one, except:
 #
 # * a module whose tests share a module-scoped fixture (one real run that several tests read)

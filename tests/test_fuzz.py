@@ -163,8 +163,11 @@ def test_loader_reads_json_documents_as_their_values(value: Any, indent: bool) -
     assert same(parse_yaml(text, "f.yaml").value, {"v": value})
 
 
+# Two mappings of up to 5 nested values each (up to 40 leaves a value): hypothesis spends
+# ~90 ms drawing an example (27 s for 300 on a quiet core, 45-63 s in CI's parallel tier),
+# so the ci profile draws 100 of them; nightly, as many as the others.
 @pytest.mark.timeout(TIMEOUT)
-@FUZZ
+@settings(FUZZ, max_examples=EXAMPLES if NIGHTLY else 100)
 @given(st.dictionaries(st.from_regex(r"[a-z]{1,8}", fullmatch=True), JSON_VALUES, max_size=5),
        st.dictionaries(st.from_regex(r"[a-z]{1,8}", fullmatch=True), JSON_VALUES, max_size=5))
 def test_loader_merges_and_aliases_as_yaml_says(base: dict[str, Any],
