@@ -289,22 +289,6 @@ QUIET: tuple[str, ...] = (
     # llama-server's formats: in the parallel tier of a fresh clone's CI (2026-12-04) its
     # /v1/responses streams summed to 1.044 of the span, the relay's threads late to forward.
     "test_stream_formats.py::test_llama_server_streams_of_each_format_match_the_wire",
-    # The repeat runs (tests/repeat_runs.py: four identical runs, then the regressions) and
-    # what compare and history say of them: identical runs must not differ beyond a 3 ms
-    # floor. In the parallel tier beside the CPU-bound tests (capacity search, quantile
-    # coverage, a run near capacity), the fourth identical run's baseline ITL p95 read 16.1 ms
-    # against 11.9-12.3 in the three before it (a fresh clone on 5 workers, 2026-12-05), and
-    # both commands rightly flagged it: the machine differed between the runs.
-    "test_compare.py::test_identical_runs_are_not_flagged",
-    "test_compare.py::test_a_real_regression_is_found_between_runs",
-    "test_compare.py::test_a_saturated_phase_is_not_judged",
-    "test_history.py::test_history_does_not_flag_identical_runs",
-    "test_history.py::test_history_flags_the_run_that_got_slower",
-    "test_history.py::test_history_does_not_judge_a_saturated_phase",
-    "test_history.py::test_history_says_what_compare_says_on_the_same_runs",
-    "test_history.py::test_too_few_earlier_runs_are_no_judgement",
-    "test_history.py::test_stored_series_one_error_is_no_regression_a_30_percent_move_is",
-    "test_history.py::test_stored_series_a_busy_run_in_the_window_widens_the_margin",
 )
 
 # Groups whose shared fixture is a real run (or several): slow as a whole, since the fixture's
