@@ -348,10 +348,6 @@ def test_a_key_in_the_targets_path_is_sent_but_never_shown(
 
 # -- against llama-server ------------------------------------------------------------------------
 
-# The tenant's answers: short enough that some end within its 6 s step on a busy machine
-# (with 20, under scripts/test-stress --hogs 4 beside the suite, its 3 streams had 15 tokens
-# each when the step ended, none whole).
-TENANT_TOKENS = 10
 LLAMA_STEPS = """  - {name: warm, kind: warmup, duration: 2s}
   - {name: before, kind: baseline, duration: 5s}
   - {name: noise, kind: fault, duration: 6s, faults: [tenant]}
@@ -372,7 +368,7 @@ def test_on_llama_server_the_tenants_long_prompts_take_its_slots_in_its_step_onl
     body = {"messages": [{"role": "user", "content": "Say something short."}], "max_tokens": 16,
             **EXACT_LENGTH}
     fault = "{type: noisy_tenant, name: tenant, concurrency: 3, prompt_tokens: 100, " \
-            f"max_tokens: {TENANT_TOKENS}}}"
+            "max_tokens: 20}"
     with Tap(port) as tap:
         scenario = tmp_path / "noisy-llama.yaml"
         scenario.write_text(f"""name: noisy-tenant-llama-server
@@ -412,7 +408,7 @@ steps:
         sample_ids = {s["response_id"] for s in csv.DictReader(f)}
     # Every request the relay carried is a sample's, the run's probe of the class, the tenant's
     # preflight (one token) or one of its long streams (some still queued at revert).
-    long_prompts = [ex for ex in exchanges if ex.request.get("max_tokens") == TENANT_TOKENS]
+    long_prompts = [ex for ex in exchanges if ex.request.get("max_tokens") == 20]
     assert len(long_prompts) == sent["requests_sent"], (len(long_prompts), sent)
     answered = {ex.events[0].json["id"]: ex for ex in exchanges if ex.status == 200 and ex.events}
     ours = [ex for rid, ex in answered.items() if rid in sample_ids]
