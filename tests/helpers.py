@@ -14,6 +14,7 @@ waiting for a line a process prints.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -147,3 +148,11 @@ def spared_by_fault(report: dict[str, Any], samples: list[RequestSample], step: 
     early = sum(1 for x in mine if x.sent < record["applied_at"])
     crossing = sum(1 for x in mine if x.sent < record["reverted_at"] < ended_at(x))
     return max(2, early + crossing)
+
+
+# The fuzz tests' profile (tests/test_fuzz.py, tests/test_fuzz_scenarios.py): ``ci`` by default,
+# ``nightly`` from scripts/fuzz (STREAMQUAKE_FUZZ_PROFILE).
+FUZZ_PROFILE = os.environ.get("STREAMQUAKE_FUZZ_PROFILE", "ci")
+if FUZZ_PROFILE not in ("ci", "nightly"):
+    raise RuntimeError(f"STREAMQUAKE_FUZZ_PROFILE={FUZZ_PROFILE!r}: use 'ci' or 'nightly'")
+NIGHTLY = FUZZ_PROFILE == "nightly"

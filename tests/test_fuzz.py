@@ -17,7 +17,6 @@ from __future__ import annotations
 import functools
 import json
 import math
-import os
 import re
 from typing import Any
 
@@ -30,12 +29,9 @@ from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, S
 from streamquake.located_yaml import MAX_NUMBER, parse_yaml
 from streamquake.scenario import parse_scenario
 from tests.conftest import REPO
+from tests.helpers import NIGHTLY
 from tests.timing import cpu_s
 
-PROFILE = os.environ.get("STREAMQUAKE_FUZZ_PROFILE", "ci")
-if PROFILE not in ("ci", "nightly"):
-    raise RuntimeError(f"STREAMQUAKE_FUZZ_PROFILE={PROFILE!r}: use 'ci' or 'nightly'")
-NIGHTLY = PROFILE == "nightly"
 EXAMPLES = 10_000 if NIGHTLY else 300
 FUZZ = settings(
     max_examples=EXAMPLES,

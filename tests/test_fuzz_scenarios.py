@@ -19,7 +19,6 @@ from __future__ import annotations
 import copy
 import json
 import math
-import os
 import time
 import traceback
 from collections.abc import Iterator
@@ -34,6 +33,7 @@ from streamquake.run.dry_run import dry_run_plan
 from streamquake.run.load_from_scenario import load_plan_for
 from streamquake.scenario import parse_scenario
 from tests.conftest import REPO
+from tests.helpers import NIGHTLY
 
 WRONG: list[Any] = [None, True, False, [], {}, [1, "a"], {"a": 1}, math.inf, -math.inf,
                     math.nan, 2**70, -2**70, -1, 0, 1e-300, "x" * 5000, "\ud800",
@@ -49,14 +49,11 @@ KINDS: list[list[Any]] = [
     [v for v in WRONG if isinstance(v, str)],
 ]
 assert sorted(map(repr, WRONG)) == sorted(repr(v) for kind in KINDS for v in kind)
-PROFILE = os.environ.get("STREAMQUAKE_FUZZ_PROFILE", "ci")
-if PROFILE not in ("ci", "nightly"):
-    raise RuntimeError(f"STREAMQUAKE_FUZZ_PROFILE={PROFILE!r}: use 'ci' or 'nightly'")
 
 
 def _values(i: int) -> list[Any]:
     """The wrong values the ``i``-th path of a scenario is given in this profile."""
-    if PROFILE == "nightly":
+    if NIGHTLY:
         return WRONG
     return [kind[i % len(kind)] for kind in KINDS]
 
