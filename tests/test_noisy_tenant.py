@@ -350,7 +350,7 @@ def test_a_key_in_the_targets_path_is_sent_but_never_shown(
 
 LLAMA_STEPS = """  - {name: warm, kind: warmup, duration: 2s}
   - {name: before, kind: baseline, duration: 5s}
-  - {name: noise, kind: fault, duration: 6s, faults: [tenant]}
+  - {name: noise, kind: fault, duration: 12s, faults: [tenant]}
   - {name: after, kind: recovery, duration: 6s}"""
 
 
