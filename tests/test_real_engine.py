@@ -205,7 +205,9 @@ def test_chunk_drop_through_the_proxy_shows_only_in_the_fault_phase(
     port = int(llama_server.url.rsplit(":", 1)[1])
     with Tap(port) as tap:
         report, samples = _run(tmp_path, _scenario(
-            tmp_path, tap.url, "{warmup: 1s, baseline: 4s, fault: 5s, recovery: 4s}",
+            # A fault step long enough for whole streams: under the suite with two busy loops
+            # per core, 8 users on 4 slots took 3.7 s a stream (p50), and none of 5 s fit.
+            tmp_path, tap.url, "{warmup: 1s, baseline: 4s, fault: 10s, recovery: 4s}",
             "faults: [{type: sse_proxy, name: drop, phase: fault, drop: 15%, seed: 19}]",
             # More users than slots, none thinking: the proxy's pooled connections meet
             # llama-server closing them (it does after every stream while saying Keep-Alive).

@@ -501,17 +501,25 @@ def test_gpu_clock_scale_multiplies_delays(tmp_path: Path) -> None:
         "m.slowdown_factor = lambda: 2.0\n"
         "sys.modules['streamquake.embedded.gpu_speed'] = m\n"
     )
+    log = tmp_path / "send.jsonl"
     cfg = TargetConfig.model_validate(
         {"ttft": "100ms", "itl": "10ms", "output_tokens": {"min": 11, "max": 11},
-         "gpu_clock_scale": True}
+         "gpu_clock_scale": True, "send_log": str(log)}
     )
     with start_target(cfg, env={"PYTHONPATH": str(tmp_path)}) as target:
         reply = post(target.url + GENERIC, generic_body())
-    times = [ev.at for ev, _ in content_events(reply, generic_text)]
-    # Twice the configured delays: never less (a sleep is not short), and less than three
-    # times (a factor applied twice would make it four).
-    assert 0.195 <= times[0] - reply.sent < 0.300, times[0] - reply.sent
-    assert 0.190 <= times[-1] - times[0] < 0.300, times[-1] - times[0]
+    assert len(content_events(reply, generic_text)) == 11
+    # The target's own send times (its send log), not when this client read them: a client
+    # that read the first token late (a busy machine) saw the ten gaps as 185 ms.
+    (line,) = [json.loads(text) for text in log.read_text().splitlines()]
+    sent = [ns / 1e9 for ns, token in zip(line["sent_ns"], line["content"], strict=True)
+            if token]
+    assert len(sent) == 11, line
+    # Twice the configured delays: never less (a sleep is not short); a factor applied twice
+    # (four times) could not come under 0.400 s, whatever the machine's load adds.
+    ttft = sent[0] - line["admitted_ns"] / 1e9
+    assert 0.195 <= ttft < 0.380, ttft
+    assert 0.195 <= sent[-1] - sent[0] < 0.380, sent[-1] - sent[0]
 
 
 # --- the process and its command line ----------------------------------------------------------
