@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 
 from streamquake.loadgen.tally import BURST_WAIT_MS
+from streamquake.run.scoring import BUNCHED_WARN_SHARE
 from tests.conftest import listening, run_cli
 from tests.gateways import Flavour, Gateway, nginx
 from tests.helpers import assert_run_ok
@@ -107,10 +108,17 @@ def test_streaming_gateway_passes_the_stream_as_a_direct_run_sees_it(
     for run in (direct, proxied):
         assert run.stats["errors"] == dict.fromkeys(run.stats["errors"], 0), run.stdout
         bunching = run.stats["bunching"]
-        assert bunching["streams"] == len(run.samples) and bunching["bunched"] == 0, bunching
+        # Quiet, none of the streams came in bursts; with two busy loops per core beside the
+        # suite, 2 of 48 through nginx did (its worker waited for a core, as a gateway on a busy
+        # host does). Under the run's warning share, where the buffering gateway bunches 80%
+        # and more (the test below).
+        assert bunching["streams"] == len(run.samples), bunching
+        assert bunching["share"] < BUNCHED_WARN_SHARE, bunching
         assert not run.bursts_warning, run.report["errors"]
-        assert all(s["bunched"] == "no" for s in run.samples)
-        assert run.stats["output_tokens_per_s"]["count"] == len(run.samples), run.stats
+        bunched = sum(s["bunched"] == "yes" for s in run.samples)
+        assert bunched == bunching["bunched"], (bunched, bunching)
+        # A bunched stream's pace is its bursts': it has no tokens/s.
+        assert run.stats["output_tokens_per_s"]["count"] == len(run.samples) - bunched, run.stats
         # Each content event in a read of its own, near enough (a late wake-up joins a few).
         own = sorted(int(s["content_reads"]) / int(s["content_events"]) for s in run.samples)
         assert own[len(own) // 2] >= 0.8, own
