@@ -289,6 +289,12 @@ QUIET: tuple[str, ...] = (
     # llama-server's formats: in the parallel tier of a fresh clone's CI (2026-12-04) its
     # /v1/responses streams summed to 1.044 of the span, the relay's threads late to forward.
     "test_stream_formats.py::test_llama_server_streams_of_each_format_match_the_wire",
+    # llama-server's TTFT before, in and after the tenant's step, within one run: in the
+    # parallel tier of a fresh clone (2026-12-05) the engine's whole answers took 150-450 ms
+    # before and 400-800 ms after, the tenant gone (E2E, not only TTFT): the other workers'
+    # load had changed, and the after step's TTFT p50 stayed 29 ms over the before's.
+    "test_noisy_tenant.py::test_on_llama_server_the_tenants_long_prompts_take_its_slots_in_its_"
+    "step_only",
 )
 
 # Groups whose shared fixture is a real run (or several): slow as a whole, since the fixture's
