@@ -148,9 +148,15 @@ class Applied:
             assert tc(ns, "filter", "show", "dev", dev).strip() == ""
 
 
-def shift_ok(before: list[float], after: list[float], expected_ms: float, tol: float) -> bool:
-    # Medians: one UML scheduling hiccup of a few ms must not decide the test.
-    shift = statistics.median(after) - statistics.median(before)
+def shift_ok(before: list[float], after: list[float], expected_ms: float, tol: float,
+             lowest: bool = False) -> bool:
+    """Medians: one UML scheduling hiccup of a few ms must not decide the test. ``lowest``, for
+    a delay without jitter: the lowest of each instead. netem holds every packet exactly that
+    long, and a busy host only ever adds to it (UML's timers fire late): a 40 ms delay read
+    41-53 ms, median 47.3, in a fresh clone's quiet tier beside the other quiet tests, its
+    lowest 40.7 against a baseline's 0.13."""
+    pick = min if lowest else statistics.median
+    shift = pick(after) - pick(before)
     return abs(shift - expected_ms) <= tol * expected_ms
 
 
@@ -184,7 +190,7 @@ def test_both_directions_delay_each_way(topo: NamespaceTopology, client_ns: str,
     base = connect_ms(client_ns, topo.target_addr, port, 5)
     with Applied(topo, client_ns, port, {"delay": "30ms"}, mode=mode, direction="both") as a:
         connect = connect_ms(client_ns, topo.target_addr, port, 8)
-    assert shift_ok(base, connect, 60, 0.15), (base, connect)
+    assert shift_ok(base, connect, 60, 0.15, lowest=True), (base, connect)
     assert [bool(h.get("ifb")) for h in a["kernel"]] == [False, mode == "host"]
 
 
@@ -202,7 +208,7 @@ def test_netem_is_scoped_to_the_target_port_by_htb_and_u32(topo: NamespaceTopolo
         filters = tc(client_ns, "filter", "show", "dev", topo.host_ifname)
     # Against the same connects before the fault (UML on a busy host is slow at both alike):
     # the target port's shifted by the delay, the other's not by half of it.
-    assert shift_ok(base_slow, slow, 40, 0.15), (base_slow, slow)
+    assert shift_ok(base_slow, slow, 40, 0.15, lowest=True), (base_slow, slow)
     assert statistics.median(fast) < statistics.median(base_fast) + 40 / 2, (base_fast, fast)
     assert "qdisc htb 5351: root" in qdiscs and "qdisc netem 5352: parent 5351:10" in qdiscs
     assert "delay 40ms" in qdiscs
@@ -378,7 +384,7 @@ def test_embedded_target_in_its_namespace_sees_the_delay(topo: NamespaceTopology
         base = first_byte_ms(port, 6)
         with Applied(topo, client_ns, port, {"delay": "40ms"}, mode="namespace"):
             delayed = first_byte_ms(port, 8)
-    assert shift_ok(base, delayed, 40, 0.15), (base, delayed)
+    assert shift_ok(base, delayed, 40, 0.15, lowest=True), (base, delayed)
 
 
 @pytest.mark.timeout(60)
