@@ -614,19 +614,21 @@ def test_sigterm_reverts_everything_and_an_idle_agent_exits(
     assert "stopping: reverted f0" in agent.text() and "stopping: reverted f1" in agent.text()
 
     found = tmp_path / "idle-state" / "local.json"
-    idle = start_agent(tmp_path, "idle", "--exit-when-idle", "1s", "--discovery-file",
+    # Idle 5 s before it leaves: with 1 s, a fresh clone's CI (2026-12-05) read its discovery
+    # file after the agent, idle since it said it listened, had left and removed it.
+    idle = start_agent(tmp_path, "idle", "--exit-when-idle", "5s", "--discovery-file",
                        str(found), state=tmp_path / "idle-state")
     agents.append(idle)
     assert json.loads(found.read_text())["pid"] == idle.proc.pid
     started = time.monotonic()                    # the lease starts no earlier than this
     assert call(idle.url, "POST", "/v1/faults", _marker(flags[0], lease=1))[0] == 201
-    # Lease 1 s, then idle 1 s: it leaves (the wait's deadline is for a hang: an agent that
+    # Lease 1 s, then idle 5 s: it leaves (the wait's deadline is for a hang: an agent that
     # never found itself idle), and not before both are over.
     assert idle.proc.wait(timeout=60) == 0
     took = time.monotonic() - started
-    assert took >= 2.0 - 0.05, took
+    assert took >= 6.0 - 0.05, took
     assert not flags[0].exists() and not found.exists()
-    assert "idle for 1 s with no fault held: exiting" in idle.text()
+    assert "idle for 5 s with no fault held: exiting" in idle.text()
 
 
 @pytest.mark.timeout(60)
