@@ -150,6 +150,16 @@ def spared_by_fault(report: dict[str, Any], samples: list[RequestSample], step: 
     return max(2, early + crossing)
 
 
+def read_send_log(path: Path) -> list[dict[str, Any]]:
+    """The embedded target's ``send_log``: one dict per stream served."""
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def token_sent_ns(line: dict[str, Any]) -> list[int]:
+    """When a ``send_log`` line's stream sent each of its tokens (epoch ns), in order."""
+    return [t for t, token in zip(line["sent_ns"], line["content"], strict=True) if token]
+
+
 # The fuzz tests' profile (tests/test_fuzz.py, tests/test_fuzz_scenarios.py): ``ci`` by default,
 # ``nightly`` from scripts/fuzz (STREAMQUAKE_FUZZ_PROFILE).
 FUZZ_PROFILE = os.environ.get("STREAMQUAKE_FUZZ_PROFILE", "ci")

@@ -19,7 +19,7 @@ from streamquake.loadgen.tally import BURST_WAIT_MS
 from streamquake.run.scoring import BUNCHED_WARN_SHARE
 from tests.conftest import listening, run_cli
 from tests.gateways import Flavour, Gateway, nginx
-from tests.helpers import assert_run_ok
+from tests.helpers import assert_run_ok, read_send_log, token_sent_ns
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -192,9 +192,8 @@ def test_fast_server_shares_reads_but_is_not_bunched(tmp_path: Path) -> None:
     bunching = run.stats["bunching"]
     assert bunching["streams"] == len(run.samples), bunching
     paused = set()
-    for line in send_log.read_text().splitlines():
-        written = json.loads(line)
-        sent = [t for t, c in zip(written["sent_ns"], written["content"], strict=True) if c]
+    for written in read_send_log(send_log):
+        sent = token_sent_ns(written)
         if any(b - a >= BURST_WAIT_MS * 1e6 for a, b in zip(sent, sent[1:], strict=False)):
             paused.add(written["id"])
     flagged = [s for s in run.samples if s["bunched"] == "yes"

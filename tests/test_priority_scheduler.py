@@ -23,8 +23,7 @@ from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.errors import ScenarioError
 from streamquake.scenario import load_scenario
 from tests.conftest import run_cli
-from tests.helpers import assert_run_ok
-from tests.test_target_send_log import read_log
+from tests.helpers import assert_run_ok, read_send_log
 
 PATH = "/v1/chat/completions"
 
@@ -103,7 +102,7 @@ def test_waiting_streams_are_admitted_by_priority_then_arrival(tmp_path: Path) -
         report = _report(target.url)
         streams.join()
     assert report["running"]["3"] == 1 and sum(report["waiting"].values()) == 6, report
-    lines = sorted(read_log(log), key=lambda line: line["admitted_ns"])
+    lines = sorted(read_send_log(log), key=lambda line: line["admitted_ns"])
     served = [(line["priority"], line["index"]) for line in lines]
     # The holder first, then P0, P1, the two P2 and the two P3 each in the order they came.
     assert served == [(3, 1), (0, 6), (1, 5), (2, 3), (2, 7), (3, 2), (3, 4)], served
@@ -124,7 +123,7 @@ def test_without_a_scheduler_the_queue_is_first_come_first_served(tmp_path: Path
             time.sleep(0.05)            # a stream of 60 tokens takes 630 ms: they all queue
         for t in threads:
             t.join(timeout=30)
-    lines = sorted(read_log(log), key=lambda line: line["admitted_ns"])
+    lines = sorted(read_send_log(log), key=lambda line: line["admitted_ns"])
     assert [line["index"] for line in lines] == [1, 2, 3, 4]
     assert {line["priority"] for line in lines} == {None}
 
@@ -148,7 +147,7 @@ def test_a_priority_limit_holds_and_a_p0_evicts_a_forming_stream(tmp_path: Path)
     assert limited["waiting"]["3"] == 1, limited
     assert evicted["running"] == {"0": 1, "1": 0, "2": 1, "3": 0}, evicted
     assert evicted["waiting"]["3"] == 2, evicted
-    by_index = {line["index"]: line for line in read_log(log)}
+    by_index = {line["index"]: line for line in read_send_log(log)}
     assert by_index[1]["preempted"] == 1 and by_index[1]["complete"], by_index[1]
     assert all(by_index[i]["preempted"] == 0 for i in (2, 3, 4))
     # The evicted P3 sent its first token after the P0's, and before the P3 behind it.
@@ -258,7 +257,7 @@ def _flood_run(tmp_path: Path, name: str, *extra: str) -> tuple[dict[str, Any],
     report = json.loads((out / "report.json").read_text())
     with open(out / "samples.csv", encoding="utf-8") as f:
         assert {row["class"] for row in csv.DictReader(f)} == {"p0", "p3"}
-    return report, read_log(log)
+    return report, read_send_log(log)
 
 
 def _ttft(report: dict[str, Any], step: str, cls: str) -> dict[str, float]:

@@ -24,6 +24,7 @@ from streamquake.embedded.formats import VOCABULARY
 from streamquake.embedded.process import TargetProcess, start_target
 from streamquake.embedded.timing import DelaySampler, plan_response, request_rng, sample_ms
 from streamquake.errors import TargetError
+from tests.helpers import read_send_log, token_sent_ns
 
 FAST = {"ttft": "5ms", "itl": "1ms", "output_tokens": {"min": 4, "max": 8}, "seed": 7,
         "sse_event_ids": True}
@@ -511,9 +512,8 @@ def test_gpu_clock_scale_multiplies_delays(tmp_path: Path) -> None:
     assert len(content_events(reply, generic_text)) == 11
     # The target's own send times (its send log), not when this client read them: a client
     # that read the first token late (a busy machine) saw the ten gaps as 185 ms.
-    (line,) = [json.loads(text) for text in log.read_text().splitlines()]
-    sent = [ns / 1e9 for ns, token in zip(line["sent_ns"], line["content"], strict=True)
-            if token]
+    (line,) = read_send_log(log)
+    sent = [ns / 1e9 for ns in token_sent_ns(line)]
     assert len(sent) == 11, line
     # Twice the configured delays: never less (a sleep is not short); a factor applied twice
     # (four times) could not come under 0.400 s, whatever the machine's load adds.

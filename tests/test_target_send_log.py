@@ -15,6 +15,7 @@ import pytest
 from streamquake.embedded.config import TargetConfig
 from streamquake.embedded.process import start_target
 from streamquake.loadgen.sse_parser import SSEParser
+from tests.helpers import read_send_log
 from tests.test_target_stamps import REQUESTS, STAMP, dechunk
 
 TOKENS = 12
@@ -59,10 +60,6 @@ def streamed_ids(protocol: str, body: bytes) -> set[str]:
     return ids
 
 
-def read_log(path: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
-
-
 @pytest.mark.timeout(60)
 def test_one_line_per_stream_with_its_id_and_every_write_in_order(tmp_path: Path) -> None:
     log = tmp_path / "send.jsonl"
@@ -73,7 +70,7 @@ def test_one_line_per_stream_with_its_id_and_every_write_in_order(tmp_path: Path
         for protocol, (path, body) in REQUESTS.items():
             bodies[protocol] = fetch(target.url, path, body)
     after = time.time_ns()    # the target has stopped: its buffered lines are written
-    lines = read_log(log)
+    lines = read_send_log(log)
     assert len(lines) == len(REQUESTS)
     by_protocol = {line["protocol"]: line for line in lines}
     assert set(by_protocol) == set(REQUESTS)
@@ -118,7 +115,7 @@ def test_a_stream_the_client_leaves_is_logged_as_incomplete(tmp_path: Path) -> N
                 assert chunk, seen
                 seen += chunk
         # Stopping the target ends the handler if the hang-up has not yet: logged either way.
-    (line,) = read_log(log)
+    (line,) = read_send_log(log)
     assert line["complete"] is False
     assert 1 <= sum(line["content"]) < TOKENS
     assert line["id"].startswith("chatcmpl-")
