@@ -403,22 +403,21 @@ class _Stream:
         tally, arrival = self.tally, self.arrival
         now = arrival.seen
         tally.sample.body_bytes += len(chunk)
+        if self.abandon is None and not arrival.with_headers:
+            # Plain answer text, as nearly every read of a stream is: folded in as a whole
+            # (_Tally.add_plain), or, where it is anything else, event by event below.
+            plain = self.parser.plain(chunk)
+            if plain is not None and tally.add_plain(plain, arrival.at, now):
+                self.parser.took(plain)
+                self.last_events = len(plain)
+                self._clock(len(plain))
+                if now > self.deadline:
+                    raise _StreamTimeout()
+                return None
         events = self.parser.feed(chunk)
         self.last_events = len(events)
         if events and not arrival.with_headers:
-            # The stream's clock: "kernel" while every read off the socket that brought
-            # events had a stamp (bytes that came with the headers are timed at the headers,
-            # as TTFB is).
-            guard = tally.guard
-            if arrival.kernel:
-                self.kernel_reads += 1
-                if guard is not None:
-                    guard.seen(now - arrival.at, len(events))
-            else:
-                self.user_reads += 1
-                if guard is not None:
-                    guard.user_read()
-            tally.sample.clock = "kernel" if self.kernel_reads and not self.user_reads else "user"
+            self._clock(len(events))
         abandon = self.abandon
         for event in events:
             tally.add(event, arrival.at, now, arrival.kernel, arrival.with_headers)
@@ -431,6 +430,22 @@ class _Stream:
         if now > self.deadline:
             raise _StreamTimeout()
         return None
+
+    def _clock(self, events: int) -> None:
+        """A read off the socket (not the headers') brought ``events``: the stream's clock,
+        "kernel" while every such read had a stamp (bytes that came with the headers are timed
+        at the headers, as TTFB is), and the guard's account of the load process's lateness."""
+        tally, arrival = self.tally, self.arrival
+        guard = tally.guard
+        if arrival.kernel:
+            self.kernel_reads += 1
+            if guard is not None:
+                guard.seen(arrival.seen - arrival.at, events)
+        else:
+            self.user_reads += 1
+            if guard is not None:
+                guard.user_read()
+        tally.sample.clock = "kernel" if self.kernel_reads and not self.user_reads else "user"
 
 
 class _Abandon:

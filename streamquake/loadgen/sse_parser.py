@@ -133,6 +133,37 @@ class SSEParser:
         self._process(lines, out)
         return out
 
+    def plain(self, data: bytes) -> list[tuple[bytes, str | None]] | None:
+        """The shortcut for the read nearly every LLM stream is made of: whole events, each one
+        ``data:`` line (after an ``id:`` line or not), read at an event boundary. Their
+        ``(data, id)``, the data undecoded (what :meth:`feed` would return of them); None for
+        any other read, which then goes to :meth:`feed`. Changes nothing: :meth:`took` does,
+        once the events are used."""
+        if (data[-2:] != b"\n\n" or self._pending or self._data or self._event or self._skip_lf
+                or not self._bom_checked or self._retry is not None or b"\r" in data
+                or len(data) > self._max_line or len(data) > self._max_event):
+            return None
+        last_id = self._last_id
+        out = []
+        for event in data[:-2].split(b"\n\n"):
+            if event[:6] == b"data: ":
+                if b"\n" in event:
+                    return None
+                out.append((event[6:], last_id))
+            elif event[:4] == b"id: ":
+                line, _, event = event.partition(b"\n")
+                if event[:6] != b"data: " or b"\n" in event or b"\0" in line:
+                    return None
+                last_id = line[4:].decode("utf-8", "replace") or None
+                out.append((event[6:], last_id))
+            else:
+                return None
+        return out
+
+    def took(self, events: list[tuple[bytes, str | None]]) -> None:
+        """The events :meth:`plain` gave were used: the stream goes on after them."""
+        self._last_id = events[-1][1]
+
     def _hold(self, lines: list[bytes], tail: bytes) -> bool:
         """Reads held before this one, or this read without a line end: keep ``tail`` for
         later, join the held reads to the first line; False if no line is complete yet.

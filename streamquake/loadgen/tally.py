@@ -3,6 +3,8 @@ bursts, tool calls' arguments, and the protocol's end."""
 
 from __future__ import annotations
 
+import os
+
 import gevent
 import orjson
 
@@ -17,9 +19,15 @@ from streamquake.loadgen.wire import (
     decoder,
     ends_with_body,
     finish_required,
+    plain_text,
     safety_finishes,
 )
 from streamquake.protocols import ToolDelta
+
+# ``STREAMQUAKE_PLAIN_EVENTS=off`` in the load process's environment: every event goes through
+# its protocol's ``decode`` and ``_Tally.add``, none through the shortcut for plain answer text
+# (``add_plain``): benchmarks compare the two, and tests check they give the same samples.
+PLAIN = os.environ.get("STREAMQUAKE_PLAIN_EVENTS", "on") != "off"
 
 BURST_WAIT_MS = 50.0
 """A read that brings several content events this long or longer after the stream's previous
@@ -98,6 +106,7 @@ class _Tally:
         self.sample = sample
         self.protocol = plan.protocol
         self._decode = decoder(plan.protocol)
+        self._plain = plain_text(plan.protocol) if PLAIN else None
         self.finish_required = finish_required(plan.protocol)
         self.ends_with_body = ends_with_body(plan.protocol)
         self.safety_finishes = safety_finishes(plan.protocol)
@@ -238,6 +247,63 @@ class _Tally:
                 raise _Failed("truncated", "the stream's final event came without a finish "
                                            "reason: the server ended the answer early")
             self.complete()
+
+    def add_plain(self, events: list[tuple[bytes, str | None]], now: float, seen: float
+                  ) -> bool:
+        """One read's events, ``(data, id)`` each as ``SSEParser.plain`` gives them, folded
+        in as :meth:`add` would fold them, when each is plain answer text
+        (``WireProtocol.plain_text``) and the read needs none of add's rarer judgements: not
+        the stream's first content, no stall, no wait long enough to be a burst, no event
+        limit reached, no answer kept. True if they were; False, with nothing changed, for
+        :meth:`add` to read them one by one (``SSEEvent`` each, for ``add``)."""
+        s = self.sample
+        last = self.last_text_at
+        plain = self._plain
+        if (plain is None or last is None or s.ttfa_ms is None or self.answer is not None
+                or self.events_left < len(events)):
+            return False
+        gap = now - last
+        if gap > self.stall_s or seen - self.last_text_seen > self.stall_s:
+            return False
+        new_read = now != last
+        if new_read:
+            if gap * 1000.0 >= BURST_WAIT_MS:
+                return False
+            reads = s.content_reads + 1
+        elif self.read_held:
+            return False
+        else:
+            reads = s.content_reads
+        if reads <= 1:
+            return False
+        for data, _ in events:
+            got = plain(data)
+            if got is None or (got[0] is not None and s.response_id is None) \
+                    or (got[1] is not None and s.model is None):
+                return False
+        # As add does, event by event; every one a content event of this read.
+        n = len(events)
+        self.events_left -= n
+        for _, eid in events:
+            if eid is not None and len(eid) <= 18 and eid.isdigit():
+                self.ids.add(int(eid))
+        s.content_events += n
+        itl = s.itl_ms
+        if new_read:
+            s.content_reads = reads
+            self.read_events = n
+            self.read_held = False
+            itl.append(gap * 1000.0)
+            shared = n - 1
+        else:
+            self.read_events += n
+            shared = n
+        if shared:
+            itl.extend([0.0] * shared)      # read with the one before: one stamp for both
+            s.shared_stamps += shared
+        self.last_text_at = now
+        self.last_text_seen = seen
+        return True
 
     def _count_read(self, now: float, seen: float, with_headers: bool) -> None:
         """Count the reads that brought content, and the content events that came in bursts

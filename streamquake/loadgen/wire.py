@@ -16,7 +16,7 @@ from streamquake.protocols import Decoded, Protocol, ProtocolError, get
 
 __all__ = ["Decoded", "ProtocolError", "build_request", "decode", "decoder", "default_path",
            "ends_with_body", "finish_required", "join_path", "protocol_headers",
-           "safety_finishes"]
+           "plain_text", "safety_finishes"]
 
 
 def default_path(protocol: Protocol, model: str) -> str:
@@ -71,6 +71,14 @@ def decode(protocol: Protocol, event: SSEEvent) -> Decoded:
 def decoder(protocol: Protocol) -> Callable[[SSEEvent], Decoded]:
     """``decode`` for one protocol, looked up once (a stream's events are all of one)."""
     return get(protocol).decode
+
+
+def plain_text(protocol: Protocol
+               ) -> Callable[[bytes], tuple[str | None, str | None] | None] | None:
+    """``protocol``'s shortcut for plain answer-text events (``WireProtocol.plain_text``), or
+    None where it has none."""
+    wire = get(protocol)
+    return wire.plain_text if wire.has_plain_text() else None
 
 
 def finish_required(protocol: Protocol) -> bool:

@@ -267,6 +267,19 @@ class WireProtocol(ABC):
     def decode(self, event: Event) -> Decoded:
         """What one event carries. Raises ProtocolError on a malformed payload."""
 
+    def plain_text(self, data: bytes) -> tuple[str | None, str | None] | None:
+        """The load generator's shortcut for the event nearly every stream is made of: given
+        an event's raw ``data`` bytes, ``(response_id, model)`` (each None where the event has
+        none) when ``decode`` would find answer text and nothing else (no reasoning, tool call,
+        finish, usage, error, prompt timings or terminal event); None for anything else, which
+        then goes through ``decode``. Never raises. A format that keeps this default has no
+        shortcut: every event of it is decoded (``has_plain_text``)."""
+        return None
+
+    @classmethod
+    def has_plain_text(cls) -> bool:
+        return cls.plain_text is not WireProtocol.plain_text
+
     # --- target: serving a stream ------------------------------------------------------------
 
     @abstractmethod

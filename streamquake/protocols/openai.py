@@ -251,6 +251,32 @@ class OpenAI(WireProtocol):
                        model if type(model) is str else None, reasoning, tools, thought,
                        cached, read)
 
+    def plain_text(self, data: bytes) -> tuple[str | None, str | None] | None:
+        # ``decode``'s checks for a chat chunk of one choice whose delta is answer text and
+        # nothing else; anything it does not vouch for is decode's to read.
+        try:
+            obj = orjson.loads(data)
+        except ValueError:
+            return None         # not JSON (or "[DONE]"), or not UTF-8
+        if type(obj) is not dict or "error" in obj or "timings" in obj \
+                or obj.get("usage") is not None:
+            return None
+        choices = obj.get("choices")
+        if type(choices) is not list or len(choices) != 1:
+            return None
+        choice = choices[0]
+        if type(choice) is not dict or choice.get("finish_reason") is not None:
+            return None
+        delta = choice.get("delta")
+        if type(delta) is not dict or delta.get("tool_calls") is not None \
+                or delta.get("reasoning_content") or delta.get("reasoning"):
+            return None
+        text = delta.get("content")
+        if type(text) is not str or not text:
+            return None
+        rid, model = obj.get("id"), obj.get("model")
+        return rid if type(rid) is str else None, model if type(model) is str else None
+
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)
         model_name = req.required_str(obj, "model")

@@ -1,0 +1,285 @@
+"""The shortcut for plain answer text (``SSEParser.plain``, ``WireProtocol.plain_text``,
+``_Tally.add_plain``) against the event-by-event path (``SSEParser.feed``, ``decode``,
+``_Tally.add``) it stands in for: the same reads, at the same times, into two streams, one
+with the shortcut and one without, must leave the same sample, tally and parser after every
+read, and end or fail the same way. Streams are the embedded target's own OpenAI encoder's
+events, with every kind of event it sends and the odd ones real servers send, cut into reads
+anywhere; then real streams over loopback, with the shortcut on and off.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import gevent
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from streamquake.loadgen import tally as tally_mod
+from streamquake.loadgen.client import StreamClient, _Stream
+from streamquake.loadgen.failures import _Failed, _StreamTimeout
+from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
+from streamquake.loadgen.samples import RequestSample
+from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, SSEParser
+from streamquake.loadgen.tally import _Tally
+from streamquake.protocols.base import Completion, GenRequest
+from streamquake.protocols.openai import OpenAI, OpenAIEncoder
+from tests.test_client import plan_for, start_server
+
+STALL_MS = 250.0
+
+
+@dataclass
+class _Arrival:
+    """What ``_Stream.chunk`` reads of a read's arrival (``stamps.Arrival``'s fields)."""
+
+    at: float
+    seen: float
+    kernel: bool = True
+    with_headers: bool = False
+
+
+def _stream(plain: bool, max_events: int) -> tuple[_Stream, _Tally, _Arrival]:
+    plan = LoadPlan(base_url="http://127.0.0.1:9", protocol="openai", samples_path="/tmp",
+                    end_at=time.time() + 60, stall_threshold_ms=STALL_MS)
+    sample = RequestSample(cls="c", sent=0.0, scheduled=None, trace_id="t", span_id="s")
+    tally = _Tally(sample, plan, 100.0, max_events)
+    if not plain:
+        tally._plain = None
+    assert (tally._plain is not None) == plain
+    arrival = _Arrival(100.0, 100.0)
+    return _Stream(None, tally, SSEParser(SSELimits()), arrival, 1e9, None), tally, arrival  # type: ignore[arg-type]
+
+
+def _state(stream: _Stream, tally: _Tally) -> dict[str, Any]:
+    p = stream.parser
+    return {"sample": tally.sample.to_json(), "ids": sorted(tally.ids),
+            "tally": (tally.last_text_at, tally.last_text_seen, tally.read_events,
+                      tally.read_held, tally.first_read_events, tally.events_left, tally.done),
+            "stream": (stream.last_events, stream.kernel_reads, stream.user_reads),
+            "parser": (p._last_id, p.pending, p._skip_lf, p._bom_checked)}
+
+
+def _feed(stream: _Stream, data: bytes) -> tuple[str, object]:
+    try:
+        return "ok", stream.chunk(data)
+    except _Failed as exc:
+        return "failed", (exc.kind, exc.detail)
+    except (SSELimitError, _StreamTimeout) as exc:
+        return type(exc).__name__, str(exc)
+
+
+def _encoder(ids: bool, crlf: bool) -> OpenAIEncoder:
+    enc = OpenAIEncoder(GenRequest(model="sim-1", prompt_tokens=5, max_tokens=None,
+                                   include_usage=True), ids)
+    if crlf:
+        enc._eol = b"\r\n"      # type: ignore[misc]
+    return enc
+
+
+# What a stream may hold besides plain tokens: the encoder's own kinds, and the odd events real
+# servers send (comments, event names, a usage-only chunk, two choices, a split data line...).
+_ODD = [
+    b": keep-alive\n\n",
+    b"event: message\ndata: {\"id\":\"x\",\"model\":\"m\",\"choices\":[{\"index\":0,"
+    b"\"delta\":{\"content\":\"e\"},\"finish_reason\":null}]}\n\n",
+    b"data: {\"id\":\"x\",\"choices\":[],\"usage\":{\"completion_tokens\":3}}\n\n",
+    b"data: {\"id\":\"x\",\"choices\":[{\"delta\":{\"content\":\"a\"}},{\"delta\":"
+    b"{\"content\":\"b\"}}]}\n\n",
+    b"data: {\"id\":\"x\",\n data: \"choices\":[{\"delta\":{\"content\":\"s\"}}]}\n\n",
+    b"data: {\"id\":\"y\",\"model\":\"other\",\"choices\":[{\"delta\":{\"content\":\"o\"}}]}\n\n",
+    b"data: {\"choices\":[{\"delta\":{\"content\":\"no id\"}}]}\n\n",
+    b"data: {\"choices\":[{\"delta\":{\"content\":\"\"}}]}\n\n",
+    b"data: {\"choices\":[{\"delta\":{\"content\":\"r\",\"reasoning\":\"t\"}}]}\n\n",
+    b"data: {\"choices\":[{\"text\":\"legacy\"}]}\n\n",
+    b"data: {\"choices\":[{\"delta\":{\"content\":\"x\"}}],\"timings\":{\"cache_n\":2,"
+    b"\"prompt_n\":3}}\n\n",
+    b"id: 77\ndata: {\"choices\":[{\"delta\":{\"content\":\"i\"}}]}\n\n",
+    b"id: \ndata: {\"choices\":[{\"delta\":{\"content\":\"i\"}}]}\n\n",
+    b"data: not json\n\n",
+    b"data: {\"choices\":[{\"delta\":{\"content\":\"\xff\xfe\"}}]}\n\n",
+    b"data: {\"error\":{\"message\":\"overloaded\"}}\n\n",
+    b"retry: 10\n\n",
+    b"\n\n",
+]
+
+
+@st.composite
+def streams(draw: st.DrawFn) -> tuple[list[bytes], list[tuple[float, float]], int, bool]:
+    ids, crlf = draw(st.booleans()), draw(st.booleans())
+    enc = _encoder(ids, crlf)
+    events = [enc.opening()]
+    kinds = draw(st.lists(st.sampled_from(["token"] * 12 + ["reasoning", "tool", "odd"]),
+                          min_size=1, max_size=40))
+    n = 0
+    for i, kind in enumerate(kinds):
+        text = b'"tok%d"' % i
+        if kind == "token":
+            events.append(enc.token(text))
+        elif kind == "reasoning":
+            events.append(enc.reasoning(text))
+        elif kind == "tool":
+            events.append(enc.tool_args(text, n == 0, False))
+            n += 1
+        else:
+            events.append(draw(st.sampled_from(_ODD)))
+    if draw(st.booleans()):
+        events.append(enc.closing(Completion(len(kinds), False)))
+    body = b"".join(events)
+    if draw(st.booleans()):
+        body = b"\xef\xbb\xbf" + body
+    # Reads: mostly whole events (as a fast server's writes fall), sometimes cut anywhere.
+    cuts: set[int] = set()
+    at = 0
+    for e in events:
+        at += len(e)
+        if draw(st.integers(0, 3)):
+            cuts.add(at)
+    cuts |= set(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=6)))
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(body)), len(body)]
+    reads = [body[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    # Each read's arrival gap (ms): shared stamps, the usual, a burst's wait, a stall; and
+    # how late our code saw it.
+    times = []
+    t = 100.0
+    for _ in reads:
+        t += draw(st.sampled_from([0.0, 0.0, 0.0005, 0.02, 0.049, 0.06, 0.3]))
+        times.append((t, t + draw(st.sampled_from([0.0, 0.0001, 0.3]))))
+    return reads, times, draw(st.sampled_from([5, 30, 10_000])), crlf
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(streams())
+def test_the_shortcut_leaves_what_the_event_by_event_path_leaves(
+        case: tuple[list[bytes], list[tuple[float, float]], int, bool]) -> None:
+    reads, times, max_events, _ = case
+    fast, fast_tally, fast_arrival = _stream(True, max_events)
+    slow, slow_tally, slow_arrival = _stream(False, max_events)
+    for data, (at, seen) in zip(reads, times, strict=True):
+        fast_arrival.at = slow_arrival.at = at
+        fast_arrival.seen = slow_arrival.seen = seen
+        got = _feed(fast, data)
+        assert got == _feed(slow, data), data
+        assert _state(fast, fast_tally) == _state(slow, slow_tally), data
+        if got[0] != "ok" or got[1] is not None:
+            break
+
+
+# Read times (s after the request) that each call on one of add's rarer judgements: a held
+# read (a burst) whose events go on under the same stamp, a stall, a read seen late (the
+# client's own stall), a stream past its event limit.
+@pytest.mark.parametrize(("times", "seen_late", "max_events", "expected"), [
+    ([0.01, 0.02, 0.03, 0.09, 0.09, 0.09], 0.0, 1000, (4, 0, 0, None)),
+    ([0.01, 0.02, 0.4, 0.41, 0.41, 0.42], 0.0, 1000, (0, 1, 0, None)),
+    ([0.01, 0.02, 0.03, 0.04, 0.05, 0.06], 0.3, 1000, (0, 0, 1, None)),
+    ([0.01, 0.02, 0.03, 0.04, 0.05, 0.06], 0.0, 4, (0, 0, 0, "limit")),
+])
+def test_the_shortcut_leaves_the_rare_judgements_to_add(
+        times: list[float], seen_late: float, max_events: int,
+        expected: tuple[int, int, int, str | None]) -> None:
+    enc = _encoder(False, False)
+    fast, fast_tally, fast_arrival = _stream(True, max_events)
+    slow, slow_tally, slow_arrival = _stream(False, max_events)
+    failed = None
+    for i, t in enumerate(times):
+        data = enc.token(b'"t%d"' % i)
+        fast_arrival.at = slow_arrival.at = 100.0 + t
+        fast_arrival.seen = slow_arrival.seen = 100.0 + t + (seen_late if i == 3 else 0.0)
+        got = _feed(fast, data)
+        assert got == _feed(slow, data)
+        assert _state(fast, fast_tally) == _state(slow, slow_tally)
+        if got[0] == "failed":
+            failed = got[1][0]      # type: ignore[index]
+            break
+    s = fast_tally.sample
+    assert (s.burst_events, s.stalls, s.client_stalls, failed) == expected
+
+
+def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """It must be used, or it saves nothing: every read after the first content of an
+    ordinary stream, with ids or without, one event a read or several."""
+    taken = []
+    add_plain = _Tally.add_plain
+
+    def counted(self: _Tally, *args: Any) -> bool:
+        ok = add_plain(self, *args)
+        taken.append(ok)
+        return ok
+    monkeypatch.setattr(_Tally, "add_plain", counted)
+    for ids in (False, True):
+        for per_read in (1, 3):
+            taken.clear()
+            enc = _encoder(ids, False)
+            stream, tally, arrival = _stream(True, 10_000)
+            events = [enc.token(b'"t%d"' % i) for i in range(30)]
+            reads = [b"".join(events[i:i + per_read]) for i in range(0, 30, per_read)]
+            for i, data in enumerate(reads):
+                arrival.at = arrival.seen = 100.0 + 0.01 * (i + 1)
+                assert stream.chunk(data) is None
+            arrival.at = arrival.seen = 101.0
+            assert stream.chunk(enc.closing(Completion(30, False))) == 101.0
+            # The first read (the role chunk, and the first token: TTFT) is the parser's
+            # first, which looks for a byte order mark: feed's. Every other read went through
+            # the shortcut, but for the closing events.
+            assert taken == [True] * (len(reads) - 1) + [False]
+            s = tally.sample
+            assert (s.content_events, len(s.itl_ms), s.finish_reason, s.usage_tokens) == \
+                (30, 29, "stop", 30)
+            assert s.shared_stamps == 30 - len(reads)
+            assert tally.ids == (set(range(1, enc._seq + 1)) if ids else set())
+
+
+def test_plain_text_vouches_only_for_what_decode_reads_as_text_alone() -> None:
+    wire = OpenAI()
+    enc = _encoder(False, False)
+    token = enc.token(b'"hi"')
+    role, plain = token.split(b"\n\n")[:2]
+    assert wire.plain_text(plain[6:]) == (enc.response_id, "sim-1")
+    for odd in [role, *_ODD]:
+        for line in odd.split(b"\n"):
+            if line.startswith(b"data: ") and wire.plain_text(line[6:]) is not None:
+                d = wire.decode(SSEEvent(data=line[6:].decode()))
+                assert d.text and not (d.reasoning or d.tools or d.finish or d.done
+                                       or d.error or d.usage_output_tokens is not None
+                                       or d.cache_n is not None), line
+    assert wire.plain_text(b"[DONE]") is None
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    yield from start_server(tmp_path_factory.mktemp("sse"))
+
+
+@pytest.mark.timeout(60)
+def test_real_streams_read_the_same_with_the_shortcut_and_without(
+        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    paths = ["/s?n=40&gap_ms=2", "/s?n=12&skip=4,7", "/s?n=8&gap_ms=2&stall=5:400",
+             "/s?n=6&gap_ms=30&garbage=3", "/s?n=20&gap_ms=3&eol=crlf"]
+
+    def run() -> list[RequestSample]:
+        def one(path: str) -> RequestSample:
+            client = StreamClient(plan_for(server, path, timeout_s=10.0))
+            try:
+                return client.measure(RequestClassPlan(), random.Random(0))
+            finally:
+                client.close()
+        jobs = [gevent.spawn(one, p) for p in paths]
+        gevent.joinall(jobs, timeout=30, raise_error=True)
+        return [j.value for j in jobs]
+
+    def essence(s: RequestSample) -> tuple[object, ...]:
+        return (s.error, s.error_detail, s.content_events, s.expected_events,
+                s.missing_events, s.usage_tokens, s.output_tokens, s.finish_reason,
+                len(s.itl_ms), s.stalls, s.response_id)
+
+    on = run()
+    monkeypatch.setattr(tally_mod, "PLAIN", False)
+    off = run()
+    assert [essence(s) for s in on] == [essence(s) for s in off]
+    assert [s.error for s in on] == [None, None, None, "protocol", None]
+    assert on[2].stalls == 1
