@@ -144,6 +144,8 @@ class SSEParser:
                 or len(data) > self._max_line or len(data) > self._max_event):
             return None
         last_id = self._last_id
+        if data[:6] == b"data: " and data.count(b"\n") == 2:
+            return [(data[6:-2], last_id)]          # one event, the usual read
         out = []
         for event in data[:-2].split(b"\n\n"):
             if event[:6] == b"data: ":
