@@ -2,7 +2,8 @@
 the target sent it, beside a vLLM-style aiohttp reader.
 
     .venv/bin/python benchmarks/truth.py [--streams 50,200,500,1000] [--classes 1,100]
-        [--seconds 10] [--quick] [--no-aiohttp] [--own-reads] [--json FILE] [--keep DIR]
+        [--seconds 10] [--quick] [--no-aiohttp] [--own-reads]
+        [--each-event] [--json FILE] [--keep DIR]
 
 Per stream count N and class count C: a scenario is written to a temp dir and run with
 ``streamquake run FILE --out DIR`` (the installed CLI, as a user runs it: Locust, the scorecards,
@@ -321,6 +322,7 @@ def costs(watch: Watch, a: float, b: float, events: int) -> dict[str, Any]:
 
 
 OWN = "sq own reads"    # the row of a run whose streams each read their own socket
+EACH = "sq each event"  # the row of a run whose events all go through decode and add
 
 
 def streamquake_cmd() -> list[str]:
@@ -329,12 +331,15 @@ def streamquake_cmd() -> list[str]:
 
 
 def run_streamquake(work: Path, streams: int, classes: int, warm_s: float,
-                    seconds: float, own: bool = False) -> dict[str, Any]:
+                    seconds: float, own: bool = False, each: bool = False) -> dict[str, Any]:
     """``own``: each stream read by its own greenlet (``STREAMQUAKE_READER=own``), as before
-    the shared reader (streamquake/loadgen/reader.py)."""
-    row: dict[str, Any] = {"reader": OWN if own else "streamquake", "streams": streams,
-                           "classes": classes, "loadavg_start": os.getloadavg()[0]}
-    d = work / f"sq-{streams}-{classes}{'-own' if own else ''}"
+    the shared reader (streamquake/loadgen/reader.py); ``each``: every event decoded and
+    tallied on its own (``STREAMQUAKE_PLAIN_EVENTS=off``), as before the shortcut for plain
+    answer text (``_Tally.add_plain``)."""
+    row: dict[str, Any] = {"reader": OWN if own else EACH if each else "streamquake",
+                           "streams": streams, "classes": classes,
+                           "loadavg_start": os.getloadavg()[0]}
+    d = work / f"sq-{streams}-{classes}{'-own' if own else '-each' if each else ''}"
     d.mkdir(parents=True)
     send_log = d / "send-log.jsonl"
     spec = d / "scenario.yaml"
@@ -342,7 +347,8 @@ def run_streamquake(work: Path, streams: int, classes: int, warm_s: float,
     spec.write_text(json.dumps(scenario(streams, classes, warm_s, seconds, send_log), indent=1))
     out = d / "out"
     env = {**os.environ, "STREAMQUAKE_STATE_DIR": str(d / "state"),
-           "STREAMQUAKE_READER": "own" if own else "shared"}
+           "STREAMQUAKE_READER": "own" if own else "shared",
+           "STREAMQUAKE_PLAIN_EVENTS": "off" if each else "on"}
     cmd = ["taskset", "-c", str(LOAD_CORE), *streamquake_cmd(), "run", str(spec), "--out",
            str(out), "--no-watchdog"]
     with open(d / "run.log", "w", encoding="utf-8") as log:
@@ -586,6 +592,10 @@ def main() -> None:
     p.add_argument("--own-reads", action="store_true",
                    help="also run each streamquake row with every stream read by its own "
                         "greenlet (STREAMQUAKE_READER=own), as before the shared reader")
+    p.add_argument("--each-event", action="store_true",
+                   help="also run each streamquake row with every event decoded and tallied "
+                        "on its own (STREAMQUAKE_PLAIN_EVENTS=off), as before the shortcut "
+                        "for plain answer text")
     p.add_argument("--json", type=Path, help="also write every row here")
     p.add_argument("--keep", type=Path, help="keep scenarios, outputs and send logs here")
     p.add_argument("--reader", action="store_true", help=argparse.SUPPRESS)
@@ -622,6 +632,9 @@ def main() -> None:
                 _progress(rows[-1])
                 if args.own_reads:
                     rows.append(run_streamquake(work, n, c, warm_s, args.seconds, own=True))
+                    _progress(rows[-1])
+                if args.each_event:
+                    rows.append(run_streamquake(work, n, c, warm_s, args.seconds, each=True))
                     _progress(rows[-1])
             if not args.no_aiohttp:
                 rows.append(run_aiohttp(work, n, warm_s, args.seconds))
