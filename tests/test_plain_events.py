@@ -9,26 +9,25 @@ anywhere; then real streams over loopback, with the shortcut on and off.
 
 from __future__ import annotations
 
-import random
 import time
 from dataclasses import dataclass
 from typing import Any
 
-import gevent
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from streamquake.loadgen import tally as tally_mod
-from streamquake.loadgen.client import StreamClient, _Stream
+from streamquake.loadgen.client import _Stream
 from streamquake.loadgen.failures import _Failed, _StreamTimeout
-from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
+from streamquake.loadgen.plan import LoadPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, SSEParser
 from streamquake.loadgen.tally import _Tally
 from streamquake.protocols.base import Completion, GenRequest
 from streamquake.protocols.openai import OpenAI, OpenAIEncoder
-from tests.test_client import plan_for, start_server
+from tests.test_client import start_server
+from tests.test_shared_reader import essence, run_streams
 
 STALL_MS = 250.0
 
@@ -261,25 +260,12 @@ def test_real_streams_read_the_same_with_the_shortcut_and_without(
     paths = ["/s?n=40&gap_ms=2", "/s?n=12&skip=4,7", "/s?n=8&gap_ms=2&stall=5:400",
              "/s?n=6&gap_ms=30&garbage=3", "/s?n=20&gap_ms=3&eol=crlf"]
 
-    def run() -> list[RequestSample]:
-        def one(path: str) -> RequestSample:
-            client = StreamClient(plan_for(server, path, timeout_s=10.0))
-            try:
-                return client.measure(RequestClassPlan(), random.Random(0))
-            finally:
-                client.close()
-        jobs = [gevent.spawn(one, p) for p in paths]
-        gevent.joinall(jobs, timeout=30, raise_error=True)
-        return [j.value for j in jobs]
+    def seen(s: RequestSample) -> tuple[object, ...]:
+        return essence(s), s.stalls, s.response_id
 
-    def essence(s: RequestSample) -> tuple[object, ...]:
-        return (s.error, s.error_detail, s.content_events, s.expected_events,
-                s.missing_events, s.usage_tokens, s.output_tokens, s.finish_reason,
-                len(s.itl_ms), s.stalls, s.response_id)
-
-    on = run()
+    on = run_streams(server, paths)
     monkeypatch.setattr(tally_mod, "PLAIN", False)
-    off = run()
-    assert [essence(s) for s in on] == [essence(s) for s in off]
+    off = run_streams(server, paths)
+    assert [seen(s) for s in on] == [seen(s) for s in off]
     assert [s.error for s in on] == [None, None, None, "protocol", None]
     assert on[2].stalls == 1

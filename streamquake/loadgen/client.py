@@ -33,7 +33,7 @@ from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
 from streamquake.loadgen.reader import BACKLOG, _Backlog
 from streamquake.loadgen.reader import reader as _reader
 from streamquake.loadgen.samples import ErrorKind, RequestSample
-from streamquake.loadgen.sse_parser import SSELimitError, SSELimits, SSEParser
+from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, SSEParser
 from streamquake.loadgen.stamps import (
     _BLOCK,
     _CONN,
@@ -403,21 +403,19 @@ class _Stream:
         tally, arrival = self.tally, self.arrival
         now = arrival.seen
         tally.sample.body_bytes += len(chunk)
-        if self.abandon is None and not arrival.with_headers:
-            # Plain answer text, as nearly every read of a stream is: folded in as a whole
-            # (_Tally.add_plain), or, where it is anything else, event by event below.
-            plain = self.parser.plain(chunk)
-            if plain is not None and tally.add_plain(plain, arrival.at, now):
-                self.parser.took(plain)
-                self.last_events = len(plain)
-                self._clock(len(plain))
-                if now > self.deadline:
-                    raise _StreamTimeout()
-                return None
-        events = self.parser.feed(chunk)
-        self.last_events = len(events)
-        if events and not arrival.with_headers:
-            self._clock(len(events))
+        # Plain answer text, as nearly every read of a stream is: folded in as a whole
+        # (_Tally.add_plain); anything else event by event, below.
+        plain = (self.parser.plain(chunk)
+                 if self.abandon is None and not arrival.with_headers else None)
+        events: list[SSEEvent] = []
+        if plain is not None and tally.add_plain(plain, arrival.at, now):
+            self.parser.took(plain)
+            self.last_events = len(plain)
+        else:
+            events = self.parser.feed(chunk)
+            self.last_events = len(events)
+        if self.last_events and not arrival.with_headers:
+            self._clock(self.last_events)
         abandon = self.abandon
         for event in events:
             tally.add(event, arrival.at, now, arrival.kernel, arrival.with_headers)

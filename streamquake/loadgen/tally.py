@@ -182,8 +182,7 @@ class _Tally:
             # not grow the load process, or a sample line, without bound.
             raise _Failed("limit", f"more than {self.max_events:,} events in one stream "
                                    "(the client's event limit)")
-        if event.id is not None and len(event.id) <= 18 and event.id.isdigit():
-            self.ids.add(int(event.id))
+        self._note_id(event.id)
         try:
             d = self._decode(event)
         except ProtocolError as exc:
@@ -248,6 +247,11 @@ class _Tally:
                                            "reason: the server ended the answer early")
             self.complete()
 
+    def _note_id(self, eid: str | None) -> None:
+        """An event's SSE id, counted when it is a sequence number (missing events: finish)."""
+        if eid is not None and len(eid) <= 18 and eid.isdigit():
+            self.ids.add(int(eid))
+
     def add_plain(self, events: list[tuple[bytes, str | None]], now: float, seen: float
                   ) -> bool:
         """One read's events, ``(data, id)`` each as ``SSEParser.plain`` gives them, folded
@@ -285,8 +289,7 @@ class _Tally:
         n = len(events)
         self.events_left -= n
         for _, eid in events:
-            if eid is not None and len(eid) <= 18 and eid.isdigit():
-                self.ids.add(int(eid))
+            self._note_id(eid)
         s.content_events += n
         itl = s.itl_ms
         if new_read:
