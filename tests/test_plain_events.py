@@ -9,15 +9,19 @@ anywhere; then real streams over loopback, with the shortcut on and off.
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from streamquake.loadgen import tally as tally_mod
 from streamquake.loadgen.client import _Stream
 from streamquake.loadgen.failures import _Failed, _StreamTimeout
 from streamquake.loadgen.plan import LoadPlan
@@ -27,9 +31,9 @@ from streamquake.loadgen.tally import _Tally
 from streamquake.protocols.base import Completion, GenRequest
 from streamquake.protocols.openai import OpenAI, OpenAIEncoder
 from tests.test_client import start_server
-from tests.test_shared_reader import essence, run_streams
 
 STALL_MS = 250.0
+REPO = Path(__file__).resolve().parent.parent
 
 
 @dataclass
@@ -254,18 +258,31 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Any:
     yield from start_server(tmp_path_factory.mktemp("sse"))
 
 
-@pytest.mark.timeout(60)
-def test_real_streams_read_the_same_with_the_shortcut_and_without(
-        server: str, monkeypatch: pytest.MonkeyPatch) -> None:
+# Each way in a fresh load process of its own, the switch read from its environment as
+# ``streamquake run``'s load processes read it (the streams of this one are read by an
+# interpreter that has run nothing else).
+_READ_STREAMS = """
+import json, sys
+from tests.test_shared_reader import essence, run_streams
+samples = run_streams(sys.argv[1], json.loads(sys.argv[2]))
+print(json.dumps([[list(essence(s)), s.stalls, s.response_id] for s in samples]))
+"""
+
+
+@pytest.mark.timeout(120)
+def test_real_streams_read_the_same_with_the_shortcut_and_without(server: str) -> None:
     paths = ["/s?n=40&gap_ms=2", "/s?n=12&skip=4,7", "/s?n=8&gap_ms=2&stall=5:400",
              "/s?n=6&gap_ms=30&garbage=3", "/s?n=20&gap_ms=3&eol=crlf"]
 
-    def seen(s: RequestSample) -> tuple[object, ...]:
-        return essence(s), s.stalls, s.response_id
+    def read(plain: str) -> list[Any]:
+        done = subprocess.run([sys.executable, "-c", _READ_STREAMS, server, json.dumps(paths)],
+                              cwd=REPO, capture_output=True, text=True, timeout=100,
+                              env={**os.environ, "STREAMQUAKE_PLAIN_EVENTS": plain})
+        assert done.returncode == 0, done.stderr[-3000:]
+        got: list[Any] = json.loads(done.stdout)
+        return got
 
-    on = run_streams(server, paths)
-    monkeypatch.setattr(tally_mod, "PLAIN", False)
-    off = run_streams(server, paths)
-    assert [seen(s) for s in on] == [seen(s) for s in off]
-    assert [s.error for s in on] == [None, None, None, "protocol", None]
-    assert on[2].stalls == 1
+    on, off = read("on"), read("off")
+    assert on == off
+    assert [s[0][0] for s in on] == [None, None, None, "protocol", None]     # the errors
+    assert on[2][1] == 1                                                     # one stall
