@@ -8,12 +8,14 @@ the set however a stream ends (finished, failed, timed out, its greenlet killed)
 from __future__ import annotations
 
 import random
+import time
 import traceback
 from collections.abc import Iterator
 from pathlib import Path
 
 import gevent
 import pytest
+from gevent.monkey import get_original
 
 from streamquake.loadgen import reader as shared_reader
 from streamquake.loadgen.client import StreamClient
@@ -44,10 +46,17 @@ def run_streams(base_url: str, paths: list[str], timeout_s: float = 10.0) -> lis
         finally:
             client.close()
     jobs = [gevent.spawn(one, p) for p in paths]
-    gevent.joinall(jobs, timeout=timeout_s + 20, raise_error=True)
-    # Each stream ends within its timeout (a gevent timer): one still running 20 s past it is
-    # a hang, to be shown where it stands. (Seen once, in a whole-suite run under
-    # --hogs 4, as a sample that was None; not seen again in 6 runs of this file under 8.)
+    # The bound is a gevent.Timeout, not joinall's ``timeout``: joinall arms its timer on the
+    # loop's cached clock, which stands still while the worker's main greenlet runs without the
+    # hub (other tests before this one, for minutes): its timer then fires at once, and
+    # streams a few milliseconds old looked "stuck 30 s" (three CI runs; 0.4 ms for a
+    # ``timeout=3`` after a 4 s block, where a gevent.Timeout, which updates the clock first,
+    # fired at 3.0 s). The streams' own deadlines are gevent.Timeouts too
+    # (test_a_stream_begun_after_the_hub_was_held_gets_its_whole_timeout).
+    with gevent.Timeout(timeout_s + 20, False):
+        gevent.joinall(jobs, raise_error=True)
+    # Each stream ends within its timeout: one still running 20 s past it is a hang, to be
+    # shown where it stands.
     stuck = {path: "".join(traceback.format_stack(j.gr_frame)) if j.gr_frame else "(no frame)"
              for path, j in zip(paths, jobs, strict=True) if not j.ready()}
     if stuck:
@@ -142,3 +151,21 @@ def test_a_stream_timed_out_or_killed_mid_answer_leaves_the_set(server: str) -> 
         client.close()
         other.close()
     assert not r._steps and in_set() == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_stream_begun_after_the_hub_was_held_gets_its_whole_timeout(server: str) -> None:
+    # The loop's clock stands still while nothing runs the hub (here the test's own greenlet
+    # sleeping in the C library; in a load process, a long hold). A deadline armed on that
+    # clock would end a stream early, by as long as the hold: a 1.5 s stream with a 2.5 s
+    # timeout, begun after a 3 s hold, would be a "timeout" at once.
+    client = StreamClient(plan_for(server, "/s?n=6&gap_ms=300", timeout_s=2.5))
+    try:
+        get_original("time", "sleep")(3.0)
+        begun = time.perf_counter()
+        sample = client.measure(RequestClassPlan(), random.Random(0))
+        took = time.perf_counter() - begun
+    finally:
+        client.close()
+    assert (sample.error, sample.content_events) == (None, 6), (sample.error_detail, took)
+    assert took >= 1.5

@@ -216,8 +216,8 @@ def _instrument(pool: Any, receive_buffer: int | None) -> None:
     def timed_resolve() -> object:
         if not named:
             # What the pool's own _resolve asks, answered here: gevent's getaddrinfo would
-            # send even an address to its resolver's thread pool and wait for the answer
-            # (twice in the suite's runs a stream waited there past its own timeout).
+            # send even an address to its resolver's thread pool: a thread's round trip per
+            # new connection for what the C library answers by parsing.
             return _getaddrinfo(pool._connection_host, pool._connection_port,
                                 socket.AF_INET if pool.disable_ipv6 else 0, socket.SOCK_STREAM,
                                 socket.SOL_TCP, socket.AI_NUMERICHOST)
