@@ -58,7 +58,6 @@ _DRAIN_MAX = 1 << 20    # ... and how much of it to read before dropping the con
 _BACKLOG = _BLOCK // 2  # a read this big says the socket had more waiting
 _DETAIL_MAX = 300       # characters of an error's reason kept in a sample
 _ID_MAX = 128           # characters of a response id kept in a sample
-_URIS_KEPT = 64         # API paths whose request path is kept (join_path per request: 1%)
 # A slow consumer (a class's ``read.rate``) reads about this many seconds' worth at a time.
 _PACE_S = 0.05
 _PACE_MIN = 256
@@ -128,7 +127,6 @@ class StreamClient:
         self.redact = Redactor.for_request(plan.headers, user_headers, plan.path or "",
                                            self._path or "", env)
         self._url, self._concurrency = url, concurrency
-        self._uris: dict[str, str] = {}    # join_path's answers, per API path
         self._http = self._pool(None)
         # A slow consumer's connections are its own (their receive buffer is set before the
         # connect): a pool per class ``read``, made on first use.
@@ -182,12 +180,7 @@ class StreamClient:
         if turn is not None:
             body = with_history(self.plan.protocol, body, turn.system, turn.history,
                                 turn.prompt)
-        route = self._path or path
-        uri = self._uris.get(route)
-        if uri is None:
-            uri = join_path(self._prefix, route)
-            if len(self._uris) < _URIS_KEPT:
-                self._uris[route] = uri
+        uri = join_path(self._prefix, self._path or path)
         payload = json.dumps(body).encode()
         trace_id, span_id, traceparent = _traceparent()     # fresh per attempt
         headers = {**self._headers, "traceparent": traceparent}
