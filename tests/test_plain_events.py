@@ -9,6 +9,7 @@ anywhere; then real streams over loopback, with the shortcut on and off.
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -27,7 +28,7 @@ from streamquake.loadgen.failures import _Failed, _StreamTimeout
 from streamquake.loadgen.plan import LoadPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, SSEParser
-from streamquake.loadgen.tally import _Tally
+from streamquake.loadgen.tally import BURST_WAIT_MS, _Tally
 from streamquake.protocols.base import Completion, GenRequest
 from streamquake.protocols.openai import OpenAI, OpenAIEncoder
 from tests.test_client import start_server
@@ -172,9 +173,10 @@ def test_the_shortcut_leaves_what_the_event_by_event_path_leaves(
             break
 
 
-# Read times (s after the request) that each call on one of add's rarer judgements: a held
-# read (a burst) whose events go on under the same stamp, a stall, a read seen late (the
-# client's own stall), a stream past its event limit.
+# Read times (s after the request) that each call on one of the rarer judgements: a held
+# read (a burst) whose events go on under the same stamp (the shortcut judges it as add
+# does), a stall, a read seen late (the client's own stall), a stream past its event limit
+# (these three are left to add).
 @pytest.mark.parametrize(("times", "seen_late", "max_events", "expected"), [
     ([0.01, 0.02, 0.03, 0.09, 0.09, 0.09], 0.0, 1000, (4, 0, 0, None)),
     ([0.01, 0.02, 0.4, 0.41, 0.41, 0.42], 0.0, 1000, (0, 1, 0, None)),
@@ -205,7 +207,8 @@ def test_the_shortcut_leaves_the_rare_judgements_to_add(
 def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """It must be used, or it saves nothing: every read after the first content of an
-    ordinary stream, with ids or without, one event a read or several."""
+    ordinary stream, with ids or without, one event a read or several, each after the usual
+    wait or after one long enough to be a burst (as a saturated load process reads)."""
     taken = []
     add_plain = _Tally.add_plain
 
@@ -214,27 +217,30 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         taken.append(ok)
         return ok
     monkeypatch.setattr(_Tally, "add_plain", counted)
-    for ids in (False, True):
-        for per_read in (1, 3):
-            taken.clear()
-            enc = _encoder(ids, False)
-            stream, tally, arrival = _stream(True, 10_000)
-            events = [enc.token(b'"t%d"' % i) for i in range(30)]
-            reads = [b"".join(events[i:i + per_read]) for i in range(0, 30, per_read)]
-            for i, data in enumerate(reads):
-                arrival.at = arrival.seen = 100.0 + 0.01 * (i + 1)
-                assert stream.chunk(data) is None
-            arrival.at = arrival.seen = 101.0
-            assert stream.chunk(enc.closing(Completion(30, False))) == 101.0
-            # The first read (the role chunk, and the first token: TTFT) is the parser's
-            # first, which looks for a byte order mark: feed's. Every other read went through
-            # the shortcut, but for the closing events.
-            assert taken == [True] * (len(reads) - 1) + [False]
-            s = tally.sample
-            assert (s.content_events, len(s.itl_ms), s.finish_reason, s.usage_tokens) == \
-                (30, 29, "stop", 30)
-            assert s.shared_stamps == 30 - len(reads)
-            assert tally.ids == (set(range(1, enc._seq + 1)) if ids else set())
+    for ids, per_read, wait in itertools.product((False, True), (1, 3), (0.01, 0.06)):
+        taken.clear()
+        enc = _encoder(ids, False)
+        stream, tally, arrival = _stream(True, 10_000)
+        events = [enc.token(b'"t%d"' % i) for i in range(30)]
+        reads = [b"".join(events[i:i + per_read]) for i in range(0, 30, per_read)]
+        for i, data in enumerate(reads):
+            arrival.at = arrival.seen = 100.0 + wait * (i + 1)
+            assert stream.chunk(data) is None
+        end = arrival.at = arrival.seen = 100.0 + wait * (len(reads) + 1)
+        assert stream.chunk(enc.closing(Completion(30, False))) == end
+        # The first read (the role chunk, and the first token: TTFT) is the parser's
+        # first, which looks for a byte order mark: feed's. Every other read went through
+        # the shortcut, but for the closing events.
+        assert taken == [True] * (len(reads) - 1) + [False]
+        s = tally.sample
+        assert (s.content_events, len(s.itl_ms), s.finish_reason, s.usage_tokens) == \
+            (30, 29, "stop", 30)
+        assert s.shared_stamps == 30 - len(reads)
+        assert tally.ids == (set(range(1, enc._seq + 1)) if ids else set())
+        # After a burst's wait, every read of several events is a burst, and so, once
+        # the second read is, are the first read's events.
+        held = wait >= BURST_WAIT_MS / 1000.0 and per_read > 1
+        assert (s.burst_reads, s.burst_events) == ((len(reads) - 1, 30) if held else (0, 0))
 
 
 def test_plain_text_vouches_only_for_what_decode_reads_as_text_alone() -> None:

@@ -257,9 +257,11 @@ class _Tally:
         """One read's events, ``(data, id)`` each as ``SSEParser.plain`` gives them, folded
         in as :meth:`add` would fold them, when each is plain answer text
         (``WireProtocol.plain_text``) and the read needs none of add's rarer judgements: not
-        the stream's first content, no stall, no wait long enough to be a burst, no event
-        limit reached, no answer kept. True if they were; False, with nothing changed, for
-        :meth:`add` to read them one by one (``SSEEvent`` each, for ``add``)."""
+        the stream's first content, no stall, no event limit reached, no answer kept. A read
+        after a wait long enough to be a burst is judged here as :meth:`_count_read` judges
+        it event by event (a saturated load process's reads mostly come so). True if they
+        were; False, with nothing changed, for :meth:`add` to read them one by one
+        (``SSEEvent`` each, for ``add``)."""
         s = self.sample
         last = self.last_text_at
         plain = self._plain
@@ -270,14 +272,7 @@ class _Tally:
         if gap > self.stall_s or seen - self.last_text_seen > self.stall_s:
             return False
         new_read = now != last
-        if new_read:
-            if gap * 1000.0 >= BURST_WAIT_MS:
-                return False
-            reads = s.content_reads + 1
-        elif self.read_held:
-            return False
-        else:
-            reads = s.content_reads
+        reads = s.content_reads + new_read
         if reads <= 1:
             return False
         for data, _ in events:
@@ -294,13 +289,24 @@ class _Tally:
         itl = s.itl_ms
         if new_read:
             s.content_reads = reads
-            self.read_events = n
-            self.read_held = False
+            before = 0
+            self.read_held = gap * 1000.0 >= BURST_WAIT_MS and self._held(gap, seen)
             itl.append(gap * 1000.0)
             shared = n - 1
         else:
-            self.read_events += n
+            before = self.read_events
             shared = n
+        self.read_events = after = before + n
+        if self.read_held and after > 1:
+            # _count_read's count, event by event: the read's second event makes it a burst
+            # (with the first read's events, should they still wait to be counted), and every
+            # event of it from there on is a burst's.
+            if before < 2:
+                s.burst_reads += 1
+                s.burst_events += after + self.first_read_events
+                self.first_read_events = 0
+            else:
+                s.burst_events += n
         if shared:
             itl.extend([0.0] * shared)      # read with the one before: one stamp for both
             s.shared_stamps += shared
