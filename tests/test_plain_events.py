@@ -29,6 +29,7 @@ from streamquake.loadgen.plan import LoadPlan
 from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, SSEParser
 from streamquake.loadgen.tally import BURST_WAIT_MS, _Tally
+from streamquake.loadgen.wire import PlainTemplate
 from streamquake.protocols.base import Completion, GenRequest
 from streamquake.protocols.openai import OpenAI, OpenAIEncoder
 from tests.test_client import start_server
@@ -248,15 +249,76 @@ def test_plain_text_vouches_only_for_what_decode_reads_as_text_alone() -> None:
     enc = _encoder(False, False)
     token = enc.token(b'"hi"')
     role, plain = token.split(b"\n\n")[:2]
-    assert wire.plain_text(plain[6:]) == (enc.response_id, "sim-1")
+    assert wire.plain_text(plain[6:]) == (enc.response_id, "sim-1", "hi")
     for odd in [role, *_ODD]:
         for line in odd.split(b"\n"):
-            if line.startswith(b"data: ") and wire.plain_text(line[6:]) is not None:
+            if line.startswith(b"data: ") and (got := wire.plain_text(line[6:])) is not None:
                 d = wire.decode(SSEEvent(data=line[6:].decode()))
+                assert d.text == got[2]
                 assert d.text and not (d.reasoning or d.tools or d.finish or d.done
                                        or d.error or d.usage_output_tokens is not None
                                        or d.cache_n is not None), line
     assert wire.plain_text(b"[DONE]") is None
+
+
+def _payloads(raw: bytes) -> list[bytes]:
+    """The JSON data of each event in ``raw``."""
+    return [line[6:] for line in raw.split(b"\n") if line.startswith(b"data: {")]
+
+
+def _learned(enc: OpenAIEncoder | None = None) -> tuple[PlainTemplate, list[bytes], bytes]:
+    """A template that has learned from one plain event of a stream (whose data it returns),
+    and the list its check records the data of each event it was asked about in."""
+    wire = OpenAI()
+    asked: list[bytes] = []
+
+    def check(data: bytes) -> tuple[str | None, str | None, str] | None:
+        asked.append(data)
+        return wire.plain_text(data)
+    template = PlainTemplate(check)
+    data = _payloads((enc or _encoder(False, False)).token(b'"hi there"'))[-1]
+    assert template(data) == (wire.plain_text(data) or ())[:2] != ()
+    assert asked == [data] and template.size > 0
+    return template, asked, data
+
+
+@settings(max_examples=400, deadline=None)
+@given(middle=st.one_of(st.binary(max_size=12), st.text(max_size=8).map(str.encode),
+                        st.from_regex(rb"[ -~]{1,8}", fullmatch=True)))
+def test_the_stream_template_answers_as_the_check_for_any_text_bytes(middle: bytes) -> None:
+    """Whatever bytes stand where the learned event's text stood (a quote, a backslash, an
+    escape, a control or non-ASCII byte, nothing at all), the template answers what the
+    protocol's own check answers of the whole event."""
+    template, asked, data = _learned()
+    head, _, tail = data.partition(b"hi there")
+    event = head + middle + tail
+    got = OpenAI().plain_text(event)
+    assert template(event) == (None if got is None else got[:2]), event
+
+
+def test_the_stream_template_parses_only_what_differs_from_the_learned_event() -> None:
+    enc = _encoder(False, False)
+    template, asked, data = _learned(enc)
+    [hit] = _payloads(enc.token(b'" word!"'))
+    assert template(hit) == (enc.response_id, "sim-1") and asked[1:] == []
+    # Not the same bytes around the text: each goes to the check (and the last one, plain
+    # text that is not verbatim, teaches nothing).
+    others = [enc.reasoning(b'"r"'), enc.tool_args(b'"{}"', True, False),
+              enc.closing(Completion(3, False)), enc.token(b'"caf\\u00e9"'),
+              enc.token(b'"say \\"hi\\""')]
+    for raw in others:
+        for event in _payloads(raw):
+            got = OpenAI().plain_text(event)
+            assert template(event) == (None if got is None else got[:2])
+            assert asked[-1] == event
+    assert template(hit) == (enc.response_id, "sim-1") and asked[-1] != hit
+    # Text that appears twice in the event (here: also as the model's name) teaches nothing.
+    asked.clear()
+    fresh = PlainTemplate(template.check)
+    twice = data.replace(b'"hi there"', b'"sim-1"')
+    assert fresh(twice) == (enc.response_id, "sim-1")
+    assert fresh(twice) == (enc.response_id, "sim-1") and asked == [twice, twice]
+    assert fresh.size < 0
 
 
 @pytest.fixture(scope="module")

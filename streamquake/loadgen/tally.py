@@ -15,6 +15,7 @@ from streamquake.loadgen.samples import RequestSample
 from streamquake.loadgen.sse_parser import SSEEvent
 from streamquake.loadgen.stamps import _FIRST_BYTE, _TAKEN, _WRITTEN, _conn
 from streamquake.loadgen.wire import (
+    PlainTemplate,
     ProtocolError,
     decoder,
     ends_with_body,
@@ -106,7 +107,8 @@ class _Tally:
         self.sample = sample
         self.protocol = plan.protocol
         self._decode = decoder(plan.protocol)
-        self._plain = plain_text(plan.protocol) if PLAIN else None
+        check = plain_text(plan.protocol) if PLAIN else None
+        self._plain = None if check is None else PlainTemplate(check)
         self.finish_required = finish_required(plan.protocol)
         self.ends_with_body = ends_with_body(plan.protocol)
         self.safety_finishes = safety_finishes(plan.protocol)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import copy
 import functools
 import random
+import re
 from collections.abc import Callable
 
 from streamquake.jsontypes import JsonDict
@@ -17,7 +18,7 @@ from streamquake.protocols import Decoded, Protocol, ProtocolError, get
 
 __all__ = ["Decoded", "ProtocolError", "build_request", "decode", "decoder", "default_path",
            "ends_with_body", "finish_required", "join_path", "protocol_headers",
-           "plain_text", "safety_finishes"]
+           "PlainTemplate", "plain_text", "safety_finishes"]
 
 
 def default_path(protocol: Protocol, model: str) -> str:
@@ -74,12 +75,65 @@ def decoder(protocol: Protocol) -> Callable[[SSEEvent], Decoded]:
     return get(protocol).decode
 
 
-def plain_text(protocol: Protocol
-               ) -> Callable[[bytes], tuple[str | None, str | None] | None] | None:
+PlainCheck = Callable[[bytes], "tuple[str | None, str | None, str] | None"]
+
+
+def plain_text(protocol: Protocol) -> PlainCheck | None:
     """``protocol``'s shortcut for plain answer-text events (``WireProtocol.plain_text``), or
     None where it has none."""
     wire = get(protocol)
     return wire.plain_text if wire.has_plain_text() else None
+
+
+# Text no JSON encoder writes other than as itself (no escapes, nothing that some encoders
+# escape: quotes, backslash, slash, < > &, control or non-ASCII characters).
+_VERBATIM = re.compile(r"[A-Za-z0-9 .,!?;:'()_-]+")
+# A JSON string's body that needs no escape and holds no escape: printable ASCII but the
+# quote and the backslash.
+_STRING_BODY = re.compile(rb'[\x20\x21\x23-\x5b\x5d-\x7e]+')
+
+
+class PlainTemplate:
+    """A stream's plain events, checked by the bytes around their text: one server sends
+    every answer-text event of a stream alike but for the text (the same id, model, creation
+    time, fields and order), so once ``check`` (the protocol's ``plain_text``) has vouched for
+    one event, another that is the same bytes around a different text is plain too, with the
+    same response id and model, and needs no parse.
+
+    Learned from an event whose text is ``_VERBATIM`` and appears quoted exactly once in its
+    bytes: that is the text's string, so the bytes before and after it are the event's
+    every other field. An event then matches when it is those bytes around a non-empty
+    ``_STRING_BODY``: valid JSON of the same shape, whose only difference is the text (so
+    ``decode`` would read it as text alone, as it read the one learned). Anything else goes
+    to ``check``, which learns again from what it vouches for (a server whose events change
+    otherwise, a usage count say, is checked event by event as before)."""
+
+    __slots__ = ("check", "head", "tail", "size", "got")
+
+    def __init__(self, check: PlainCheck) -> None:
+        self.check = check
+        self.head = self.tail = b""
+        self.size = -1                  # no template yet: no event is shorter than this
+        self.got: tuple[str | None, str | None] = (None, None)
+
+    def __call__(self, data: bytes) -> tuple[str | None, str | None] | None:
+        """``(response_id, model)`` of a plain answer-text event, None for any other."""
+        head = self.head
+        if (len(data) > self.size >= 0 and data.startswith(head) and data.endswith(self.tail)
+                and _STRING_BODY.fullmatch(data, len(head), len(data) - len(self.tail))):
+            return self.got
+        got = self.check(data)
+        if got is None:
+            return None
+        rid, model, text = got
+        if _VERBATIM.fullmatch(text):
+            quoted = b'"' + text.encode("ascii") + b'"'
+            at = data.find(quoted)
+            if at >= 0 and data.find(quoted, at + 1) < 0:
+                self.head, self.tail = data[:at + 1], data[at + len(quoted) - 1:]
+                self.size = len(self.head) + len(self.tail)
+                self.got = (rid, model)
+        return rid, model
 
 
 def finish_required(protocol: Protocol) -> bool:

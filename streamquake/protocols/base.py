@@ -267,13 +267,14 @@ class WireProtocol(ABC):
     def decode(self, event: Event) -> Decoded:
         """What one event carries. Raises ProtocolError on a malformed payload."""
 
-    def plain_text(self, data: bytes) -> tuple[str | None, str | None] | None:
+    def plain_text(self, data: bytes) -> tuple[str | None, str | None, str] | None:
         """The load generator's shortcut for the event nearly every stream is made of: given
-        an event's raw ``data`` bytes, ``(response_id, model)`` (each None where the event has
-        none) when ``decode`` would find answer text and nothing else (no reasoning, tool call,
-        finish, usage, error, prompt timings or terminal event); None for anything else, which
-        then goes through ``decode``. Never raises. A format that keeps this default has no
-        shortcut: every event of it is decoded (``has_plain_text``)."""
+        an event's raw ``data`` bytes, ``(response_id, model, text)`` (the first two None where
+        the event has none) when ``decode`` would find answer text and nothing else (no
+        reasoning, tool call, finish, usage, error, prompt timings or terminal event); None
+        for anything else, which then goes through ``decode``. Never raises. A format that
+        keeps this default has no shortcut: every event of it is decoded
+        (``has_plain_text``)."""
         return None
 
     @classmethod

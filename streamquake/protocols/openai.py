@@ -251,7 +251,7 @@ class OpenAI(WireProtocol):
                        model if type(model) is str else None, reasoning, tools, thought,
                        cached, read)
 
-    def plain_text(self, data: bytes) -> tuple[str | None, str | None] | None:
+    def plain_text(self, data: bytes) -> tuple[str | None, str | None, str] | None:
         # ``decode``'s checks for a chat chunk of one choice whose delta is answer text and
         # nothing else; anything it does not vouch for is decode's to read.
         try:
@@ -275,7 +275,7 @@ class OpenAI(WireProtocol):
         if type(text) is not str or not text:
             return None
         rid, model = obj.get("id"), obj.get("model")
-        return rid if type(rid) is str else None, model if type(model) is str else None
+        return rid if type(rid) is str else None, model if type(model) is str else None, text
 
     def parse(self, body: object, model: str | None) -> GenRequest:
         obj = req.require_object(body)
