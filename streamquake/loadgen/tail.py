@@ -3,8 +3,9 @@ lines only, each once (a line still being written is read on the next pass)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
+
+import orjson
 
 from streamquake.loadgen.samples import RequestSample
 
@@ -42,7 +43,7 @@ class SampleTail:
         new: list[RequestSample] = []
         for line in new_lines(self.samples_dir, "samples-*.jsonl", self._offsets):
             try:
-                new.append(RequestSample.from_dict(json.loads(line)))
+                new.append(RequestSample.from_dict(orjson.loads(line)))
             except (ValueError, TypeError):
                 continue
         return new
