@@ -218,8 +218,17 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         taken.append(ok)
         return ok
     monkeypatch.setattr(_Tally, "add_plain", counted)
+    framed_reads = []
+    framed = PlainTemplate.framed
+
+    def framed_counted(self: PlainTemplate, read: bytes) -> bool:
+        ok = framed(self, read)
+        framed_reads.append(ok)
+        return ok
+    monkeypatch.setattr(PlainTemplate, "framed", framed_counted)
     for ids, per_read, wait in itertools.product((False, True), (1, 3), (0.01, 0.06)):
         taken.clear()
+        framed_reads.clear()
         enc = _encoder(ids, False)
         stream, tally, arrival = _stream(True, 10_000)
         events = [enc.token(b'"t%d"' % i) for i in range(30)]
@@ -233,6 +242,10 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         # first, which looks for a byte order mark: feed's. Every other read went through
         # the shortcut, but for the closing events.
         assert taken == [True] * (len(reads) - 1) + [False]
+        # One event a read, with no id: from the third read on (the second's event taught
+        # the template), each is known by its bytes alone.
+        assert framed_reads.count(True) == (len(reads) - 2 if per_read == 1 and not ids
+                                            else 0)
         s = tally.sample
         assert (s.content_events, len(s.itl_ms), s.finish_reason, s.usage_tokens) == \
             (30, 29, "stop", 30)
@@ -242,6 +255,32 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         # the second read is, are the first read's events.
         held = wait >= BURST_WAIT_MS / 1000.0 and per_read > 1
         assert (s.burst_reads, s.burst_events) == ((len(reads) - 1, 30) if held else (0, 0))
+
+
+@pytest.mark.parametrize("before", [
+    b'data: {"id":',            # a line cut short: the parser holds it
+    "whole but for its end",    # an event's line whose blank line has not come
+    b"retry: 5\n",              # a field of an event still open
+])
+def test_a_read_that_looks_like_the_template_waits_for_what_the_parser_holds(
+        before: bytes | str) -> None:
+    """A read that is, by its bytes alone, one event of the stream's template is still not
+    one when the parser holds part of an event from the reads before: both paths must leave
+    the same sample, and end the same way."""
+    enc = _encoder(False, False)
+    fast, fast_tally, fast_arrival = _stream(True, 1000)
+    slow, slow_tally, slow_arrival = _stream(False, 1000)
+    reads = [enc.token(b'"t%d"' % i) for i in range(4)]
+    template_read = enc.token(b'"next"')
+    reads.append(template_read[:-1] if isinstance(before, str) else before)
+    reads.append(template_read)
+    for i, data in enumerate(reads):
+        fast_arrival.at = slow_arrival.at = fast_arrival.seen = slow_arrival.seen = \
+            100.0 + 0.01 * (i + 1)
+        got = _feed(fast, data)
+        assert got == _feed(slow, data), data
+        assert _state(fast, fast_tally) == _state(slow, slow_tally), data
+    assert fast_tally._plain is not None and fast_tally._plain.framed(template_read)
 
 
 def test_plain_text_vouches_only_for_what_decode_reads_as_text_alone() -> None:
@@ -294,6 +333,15 @@ def test_the_stream_template_answers_as_the_check_for_any_text_bytes(middle: byt
     event = head + middle + tail
     got = OpenAI().plain_text(event)
     assert template(event) == (None if got is None else got[:2]), event
+    # The same event as a whole read: the template knows it by its bytes only when the
+    # parser would read it as this one event, with no id, and the check vouches for it.
+    read = b"data: " + event + b"\n\n"
+    parser = SSEParser(SSELimits())
+    parser.feed(b": opened\n\n")
+    if template.framed(read):
+        assert parser.plain(read) == [(event, None)] and got is not None, read
+    else:
+        assert not middle or any(c < 0x20 or c > 0x7e or c in b'"\\' for c in middle)
 
 
 def test_the_stream_template_parses_only_what_differs_from_the_learned_event() -> None:

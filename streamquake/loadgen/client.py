@@ -404,12 +404,22 @@ class _Stream:
         now = arrival.seen
         tally.sample.body_bytes += len(chunk)
         # Plain answer text, as nearly every read of a stream is: folded in as a whole
-        # (_Tally.add_plain); anything else event by event, below.
-        plain = (self.parser.plain(chunk)
-                 if self.abandon is None and not arrival.with_headers else None)
+        # (_Tally.add_plain); anything else event by event, below. The commonest read of all,
+        # one event that is the stream's template around new text, is known as such by its
+        # bytes alone (PlainTemplate.framed): no event is split out of it, nor parsed.
+        plain = None
+        framed = False
+        if self.abandon is None and not arrival.with_headers:
+            parser, template = self.parser, tally._plain
+            if (template is not None and template.framed(chunk)
+                    and parser.clean(len(chunk))):
+                plain, framed = [(b"", parser.last_id)], True
+            else:
+                plain = parser.plain(chunk)
         events: list[SSEEvent] = []
-        if plain is not None and tally.add_plain(plain, arrival.at, now):
-            self.parser.took(plain)
+        if plain is not None and tally.add_plain(plain, arrival.at, now, framed):
+            if not framed:      # an event of the template's carries no id: nothing to take
+                self.parser.took(plain)
             self.last_events = len(plain)
         else:
             events = self.parser.feed(chunk)

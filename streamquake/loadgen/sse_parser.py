@@ -85,6 +85,11 @@ class SSEParser:
         self._retry: int | None = None
 
     @property
+    def last_id(self) -> str | None:
+        """The last event ID (the ``id:`` field's), which the next event carries too."""
+        return self._last_id
+
+    @property
     def pending(self) -> bool:
         """True while bytes of an undispatched event (or line) are held."""
         return bool(self._pending or self._data or self._event or self._retry is not None)
@@ -139,9 +144,7 @@ class SSEParser:
         ``(data, id)``, the data undecoded (what :meth:`feed` would return of them); None for
         any other read, which then goes to :meth:`feed`. Changes nothing: :meth:`took` does,
         once the events are used."""
-        if (data[-2:] != b"\n\n" or self._pending or self._data or self._event or self._skip_lf
-                or not self._bom_checked or self._retry is not None or b"\r" in data
-                or len(data) > self._max_line or len(data) > self._max_event):
+        if data[-2:] != b"\n\n" or b"\r" in data or not self.clean(len(data)):
             return None
         last_id = self._last_id
         if data[:6] == b"data: " and data.count(b"\n") == 2:
@@ -161,6 +164,14 @@ class SSEParser:
             else:
                 return None
         return out
+
+    def clean(self, size: int) -> bool:
+        """Whether a read of ``size`` bytes that is whole events, with no CR, would be read by
+        :meth:`plain` (the parser at an event boundary, no limit in reach): the checks
+        :meth:`plain` makes of the parser, for a caller that has checked the bytes itself."""
+        return not (self._pending or self._data or self._event or self._skip_lf
+                    or not self._bom_checked or self._retry is not None
+                    or size > self._max_line or size > self._max_event)
 
     def took(self, events: list[tuple[bytes, str | None]]) -> None:
         """The events :meth:`plain` gave were used: the stream goes on after them."""

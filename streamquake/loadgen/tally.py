@@ -254,8 +254,8 @@ class _Tally:
         if eid is not None and len(eid) <= 18 and eid.isdigit():
             self.ids.add(int(eid))
 
-    def add_plain(self, events: list[tuple[bytes, str | None]], now: float, seen: float
-                  ) -> bool:
+    def add_plain(self, events: list[tuple[bytes, str | None]], now: float, seen: float,
+                  framed: bool = False) -> bool:
         """One read's events, ``(data, id)`` each as ``SSEParser.plain`` gives them, folded
         in as :meth:`add` would fold them, when each is plain answer text
         (``WireProtocol.plain_text``) and the read needs none of add's rarer judgements: not
@@ -263,7 +263,8 @@ class _Tally:
         after a wait long enough to be a burst is judged here as :meth:`_count_read` judges
         it event by event (a saturated load process's reads mostly come so). True if they
         were; False, with nothing changed, for :meth:`add` to read them one by one
-        (``SSEEvent`` each, for ``add``)."""
+        (``SSEEvent`` each, for ``add``). ``framed``: the read is one event the stream's
+        template vouched for whole (``PlainTemplate.framed``); its data is not looked at."""
         s = self.sample
         last = self.last_text_at
         plain = self._plain
@@ -278,7 +279,7 @@ class _Tally:
         if reads <= 1:
             return False
         for data, _ in events:
-            got = plain(data)
+            got = plain.got if framed else plain(data)
             if got is None or (got[0] is not None and s.response_id is None) \
                     or (got[1] is not None and s.model is None):
                 return False

@@ -108,13 +108,26 @@ class PlainTemplate:
     to ``check``, which learns again from what it vouches for (a server whose events change
     otherwise, a usage count say, is checked event by event as before)."""
 
-    __slots__ = ("check", "head", "tail", "size", "got")
+    __slots__ = ("check", "head", "tail", "size", "got", "framed_head", "framed_tail")
 
     def __init__(self, check: PlainCheck) -> None:
         self.check = check
         self.head = self.tail = b""
         self.size = -1                  # no template yet: no event is shorter than this
         self.got: tuple[str | None, str | None] = (None, None)
+        # The same, as a whole read of one SSE event: ``data: `` and the event's end around it.
+        self.framed_head = self.framed_tail = b""
+
+    def framed(self, read: bytes) -> bool:
+        """Whether ``read`` is one whole SSE event (one ``data:`` line, no id, no CR) whose
+        data the template vouches for: what :meth:`SSEParser.plain` would give as one event,
+        and this would answer with ``got``. The text between holds no line end, so the read
+        is one line and one event."""
+        head = self.framed_head
+        return (len(read) > self.size + 8 and self.size >= 0 and read.startswith(head)
+                and read.endswith(self.framed_tail)
+                and _STRING_BODY.fullmatch(read, len(head), len(read) - len(self.framed_tail))
+                is not None)
 
     def __call__(self, data: bytes) -> tuple[str | None, str | None] | None:
         """``(response_id, model)`` of a plain answer-text event, None for any other."""
@@ -133,6 +146,7 @@ class PlainTemplate:
                 self.head, self.tail = data[:at + 1], data[at + len(quoted) - 1:]
                 self.size = len(self.head) + len(self.tail)
                 self.got = (rid, model)
+                self.framed_head, self.framed_tail = b"data: " + self.head, self.tail + b"\n\n"
         return rid, model
 
 
