@@ -16,19 +16,20 @@ from hypothesis import strategies as st
 
 from streamquake.loadgen.samples import RequestSample
 from streamquake.run.timeline import TICK_S
-from streamquake.run.watch import LATENCIES, LIVE_WINDOW_S, RollingStats, Watch, _kth, _values
+from streamquake.run.watch import (
+    LATENCIES,
+    LIVE_WINDOW_S,
+    RollingStats,
+    Watch,
+    _due,
+    _ended,
+    _kth,
+    _values,
+)
 from streamquake.scenario.schema import AbortCondition
 from streamquake.stats import percentile
 
 T0 = 1_800_000_000.0
-
-
-def _ended(s: RequestSample) -> float:
-    return s.sent + (s.e2e_ms or 0.0) / 1000.0
-
-
-def _due(s: RequestSample) -> float:
-    return s.scheduled if s.scheduled is not None else s.sent
 
 
 def _reference(samples: list[RequestSample], now: float, since: float | None) -> RollingStats:
