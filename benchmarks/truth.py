@@ -379,6 +379,9 @@ def run_streamquake(work: Path, streams: int, classes: int, warm_s: float,
     a, b = base["start"], base["end"]
     stats = base.get("stats") or {}
     row["saturated"] = stats.get("client_saturated")
+    # Compiled hot loops or their Python originals (streamquake/loadgen/speedups.py): the run
+    # says which of them it ran.
+    row["read_path"] = (report.get("environment") or {}).get("read_path", "-")
     samples = read_jsonl(sorted((out / "run" / "samples").glob("samples-*.jsonl")))
     log_lines = list(read_jsonl([send_log])) if send_log.exists() else []
     row.update(join(samples, log_lines, a, b))
@@ -664,6 +667,8 @@ def main() -> None:
             shutil.rmtree(work, ignore_errors=True)
     print()
     print(table(rows))
+    paths = sorted({r["read_path"] for r in rows if "read_path" in r})
+    print(f"\nstreamquake's read path (the run's report): {'; '.join(paths) or '-'}")
     print()
     print("Goals (reported, not asserted):")
     print("\n".join(goals(rows)) or "- no comparable rows")

@@ -376,7 +376,7 @@ class _Stream:
         sock = resp._sock
         if sock is None:
             raise HTTPConnectionClosed("connection closed")
-        data = self.arrival.recv(sock._sock, _BLOCK)      # the plain socket: never waits
+        data = self.arrival.recv_ready(sock._sock, _BLOCK)   # the plain socket: never waits
         if not data:
             # The peer closed: that ends a body without framing, and cuts any other short.
             with contextlib.suppress(HTTPParseError):

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Mapping, Sequence
 
 from streamquake.jsontypes import JsonDict
+from streamquake.loadgen import speedups
 from streamquake.loadgen.attribution import WindowLike, window_at
 from streamquake.loadgen.metrics import Stats
 from streamquake.loadgen.samples import RequestSample
@@ -98,4 +99,7 @@ def environment(echo: JsonDict) -> dict[str, str]:
         "python": sys.version.split()[0],
         "platform": platform.platform(),
         "scenario_sha256": scenario_hash(echo),
+        # Which of the load processes' hot loops ran compiled (they run this install, with
+        # this environment): issue 36 asks reports to say.
+        "read_path": speedups.describe(),
     }

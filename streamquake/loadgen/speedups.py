@@ -1,0 +1,38 @@
+"""Which of the load process's hot loops run compiled: ``_speedups`` (C, built by
+``scripts/setup`` through ``setup.py``) where it was built, else their Python originals, which
+stay and are tested equal to it (tests/test_speedups.py). ``STREAMQUAKE_SPEEDUPS=0`` in the
+environment picks Python even where the compiled module is there (benchmarks compare the two in
+one run). The run's report says which ran (``environment.read_path``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable
+from types import ModuleType
+
+__all__ = ["ACTIVE", "compiled", "count_ms", "describe", "recv_stamped"]
+
+
+def _load() -> tuple[ModuleType | None, str]:
+    if os.environ.get("STREAMQUAKE_SPEEDUPS", "1") == "0":
+        return None, "python (STREAMQUAKE_SPEEDUPS=0)"
+    try:
+        from streamquake.loadgen import _speedups
+    except ImportError as exc:
+        return None, f"python (the compiled part is not built: {exc})"
+    return _speedups, "compiled (streamquake.loadgen._speedups)"
+
+
+compiled, _WHY = _load()
+ACTIVE = compiled is not None
+# The compiled twins, None where Python runs (their callers hold the Python originals).
+count_ms: Callable[[dict[int, int], Iterable[float], int, int, int, int, int], int] | None = (
+    None if compiled is None else compiled.count_ms)
+recv_stamped: Callable[[int, int], tuple[bytes, float, float]] | None = (
+    None if compiled is None else compiled.recv_stamped)
+
+
+def describe() -> str:
+    """Which path this process runs, in words, for reports and benchmarks."""
+    return _WHY

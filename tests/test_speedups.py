@@ -1,0 +1,170 @@
+"""The compiled part (streamquake/loadgen/_speedups.c, issue 36) against the Python it stands
+in for: the same histogram counts for any values, the same read and arrival times off a real
+TCP socket on 127.0.0.1, and the same events of whole streams from a real server. The compiled
+part must be built where the tests run: ``scripts/setup`` builds it, and a machine where it
+silently did not would leave the product on the slower path with nothing said."""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator
+
+import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from streamquake.loadgen import histogram, speedups, stamps
+from streamquake.loadgen.histogram import HIGHEST, _count_ms_py, _index_constants
+from tests.test_shared_reader import essence, run_streams
+from tests.test_shared_reader import server as server  # noqa: F401 - the module's fixture
+
+needs_compiled = pytest.mark.skipif(
+    os.environ.get("STREAMQUAKE_SPEEDUPS") == "0", reason="STREAMQUAKE_SPEEDUPS=0 asked for Python")
+
+
+@needs_compiled
+def test_the_compiled_part_is_built_and_runs() -> None:
+    assert speedups.compiled is not None, speedups.describe()
+    assert speedups.describe().startswith("compiled")
+    assert histogram._count_ms is speedups.count_ms is speedups.compiled.count_ms
+    assert stamps._recv_stamped is speedups.recv_stamped is speedups.compiled.recv_stamped
+
+
+_ms = st.one_of(
+    st.floats(min_value=-1e3, max_value=5e6, allow_nan=False),
+    # ties: what scales to k + 0.5 microseconds (Python's round() goes to the even one)
+    st.integers(min_value=0, max_value=10**7).map(lambda k: (k + 0.5) / 1000.0),
+    st.integers(min_value=-5, max_value=HIGHEST // 1000 + 5),
+    st.sampled_from([0.0, -0.0, 1e-9, 0.0005, 0.0015, 0.0025, HIGHEST / 1000.0,
+                     HIGHEST / 1000.0 + 0.0005, 1e300, -1e300]),
+)
+
+
+@needs_compiled
+@settings(max_examples=400, deadline=None)
+@given(values=st.lists(_ms, max_size=60), sig_figs=st.sampled_from([2, 3, 4]),
+       base=st.sampled_from([0, 7 << 16]), before=st.dictionaries(
+           st.integers(min_value=0, max_value=1 << 20), st.integers(min_value=1, max_value=9),
+           max_size=5))
+@example(values=[0.0005, 0.0015, 0.0025, 0.0035], sig_figs=4, base=0, before={})
+def test_counting_gaps_compiled_equals_python(values: list[float], sig_figs: int, base: int,
+                                              before: dict[int, int]) -> None:
+    assert speedups.compiled is not None
+    constants = _index_constants(sig_figs)
+    python, compiled = dict(before), dict(before)
+    n_py = _count_ms_py(python, values, *constants, base)
+    n_c = speedups.compiled.count_ms(compiled, values, *constants, base)
+    assert compiled == python
+    assert n_c == n_py == len(values)
+
+
+@needs_compiled
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
+def test_counting_a_value_python_cannot_round_fails_as_python_does(bad: float) -> None:
+    assert speedups.compiled is not None
+    constants = _index_constants(4)
+    with pytest.raises((ValueError, OverflowError)) as python:
+        _count_ms_py({}, [1.0, bad], *constants, 0)
+    with pytest.raises((ValueError, OverflowError)) as compiled:
+        speedups.compiled.count_ms({}, [1.0, bad], *constants, 0)
+    assert type(compiled.value) is type(python.value)
+
+
+@pytest.fixture
+def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected pair on 127.0.0.1: (sender, receiver), the receiver non-blocking."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    tx = socket.create_connection(srv.getsockname(), timeout=5)
+    rx, _ = srv.accept()
+    srv.close()
+    rx.setblocking(False)
+    try:
+        yield tx, rx
+    finally:
+        tx.close()
+        rx.close()
+
+
+def _read(arrival: stamps.Arrival, rx: socket.socket, ready: bool) -> bytes:
+    deadline = time.monotonic() + 5
+    while True:
+        try:
+            return arrival.recv_ready(rx) if ready else arrival.recv(rx)
+        except BlockingIOError:
+            assert time.monotonic() < deadline, "the bytes sent never came"
+            time.sleep(0.001)
+
+
+@needs_compiled
+@pytest.mark.parametrize("stamped", [True, False], ids=["kernel-stamped", "unstamped"])
+def test_a_compiled_read_gives_what_the_python_read_gives(
+        tcp_pair: tuple[socket.socket, socket.socket], stamped: bool) -> None:
+    """Each path reads bytes that waited in the kernel 60 ms: the same bytes, the same clock,
+    and (stamped) an arrival dated when they came, 60 ms before they were seen; unstamped,
+    dated when seen. Against the time taken just before each send, in this run."""
+    tx, rx = tcp_pair
+    if stamped:
+        assert stamps.enable_kernel_timestamps(rx)
+    for ready in (False, True, False, True):
+        arrival = stamps.Arrival(rx, time.perf_counter())
+        payload = os.urandom(3000)
+        sent = time.perf_counter()
+        tx.sendall(payload)
+        time.sleep(0.06)
+        got = b""
+        while len(got) < len(payload):
+            got += _read(arrival, rx, ready)
+        assert got == payload
+        assert arrival.kernel is stamped and arrival.with_headers is False
+        assert arrival.at <= arrival.seen
+        if stamped:
+            # Dated when the bytes came (within 30 ms of the send; the 60 ms sleep is the
+            # margin that tells it from the time they were seen), never before they were sent.
+            assert sent - 0.001 <= arrival.at <= sent + 0.03, (ready, arrival.at - sent)
+            assert arrival.seen - arrival.at >= 0.03
+        else:
+            assert arrival.at == arrival.seen >= sent + 0.05
+
+
+@needs_compiled
+def test_a_compiled_read_of_nothing_and_of_a_closed_peer_are_pythons(
+        tcp_pair: tuple[socket.socket, socket.socket]) -> None:
+    tx, rx = tcp_pair
+    assert stamps.enable_kernel_timestamps(rx)
+    arrival = stamps.Arrival(rx, time.perf_counter())
+    with pytest.raises(BlockingIOError):
+        arrival.recv_ready(rx)          # epoll was wrong, say: nothing there, and no wait
+    with pytest.raises(BlockingIOError):
+        arrival.recv(rx)
+    tx.close()
+    time.sleep(0.02)
+    assert arrival.recv_ready(rx) == b""
+    with pytest.raises(OSError):
+        stamps._recv_stamped(-1, 100)   # type: ignore[misc]
+
+
+@needs_compiled
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("eol", ["lf", "crlf"])
+def test_whole_streams_read_compiled_and_in_python_have_the_same_events(
+        server: str, eol: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """Streams of the real test server read by the shared reader, with the compiled part and
+    then with the Python it stands for: the same events, gaps and errors, kernel-timed both."""
+    paths = [f"/s?n=25&gap_ms=3&eol={eol}", f"/s?n=12&skip=4,7&eol={eol}",
+             f"/s?n=8&gap_ms=2&stall=5:400&eol={eol}", f"/s?n=6&gap_ms=30&garbage=3&eol={eol}",
+             f"/s?n=30&gap_ms=4&eol={eol}"]
+    compiled = run_streams(server, paths)
+    monkeypatch.setattr(stamps, "_recv_stamped", None)
+    monkeypatch.setattr(histogram, "_count_ms", None)
+    python = run_streams(server, paths)
+    assert [essence(s) for s in compiled] == [essence(s) for s in python]
+    assert [s.error for s in compiled] == [None, None, None, "protocol", None]
+    assert compiled[2].stalls == python[2].stalls == 1
+    for sample in (compiled[0], compiled[4], python[0], python[4]):
+        if sample.content_reads > 1:
+            assert sample.clock == "kernel"
