@@ -1,23 +1,30 @@
 """The compiled part (streamquake/loadgen/_speedups.c, issue 36) against the Python it stands
-in for: the same histogram counts for any values, the same read and arrival times off a real
-TCP socket on 127.0.0.1, and the same events of whole streams from a real server. The compiled
-part must be built where the tests run: ``scripts/setup`` builds it, and a machine where it
-silently did not would leave the product on the slower path with nothing said."""
+in for: the same histogram counts for any values; the same read and arrival times off a real
+TCP socket on 127.0.0.1; chunked bodies decoded as geventhttpclient's parser (llhttp) decodes
+them, however cut into reads, broken or not; the same events of whole streams from a real
+server; a connection reused after it. The compiled part must be built where the tests run:
+``scripts/setup`` builds it, and a machine where it silently did not would leave the product
+on the slower path with nothing said."""
 
 from __future__ import annotations
 
 import math
 import os
+import random
 import socket
 import time
 from collections.abc import Iterator
 
 import pytest
+from geventhttpclient.response import HTTPParseError, HTTPResponse
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from streamquake.loadgen import histogram, speedups, stamps
+from streamquake.loadgen import client, histogram, speedups, stamps
+from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.histogram import HIGHEST, _count_ms_py, _index_constants
+from streamquake.loadgen.plan import RequestClassPlan
+from tests.test_client import plan_for
 from tests.test_shared_reader import essence, run_streams
 from tests.test_shared_reader import server as server  # noqa: F401 - the module's fixture
 
@@ -158,13 +165,138 @@ def test_whole_streams_read_compiled_and_in_python_have_the_same_events(
     paths = [f"/s?n=25&gap_ms=3&eol={eol}", f"/s?n=12&skip=4,7&eol={eol}",
              f"/s?n=8&gap_ms=2&stall=5:400&eol={eol}", f"/s?n=6&gap_ms=30&garbage=3&eol={eol}",
              f"/s?n=30&gap_ms=4&eol={eol}"]
+    fast_reads = _count_fast_reads(monkeypatch)
     compiled = run_streams(server, paths)
+    # The compiled part read them: every stream's body but the one whose framing breaks
+    # before its end (garbage=3 breaks the SSE, not the HTTP: that one too, here).
+    assert fast_reads[0] >= sum(s.content_reads for s in compiled) - len(paths)
     monkeypatch.setattr(stamps, "_recv_stamped", None)
     monkeypatch.setattr(histogram, "_count_ms", None)
+    monkeypatch.setattr(speedups, "Chunked", None)
+    reads = fast_reads[0]
     python = run_streams(server, paths)
+    assert fast_reads[0] == reads
     assert [essence(s) for s in compiled] == [essence(s) for s in python]
     assert [s.error for s in compiled] == [None, None, None, "protocol", None]
     assert compiled[2].stalls == python[2].stalls == 1
     for sample in (compiled[0], compiled[4], python[0], python[4]):
         if sample.content_reads > 1:
             assert sample.clock == "kernel"
+
+
+_HEAD = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+
+
+def _llhttp(body: bytes, cuts: list[int]) -> tuple[str, bytes, object]:
+    """geventhttpclient's parser (llhttp) fed the head, then ``body`` cut at ``cuts``: what
+    it made of it (ok: the body and whether the message ended; err: its words)."""
+    resp = HTTPResponse()
+    resp.feed(_HEAD)
+    try:
+        for part in _cut(body, cuts):
+            resp.feed(part)
+    except HTTPParseError as exc:
+        return "err", b"", exc.args[0]
+    return "ok", bytes(resp._body_buffer), resp.message_complete
+
+
+def _compiled(body: bytes, cuts: list[int]) -> tuple[str, bytes, object]:
+    """The same bytes as the client reads them: the compiled part decodes them until it
+    hands the body over, and the parser (standing at the body's first byte) reads the rest."""
+    assert speedups.Chunked is not None
+    fast = speedups.Chunked()
+    resp = HTTPResponse()
+    resp.feed(_HEAD)
+    out, over = b"", False
+    try:
+        for part in _cut(body, cuts):
+            if over:
+                resp.feed(part)
+                continue
+            got, rest = fast.feed(part)
+            out += got
+            if rest is not None:
+                over = True
+                resp.feed(rest)
+    except (HTTPParseError, ValueError) as exc:
+        return "err", b"", exc.args[0]
+    return "ok", out + bytes(resp._body_buffer), resp.message_complete
+
+
+def _cut(data: bytes, cuts: list[int]) -> list[bytes]:
+    edges = sorted({0, len(data), *(c % (len(data) + 1) for c in cuts)})
+    return [data[a:b] for a, b in zip(edges, edges[1:], strict=False)]
+
+
+_chunk_data = st.binary(min_size=1, max_size=40)
+_size_line = st.one_of(
+    st.just("{:x}"), st.just("{:X}"), st.just("00{:x}"),
+    st.sampled_from(["{:x};name=value", "{:x};a=\"q;\\\"x\"", "{:x} ", "{:x}\t;a", "{:x};",
+                     " {:x}", "{:x};a b", "{:x};a=\x01"]),
+)
+_piece = st.one_of(
+    st.tuples(_size_line, _chunk_data).map(
+        lambda t: t[0].format(len(t[1])).encode("latin-1") + b"\r\n" + t[1] + b"\r\n"),
+    st.tuples(st.just("{:x}"), _chunk_data).map(
+        lambda t: t[0].format(len(t[1])).encode() + b"\r\n" + t[1] + b"\r\n"),
+)
+_ending = st.sampled_from([b"0\r\n\r\n", b"000\r\n\r\n", b"0\r\nX-T: 1\r\n\r\n",
+                           b"0;e=1\r\n\r\n", b"0\r\n\n", b"0\r\n: bad\r\n\r\n", b"",
+                           b"0\r\n\r\nHTTP/1.1 200 OK\r\n"])
+
+
+@needs_compiled
+@settings(max_examples=500, deadline=None)
+@given(pieces=st.lists(_piece, max_size=6), ending=_ending,
+       flip=st.one_of(st.none(), st.tuples(st.integers(min_value=0), st.binary(min_size=1,
+                                                                               max_size=1))),
+       cuts=st.lists(st.integers(min_value=0, max_value=10**6), max_size=8))
+@example(pieces=[b"5\r\nhello\r\n"], ending=b"0\r\n\r\n", flip=(7, b"\n"), cuts=[])
+@example(pieces=[b"5\r\nhello\r\n"], ending=b"0\r\n\r\n", flip=(7, b"X"), cuts=[8])
+@example(pieces=[b"5\r\nhello\r\n"], ending=b"", flip=None, cuts=[1, 2, 3, 4, 5, 6, 7, 8])
+def test_chunked_bodies_decoded_compiled_equal_the_http_parsers(
+        pieces: list[bytes], ending: bytes, flip: tuple[int, bytes] | None,
+        cuts: list[int]) -> None:
+    """Any chunked body, plain or not (extensions, trailers, whitespace, bad bytes), cut into
+    reads anywhere: the compiled part and the parser it hands over to give the body llhttp
+    gives, end the message where it does, and fail where it fails, in its words."""
+    body = b"".join(pieces) + ending
+    if flip is not None and body:
+        at = flip[0] % len(body)
+        body = body[:at] + flip[1] + body[at + 1:]
+    llhttp, compiled = _llhttp(body, cuts), _compiled(body, cuts)
+    assert compiled == llhttp
+
+
+def _count_fast_reads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Counts the reads the compiled part's decoder makes (the real method still runs)."""
+    count = [0]
+    step = client._Stream._step_fast
+
+    def counted(self: client._Stream, fast: speedups.ChunkedBody) -> object:
+        count[0] += 1
+        return step(self, fast)
+
+    monkeypatch.setattr(client._Stream, "_step_fast", counted)
+    return count
+
+
+@needs_compiled
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("first_ms", [0, 30], ids=["first-event-with-head", "head-alone"])
+def test_a_connection_read_by_the_compiled_part_is_reused(
+        server: str, first_ms: int, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+    """The compiled part hands the body's end to the HTTP parser, which ends the message: one
+    client's requests go one after another over one connection, whether the first event came
+    with the response head (decoded from the head's reads) or after it, and whether the body's
+    end came with the final event or after it (read by the drain)."""
+    fast_reads = _count_fast_reads(monkeypatch)
+    plan = plan_for(server, f"/s?n=6&gap_ms=2&first_ms={first_ms}")
+    c = StreamClient(plan)
+    try:
+        samples = [c.measure(RequestClassPlan(), random.Random(0)) for _ in range(6)]
+    finally:
+        c.close()
+    assert [(s.error, s.content_events) for s in samples] == [(None, 6)] * 6
+    assert [s.reused for s in samples] == [False] + [True] * 5
+    assert fast_reads[0] >= 6 * 4

@@ -5,6 +5,8 @@
  * count_ms: a stream's gaps into a sparse HDR histogram's counts (histogram.count_ms).
  * recv_stamped: one read of a plain TCP socket with the kernel's receive stamp
  *               (stamps.Arrival.recv's recvmsg, cmsg parsing and two clock reads).
+ * Chunked: that read, and the HTTP/1.1 chunked framing of the body decoded in C
+ *          (what geventhttpclient's parser and its Python callback do for a body's reads).
  *
  * Built by `pip install -e .` (scripts/setup) through setup.py; optional there: where it cannot
  * be built, the Python path runs, and the run's report says which ran.
@@ -13,6 +15,7 @@
 #include <Python.h>
 
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -102,32 +105,16 @@ static inline double seconds(clockid_t clock) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
-/* recv_stamped(fd, size) -> (data, seen, lag)
- *
- * One recvmsg of at most ``size`` bytes (64 KiB at most) that never waits (EAGAIN: BlockingIOError, as the
- * socket module raises it); ``seen``: time.perf_counter() right after it; ``lag``: how long
- * before that the kernel stamped the bytes' arrival (SCM_TIMESTAMPNS, CLOCK_REALTIME, against
- * time.time() now), or -1.0 where the read carried no stamp. EINTR is retried.
- */
-static PyObject *recv_stamped(PyObject *self, PyObject *args) {
-    int fd;
-    Py_ssize_t size;
-    if (!PyArg_ParseTuple(args, "in", &fd, &size))
-        return NULL;
-    if (size < 0) {
-        PyErr_SetString(PyExc_ValueError, "negative buffersize in recv_stamped");
-        return NULL;
-    }
-    /* One buffer for every read (the GIL is held throughout: the call never waits), and the
-     * bytes copied out at their size: no block-sized allocation per read. */
-    static char block[1 << 16];
-    if ((size_t)size > sizeof block)
-        size = sizeof block;
+/* One recvmsg into ``buf`` that never waits, EINTR retried; ``*seen``: CLOCK_MONOTONIC (what
+ * time.perf_counter() reads) right after it; ``*lag``: how long before that the kernel stamped
+ * the bytes (SCM_TIMESTAMPNS, CLOCK_REALTIME, against the real-time clock now), -1.0 where the
+ * read carried no stamp. Returns what recvmsg returned (errno set when negative). */
+static ssize_t stamped_recvmsg(int fd, char *buf, size_t size, double *seen, double *lag) {
     union {
         char bytes[CMSG_SPACE(sizeof(struct timespec))];
         struct cmsghdr align;
     } control;
-    struct iovec iov = {block, (size_t)size};
+    struct iovec iov = {buf, size};
     struct msghdr msg;
     ssize_t got;
     do {
@@ -139,26 +126,271 @@ static PyObject *recv_stamped(PyObject *self, PyObject *args) {
         got = recvmsg(fd, &msg, MSG_DONTWAIT);
     } while (got < 0 && errno == EINTR);
     if (got < 0)
-        return PyErr_SetFromErrno(PyExc_OSError);
-    double seen = seconds(CLOCK_MONOTONIC);
-    double lag = -1.0;
+        return got;
+    *seen = seconds(CLOCK_MONOTONIC);
+    *lag = -1.0;
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&msg); c != NULL; c = CMSG_NXTHDR(&msg, c)) {
         if (c->cmsg_level == SOL_SOCKET && c->cmsg_type == SO_TIMESTAMPNS &&
             c->cmsg_len >= CMSG_LEN(sizeof(struct timespec))) {
             struct timespec ts;
             memcpy(&ts, CMSG_DATA(c), sizeof ts);
             double stamp = (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-            lag = seconds(CLOCK_REALTIME) - stamp;
-            if (lag < 0.0)
-                lag = 0.0;
+            double lagged = seconds(CLOCK_REALTIME) - stamp;
+            *lag = lagged < 0.0 ? 0.0 : lagged;
             break;
         }
     }
+    return got;
+}
+
+static char block[1 << 16];     /* one read's bytes (the GIL is held throughout: no call waits) */
+
+/* recv_stamped(fd, size) -> (data, seen, lag)
+ *
+ * One read of at most ``size`` bytes (64 KiB at most) that never waits (EAGAIN:
+ * BlockingIOError, as the socket module raises it); ``seen`` and ``lag`` as stamped_recvmsg
+ * gives them.
+ */
+static PyObject *recv_stamped(PyObject *self, PyObject *args) {
+    int fd;
+    Py_ssize_t size;
+    if (!PyArg_ParseTuple(args, "in", &fd, &size))
+        return NULL;
+    if (size < 0) {
+        PyErr_SetString(PyExc_ValueError, "negative buffersize in recv_stamped");
+        return NULL;
+    }
+    if ((size_t)size > sizeof block)
+        size = sizeof block;
+    double seen, lag;
+    ssize_t got = stamped_recvmsg(fd, block, (size_t)size, &seen, &lag);
+    if (got < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
     PyObject *buf = PyBytes_FromStringAndSize(block, got);
     if (buf == NULL)
         return NULL;
     return Py_BuildValue("(Ndd)", buf, seen, lag);
 }
+
+/* Chunked(): one response body's HTTP/1.1 chunked framing (RFC 9112 7.1), decoded from the
+ * first byte of the body on, as far as it is the plain kind (hex size, CRLF, data, CRLF; then
+ * "0" CRLF CRLF): Chunked.read(fd) -> (body, seen, lag, nraw, rest) makes one stamped read
+ * as recv_stamped does (nraw: the bytes read, 0 when the peer closed) and returns its chunk
+ * data. ``rest`` is None while the body goes on so; else it is the read's bytes from the start
+ * of the size line where the plain kind ended (the last chunk's "0" line, or one with a chunk
+ * extension, whitespace, a trailer, a size past 15 digits, anything else) to the end of the
+ * read: the caller hands them to its HTTP parser, which stands where this one started (at a
+ * size line, before any chunk), and reads the rest of the body with it. So the parser judges
+ * everything but the plain kind, and the end of the message (the connection's reuse) too.
+ * Chunk data not followed by CRLF raises ValueError(message, code), in llhttp's words.
+ * client.py hands a stream's body to it only where its parser stands at the body's first
+ * byte. */
+enum { C_SIZE, C_SIZE_LF, C_DATA, C_DATA_CR, C_DATA_LF, C_OVER };
+
+#define LINE_MAX_DIGITS 15
+#define CARRY_MAX 32
+
+typedef struct {
+    PyObject_HEAD
+    int state;
+    int digits;          /* hex digits of the size line so far */
+    uint64_t size;       /* the size line's value, then the chunk data still to come */
+    char *out;           /* where decode() writes the body bytes, during a call */
+    /* the current size line's bytes from earlier reads (a line cut between reads) */
+    char carry[CARRY_MAX];
+    Py_ssize_t carried;
+} Chunked;
+
+static char body_block[1 << 16];    /* one read's body bytes (never more than its bytes) */
+
+static int hexval(unsigned char c) {
+    if (c >= '0' && c <= '9') return c - '0';
+    if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+    if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+    return -1;
+}
+
+/* Decode ``data[0:n]``, the body bytes appended at self->out + *outn; ``*line_start``: where
+ * in ``data`` the current size line began (0 when it began in an earlier read). Returns 0 when
+ * the plain kind held to the end of the bytes, 1 where it ended (at the current size line),
+ * -2 with an exception set. */
+static int decode(Chunked *self, const unsigned char *data, Py_ssize_t n, Py_ssize_t *outn,
+                  Py_ssize_t *line_start) {
+    Py_ssize_t i = 0;
+    /* where the current size line began in ``data`` (0 with bytes carried: it began before) */
+    *line_start = 0;
+    while (i < n) {
+        unsigned char c = data[i];
+        switch (self->state) {
+        case C_SIZE: {
+            int v = hexval(c);
+            if (v >= 0 && self->digits < LINE_MAX_DIGITS) {
+                self->size = self->size * 16 + (uint64_t)v;
+                self->digits++;
+            } else if (self->digits && c == '\r') {
+                self->state = C_SIZE_LF;
+            } else {
+                return 1;       /* not the plain kind: the parser's from this line on */
+            }
+            i++;
+            break;
+        }
+        case C_SIZE_LF:
+            if (c != '\n' || self->size == 0)
+                return 1;       /* the parser's: a broken line, or the last chunk's */
+            i++;
+            self->digits = 0;
+            self->carried = 0;
+            self->state = C_DATA;
+            break;
+        case C_DATA: {
+            Py_ssize_t take = n - i;
+            if ((uint64_t)take > self->size)
+                take = (Py_ssize_t)self->size;
+            memcpy(self->out + *outn, data + i, (size_t)take);
+            *outn += take;
+            i += take;
+            self->size -= (uint64_t)take;
+            if (!self->size)
+                self->state = C_DATA_CR;
+            break;
+        }
+        case C_DATA_CR:
+            if (c != '\r') {      /* llhttp's words and codes for the two */
+                PyErr_SetObject(PyExc_ValueError,
+                                c == '\n' ? Py_BuildValue("(si)", "Missing expected CR after chunk data", 25)
+                                          : Py_BuildValue("(si)", "Expected LF after chunk data", 2));
+                return -2;
+            }
+            i++;
+            self->state = C_DATA_LF;
+            break;
+        case C_DATA_LF:
+            if (c != '\n') {
+                PyErr_SetObject(PyExc_ValueError,
+                                Py_BuildValue("(si)", "Expected LF after chunk data", 2));
+                return -2;
+            }
+            i++;
+            self->state = C_SIZE;
+            *line_start = i;
+            break;
+        default:
+            return 1;
+        }
+    }
+    return 0;
+}
+
+static int Chunked_init(Chunked *self, PyObject *args, PyObject *kw) {
+    if (!PyArg_ParseTuple(args, ":Chunked"))
+        return -1;
+    self->state = C_SIZE;
+    self->digits = 0;
+    self->size = 0;
+    self->carried = 0;
+    return 0;
+}
+
+/* The bytes of ``data[0:n]`` decoded, as (body, rest) (see above); the body into ``out``. */
+static PyObject *decode_all(Chunked *self, const char *data, Py_ssize_t n, char *out,
+                            Py_ssize_t *outn) {
+    if (self->state == C_OVER) {
+        PyErr_SetString(PyExc_ValueError, "the body was handed over");
+        return NULL;
+    }
+    Py_ssize_t line_start;
+    self->out = out;
+    *outn = 0;
+    int got = decode(self, (const unsigned char *)data, n, outn, &line_start);
+    self->out = NULL;
+    if (got == -2)
+        return NULL;
+    if (got == 0) {
+        /* a size line cut by the read's end: its bytes so far kept for the hand-over */
+        if (self->state == C_SIZE || self->state == C_SIZE_LF) {
+            Py_ssize_t part = n - line_start;
+            if (self->carried + part > CARRY_MAX) {
+                got = 1;        /* cannot be a plain line */
+            } else {
+                memcpy(self->carry + self->carried, data + line_start, (size_t)part);
+                self->carried += part;
+                Py_RETURN_NONE;
+            }
+        } else {
+            Py_RETURN_NONE;
+        }
+    }
+    /* handed over: the line's carried bytes, then this read's from the line's start */
+    self->state = C_OVER;
+    PyObject *rest = PyBytes_FromStringAndSize(NULL, self->carried + (n - line_start));
+    if (rest == NULL)
+        return NULL;
+    memcpy(PyBytes_AS_STRING(rest), self->carry, (size_t)self->carried);
+    memcpy(PyBytes_AS_STRING(rest) + self->carried, data + line_start, (size_t)(n - line_start));
+    return rest;
+}
+
+/* feed(data) -> (body, rest): the bytes as read() would decode them (the tests) */
+static PyObject *Chunked_feed(Chunked *self, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0)
+        return NULL;
+    char *out = PyMem_Malloc(view.len ? (size_t)view.len : 1);
+    if (out == NULL) {
+        PyBuffer_Release(&view);
+        return PyErr_NoMemory();
+    }
+    Py_ssize_t outn;
+    PyObject *rest = decode_all(self, view.buf, view.len, out, &outn);
+    PyBuffer_Release(&view);
+    PyObject *result = NULL;
+    if (rest != NULL)
+        result = Py_BuildValue("(y#N)", out, outn, rest);
+    PyMem_Free(out);
+    return result;
+}
+
+static PyObject *Chunked_read(Chunked *self, PyObject *arg) {
+    long fd = PyLong_AsLong(arg);
+    if (fd == -1 && PyErr_Occurred())
+        return NULL;
+    if (fd < 0 || fd > INT_MAX) {
+        errno = EBADF;
+        return PyErr_SetFromErrno(PyExc_OSError);
+    }
+    if (self->state == C_OVER) {
+        PyErr_SetString(PyExc_ValueError, "the body was handed over");
+        return NULL;
+    }
+    double seen, lag;
+    ssize_t got = stamped_recvmsg((int)fd, block, sizeof block, &seen, &lag);
+    if (got < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    Py_ssize_t outn;
+    PyObject *rest = decode_all(self, block, got, body_block, &outn);
+    if (rest == NULL)
+        return NULL;
+    return Py_BuildValue("(y#ddnN)", body_block, outn, seen, lag, (Py_ssize_t)got, rest);
+}
+
+static PyMethodDef Chunked_methods[] = {
+    {"read", (PyCFunction)Chunked_read, METH_O,
+     "read(fd) -> (body, seen, lag, nraw, rest): one stamped read, its chunk data"},
+    {"feed", (PyCFunction)Chunked_feed, METH_O, "feed(data) -> (body, rest)"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyTypeObject ChunkedType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "streamquake.loadgen._speedups.Chunked",
+    .tp_basicsize = sizeof(Chunked),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One response body's plain chunked framing, decoded from its first byte.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Chunked_init,
+    .tp_methods = Chunked_methods,
+};
 
 static PyMethodDef methods[] = {
     {"count_ms", count_ms, METH_VARARGS,
@@ -173,4 +405,15 @@ static struct PyModuleDef module = {
     "Compiled twins of the load process's hot loops (see speedups.py).", -1, methods,
 };
 
-PyMODINIT_FUNC PyInit__speedups(void) { return PyModule_Create(&module); }
+PyMODINIT_FUNC PyInit__speedups(void) {
+    if (PyType_Ready(&ChunkedType) < 0)
+        return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (m == NULL)
+        return NULL;
+    if (PyModule_AddObjectRef(m, "Chunked", (PyObject *)&ChunkedType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}

@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable, Mapping
 
 import gevent
+import gevent.socket
 import gevent.ssl
 from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError, HTTPSocketResponse
 from geventhttpclient.url import URL
 
-from streamquake.loadgen import self_measure
+from streamquake.loadgen import self_measure, speedups
 from streamquake.loadgen.conversation import Turn
 from streamquake.loadgen.failures import _Cancelled, _Failed, _StreamTimeout
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
@@ -46,6 +47,7 @@ from streamquake.loadgen.stamps import (
     _instrument,
     _read_some,
     _StampedSSLSocket,
+    head_bytes,
 )
 from streamquake.loadgen.tally import _Tally
 from streamquake.loadgen.templates import Redactor, expand_headers, expand_path
@@ -56,6 +58,9 @@ _ERROR_BODY_MAX = 4096
 _DRAIN_S = 1.0          # after the terminal event, how long to wait for the HTTP body's end
 _DRAIN_MAX = 1 << 20    # ... and how much of it to read before dropping the connection instead
 _BACKLOG = _BLOCK // 2  # a read this big says the socket had more waiting
+# Where a response keeps the compiled decoder of its body's framing while it has one
+# (_Stream.hand_over), for the drain after the stream's final event.
+_FAST = "sq_fast"
 _DETAIL_MAX = 300       # characters of an error's reason kept in a sample
 _ID_MAX = 128           # characters of a response id kept in a sample
 # A slow consumer (a class's ``read.rate``) reads about this many seconds' worth at a time.
@@ -301,6 +306,7 @@ class StreamClient:
         shared = _reader() if slow is None and arrival.plain else None
         try:
             if shared is not None and sock is not None:
+                follow.hand_over(sock)
                 if resp._body_buffer:       # bytes read with the headers
                     arrival.buffered()
                     end = follow.chunk(follow.take())
@@ -345,13 +351,44 @@ class _Stream:
     reads it (its own greenlet, or the hub's shared reader, a read at a time: ``step``)."""
 
     __slots__ = ("resp", "tally", "parser", "arrival", "deadline", "abandon", "kernel_reads",
-                 "user_reads", "last_events")
+                 "user_reads", "last_events", "fast", "fd")
 
     def __init__(self, resp: HTTPSocketResponse, tally: _Tally, parser: SSEParser,
                  arrival: Arrival, deadline: float, abandon: _Abandon | None) -> None:
         self.resp, self.tally, self.parser, self.arrival = resp, tally, parser, arrival
         self.deadline, self.abandon = deadline, abandon
         self.kernel_reads = self.user_reads = self.last_events = 0
+        self.fast: speedups.ChunkedBody | None = None
+        self.fd = -1
+
+    def hand_over(self, sock: gevent.socket.socket) -> None:
+        """A chunked body's framing decoded with each read by the compiled part
+        (``speedups.Chunked``), from where the HTTP parser stands after the head's reads: the
+        body bytes those reads brought are decoded first, and must give what the parser gave
+        (else the parser keeps the body). The compiled part hands the body back to the
+        parser at the last chunk, or at any size line that is not of the plain kind; so the
+        parser still judges those, and ends the message (the connection's reuse is its call).
+        Nothing where the compiled part is not built."""
+        resp = self.resp
+        if speedups.Chunked is None or resp.message_complete \
+                or resp.get("content-length") is not None:
+            return
+        coding = resp.get("transfer-encoding")
+        raw = head_bytes(sock)
+        if not (isinstance(coding, str) and coding.strip().lower() == "chunked") \
+                or raw is None or raw.startswith(b"HTTP/1.1 1"):      # an interim response too
+            return
+        end = raw.find(b"\r\n\r\n")
+        if end < 0:
+            return
+        fast = speedups.Chunked()
+        try:
+            body, rest = fast.feed(raw[end + 4:])
+        except ValueError:
+            return
+        if rest is None and body == resp._body_buffer:
+            self.fast, self.fd = fast, sock.fileno()
+            setattr(resp, _FAST, fast)
 
     def take(self) -> bytes:
         """The body bytes the HTTP parser holds, taken out of its buffer."""
@@ -376,6 +413,8 @@ class _Stream:
         sock = resp._sock
         if sock is None:
             raise HTTPConnectionClosed("connection closed")
+        if self.fast is not None:
+            return self._step_fast(self.fast)
         data = self.arrival.recv_ready(sock._sock, _BLOCK)   # the plain socket: never waits
         if not data:
             # The peer closed: that ends a body without framing, and cuts any other short.
@@ -394,6 +433,33 @@ class _Stream:
         if resp.message_complete:
             return self.ended()
         return BACKLOG if len(data) >= _BLOCK else None
+
+    def _step_fast(self, fast: speedups.ChunkedBody) -> float | _Backlog | None:
+        """:meth:`step` with the body's framing decoded by the compiled part (hand_over)."""
+        resp = self.resp
+        try:
+            body, seen, lag, nraw, rest = fast.read(self.fd)
+        except ValueError as exc:       # chunk data not ended by CRLF, in llhttp's words
+            raise HTTPParseError(*exc.args) from None
+        self.arrival.stamped(seen, lag)
+        if rest is not None:
+            # The parser's from this size line on (the last chunk's, or one not plain).
+            self.fast = None
+            setattr(resp, _FAST, None)
+            resp.feed(rest)     # broken framing raises HTTPParseError, as in step
+            if resp._body_buffer:
+                body += self.take()
+        elif not nraw:
+            raise HTTPConnectionClosed("connection closed")     # the peer closed mid-body
+        if body:
+            end = self.chunk(body)
+            if end is not None:
+                return end
+        elif seen > self.deadline:
+            raise _StreamTimeout()
+        if resp.message_complete:
+            return self.ended()
+        return BACKLOG if nraw >= _BLOCK else None
 
     def chunk(self, chunk: bytes) -> float | None:
         """Fold one read's body bytes (b"": the body ended) into the tally; when the stream's
@@ -524,6 +590,25 @@ def _drain(resp: HTTPSocketResponse) -> None:
     left = _DRAIN_MAX
     with gevent.Timeout(_DRAIN_S, False):
         try:
+            fast: speedups.ChunkedBody | None = getattr(resp, _FAST, None)
+            while fast is not None and left > 0:
+                # The compiled part decodes the body's framing (_Stream.hand_over) until it
+                # hands the body's end over to the parser.
+                sock = resp._sock
+                if sock is None:
+                    return
+                try:
+                    _body, _seen, _lag, nraw, rest = fast.read(sock.fileno())
+                except BlockingIOError:
+                    gevent.socket.wait_read(sock.fileno(), max(0.0, until - time.perf_counter()))
+                    continue
+                if rest is not None:
+                    fast = None
+                    setattr(resp, _FAST, None)
+                    resp.feed(rest)
+                elif not nraw or time.perf_counter() > until:
+                    return
+                left -= nraw
             while left > 0:
                 chunk = _read_some(resp, until)
                 if not chunk:
@@ -531,7 +616,7 @@ def _drain(resp: HTTPSocketResponse) -> None:
                 left -= len(chunk)
                 if time.perf_counter() > until:
                     return
-        except (_StreamTimeout, OSError, HTTPParseError):
+        except (_StreamTimeout, OSError, HTTPParseError, ValueError):
             pass
 
 

@@ -10,8 +10,18 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from types import ModuleType
+from typing import Protocol
 
-__all__ = ["ACTIVE", "compiled", "count_ms", "describe", "recv_stamped"]
+__all__ = ["ACTIVE", "Chunked", "ChunkedBody", "compiled", "count_ms", "describe",
+           "recv_stamped"]
+
+
+class ChunkedBody(Protocol):
+    """What a ``_speedups.Chunked`` is, for the type checker."""
+
+    def read(self, fd: int, /) -> tuple[bytes, float, float, int, bytes | None]: ...
+
+    def feed(self, data: bytes, /) -> tuple[bytes, bytes | None]: ...
 
 
 def _load() -> tuple[ModuleType | None, str]:
@@ -31,6 +41,9 @@ count_ms: Callable[[dict[int, int], Iterable[float], int, int, int, int, int], i
     None if compiled is None else compiled.count_ms)
 recv_stamped: Callable[[int, int], tuple[bytes, float, float]] | None = (
     None if compiled is None else compiled.recv_stamped)
+# A body's plain chunked framing, decoded with its reads (client._hand_over); else the HTTP
+# parser's, read by read.
+Chunked: Callable[[], ChunkedBody] | None = None if compiled is None else compiled.Chunked
 
 
 def describe() -> str:

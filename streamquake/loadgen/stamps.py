@@ -43,6 +43,8 @@ _CMSG_BYTES = socket.CMSG_SPACE(_TIMESPEC.size)
 # A response's head (status line and headers) at most this many bytes: real ones are a few
 # KiB (nginx refuses requests past 32 KiB of headers); past it the request is a ``limit`` error.
 _HEAD_MAX = 256 * 1024
+# The bytes of a response head's reads kept for client.py (head_bytes): far more than heads take.
+_HEAD_KEEP = 64 * 1024
 # Where the greenlet reading a response's head keeps its _HeadBudget (None otherwise).
 _HEAD = "sq_head"
 # Where the writing greenlet notes when its request's last byte was written (perf_counter s).
@@ -129,8 +131,13 @@ class _StampedSocket(_WriteStamp, gevent.socket.socket):  # type: ignore[misc]
     """A plain pool socket (the pool creates these); it also notes its connect (_Conn), and
     when the first bytes of a response arrived (_note_first_byte)."""
 
+    # The bytes of the reads that brought the latest response's head (head_bytes), up to
+    # _HEAD_KEEP: client.py's _Stream.hand_over finds where the parser stands in its body.
+    sq_head: bytes | None = None
+
     def recv(self, size: int, flags: int = 0) -> bytes:
-        if not flags and getattr(gevent.getcurrent(), _FIRST_BYTE, _TAKEN) is None:
+        first = not flags and getattr(gevent.getcurrent(), _FIRST_BYTE, _TAKEN) is None
+        if first:
             # The response's first read (geventhttpclient reads the head with recv): a peek
             # through recvmsg first, for the kernel's receive stamp, as events get theirs
             # (Arrival.recv); the read itself is the usual one.
@@ -138,6 +145,10 @@ class _StampedSocket(_WriteStamp, gevent.socket.socket):  # type: ignore[misc]
             if data:
                 _note_first_byte(ancillary)
         got: bytes = super().recv(size, flags)
+        if first:
+            self.sq_head = got
+        elif self.sq_head is not None:
+            self.sq_head = self.sq_head + got if len(self.sq_head) < _HEAD_KEEP else None
         return got
 
     def connect(self, address: object) -> None:
@@ -285,14 +296,18 @@ class Arrival:
         the compiled part is built (speedups.py)."""
         if _recv_stamped is None or not self.plain:
             return self.recv(sock, size)
-        # ``lag``: how long before ``seen`` the kernel stamped the bytes, -1.0 where it did not.
         data, seen, lag = _recv_stamped(sock.fileno(), size)
+        self.stamped(seen, lag)
+        return data
+
+    def stamped(self, seen: float, lag: float) -> None:
+        """A compiled read's times: seen at ``seen`` (perf_counter s), stamped by the kernel
+        ``lag`` seconds before that (-1.0: no stamp)."""
         self.seen, self.with_headers = seen, False
         if lag < 0.0:
             self.at, self.kernel = max(self.at, seen), False
         else:
             self.at, self.kernel = max(self.at, seen - lag), True
-        return data
 
     def recv(self, sock: socket.socket, size: int = _BLOCK) -> bytes:
         stamp: float | None = None
@@ -318,6 +333,14 @@ class Arrival:
 
 
 _recv_stamped = speedups.recv_stamped
+
+
+def head_bytes(sock: object) -> bytes | None:
+    """The bytes of the reads that brought a plain pool socket's latest response head (and of
+    any ``recv`` since); None where they were not kept (another socket, more than
+    _HEAD_KEEP)."""
+    head = getattr(sock, "sq_head", None)
+    return head if isinstance(head, bytes) else None
 
 
 def _read_some(resp: HTTPSocketResponse, deadline: float, arrival: Arrival | None = None,
