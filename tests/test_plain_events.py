@@ -221,10 +221,10 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
     framed_reads = []
     framed = PlainTemplate.framed
 
-    def framed_counted(self: PlainTemplate, read: bytes) -> bool:
-        ok = framed(self, read)
-        framed_reads.append(ok)
-        return ok
+    def framed_counted(self: PlainTemplate, read: bytes) -> int:
+        count = framed(self, read)
+        framed_reads.append(count)
+        return count
     monkeypatch.setattr(PlainTemplate, "framed", framed_counted)
     for ids, per_read, wait in itertools.product((False, True), (1, 3), (0.01, 0.06)):
         taken.clear()
@@ -242,10 +242,9 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         # first, which looks for a byte order mark: feed's. Every other read went through
         # the shortcut, but for the closing events.
         assert taken == [True] * (len(reads) - 1) + [False]
-        # One event a read, with no id: from the third read on (the second's event taught
-        # the template), each is known by its bytes alone.
-        assert framed_reads.count(True) == (len(reads) - 2 if per_read == 1 and not ids
-                                            else 0)
+        # With no id: from the third read on (the second's first event taught the template),
+        # each read's events are known by their bytes alone, one or several.
+        assert [k for k in framed_reads if k] == ([] if ids else [per_read] * (len(reads) - 2))
         s = tally.sample
         assert (s.content_events, len(s.itl_ms), s.finish_reason, s.usage_tokens) == \
             (30, 29, "stop", 30)
@@ -333,15 +332,22 @@ def test_the_stream_template_answers_as_the_check_for_any_text_bytes(middle: byt
     event = head + middle + tail
     got = OpenAI().plain_text(event)
     assert template(event) == (None if got is None else got[:2]), event
-    # The same event as a whole read: the template knows it by its bytes only when the
-    # parser would read it as this one event, with no id, and the check vouches for it.
-    read = b"data: " + event + b"\n\n"
+    # The same event as a whole read, alone or three times over: the template knows it by
+    # its bytes only when the parser would read it as these events, with no id, and the check
+    # vouches for each.
     parser = SSEParser(SSELimits())
     parser.feed(b": opened\n\n")
-    if template.framed(read):
-        assert parser.plain(read) == [(event, None)] and got is not None, read
-    else:
-        assert not middle or any(c < 0x20 or c > 0x7e or c in b'"\\' for c in middle)
+    for k in (1, 3):
+        read = (b"data: " + event + b"\n\n") * k
+        count = template.framed(read)
+        assert count == template.framed_py(read)        # compiled or not, the same answer
+        if count:
+            assert parser.plain(read) == [(event, None)] * k == [(event, None)] * count
+            assert got is not None, read
+        else:
+            assert not middle or any(c < 0x20 or c > 0x7e or c in b'"\\' for c in middle)
+        # Cut short or run on, it is no read of the template's events.
+        assert template.framed(read[:-1]) == template.framed(read + b"d") == 0
 
 
 def test_the_stream_template_parses_only_what_differs_from_the_learned_event() -> None:

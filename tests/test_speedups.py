@@ -80,6 +80,36 @@ def test_counting_a_value_python_cannot_round_fails_as_python_does(bad: float) -
     assert type(compiled.value) is type(python.value)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def kernel_stamps_on() -> Iterator[None]:
+    """The kernel stamps received packets only while some socket asks it to, and it starts
+    doing so a moment after the first one asks (Linux enables its timestamp key from a work
+    queue): a socket that asks here, kept open for the module, and a stamp seen before the
+    tests, so that none of them races that start (it read "user" clocks once in six runs)."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    tx = socket.create_connection(srv.getsockname(), timeout=5)
+    rx, _ = srv.accept()
+    srv.close()
+    try:
+        assert stamps.enable_kernel_timestamps(rx)
+        arrival = stamps.Arrival(rx, time.perf_counter())
+        deadline = time.monotonic() + 5
+        while True:
+            tx.sendall(b"x")
+            rx.settimeout(5)
+            arrival.recv(rx, 1)
+            if arrival.kernel:
+                break
+            assert time.monotonic() < deadline, "the kernel never stamped a read"
+            time.sleep(0.01)
+        yield
+    finally:
+        tx.close()
+        rx.close()
+
+
 @pytest.fixture
 def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
     """A connected pair on 127.0.0.1: (sender, receiver), the receiver non-blocking."""

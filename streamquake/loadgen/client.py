@@ -472,14 +472,15 @@ class _Stream:
         # Plain answer text, as nearly every read of a stream is: folded in as a whole
         # (_Tally.add_plain); anything else event by event, below. The commonest read of all,
         # one event that is the stream's template around new text, is known as such by its
-        # bytes alone (PlainTemplate.framed): no event is split out of it, nor parsed.
+        # bytes alone (PlainTemplate.framed), as are reads of several such events: no event is
+        # split out of them, nor parsed.
         plain = None
         framed = False
         if self.abandon is None and not arrival.with_headers:
             parser, template = self.parser, tally._plain
-            if (template is not None and template.framed(chunk)
+            if (template is not None and (count := template.framed(chunk))
                     and parser.clean(len(chunk))):
-                plain, framed = [(b"", parser.last_id)], True
+                plain, framed = [(b"", parser.last_id)] * count, True
             else:
                 plain = parser.plain(chunk)
         events: list[SSEEvent] = []

@@ -12,6 +12,7 @@ import re
 from collections.abc import Callable
 
 from streamquake.jsontypes import JsonDict
+from streamquake.loadgen import speedups
 from streamquake.loadgen.plan import RequestClassPlan
 from streamquake.loadgen.sse_parser import SSEEvent
 from streamquake.protocols import Decoded, Protocol, ProtocolError, get
@@ -91,6 +92,7 @@ _VERBATIM = re.compile(r"[A-Za-z0-9 .,!?;:'()_-]+")
 # A JSON string's body that needs no escape and holds no escape: printable ASCII but the
 # quote and the backslash.
 _STRING_BODY = re.compile(rb'[\x20\x21\x23-\x5b\x5d-\x7e]+')
+_framed_events = speedups.framed_events
 
 
 class PlainTemplate:
@@ -118,16 +120,33 @@ class PlainTemplate:
         # The same, as a whole read of one SSE event: ``data: `` and the event's end around it.
         self.framed_head = self.framed_tail = b""
 
-    def framed(self, read: bytes) -> bool:
-        """Whether ``read`` is one whole SSE event (one ``data:`` line, no id, no CR) whose
-        data the template vouches for: what :meth:`SSEParser.plain` would give as one event,
-        and this would answer with ``got``. The text between holds no line end, so the read
-        is one line and one event."""
-        head = self.framed_head
-        return (len(read) > self.size + 8 and self.size >= 0 and read.startswith(head)
-                and read.endswith(self.framed_tail)
-                and _STRING_BODY.fullmatch(read, len(head), len(read) - len(self.framed_tail))
-                is not None)
+    def framed(self, read: bytes) -> int:
+        """How many whole SSE events ``read`` is, each one ``data:`` line (no id, no CR) whose
+        data the template vouches for: what :meth:`SSEParser.plain` would give as that many
+        events, and this would answer each with ``got``; 0 for any other read. The text
+        between holds no line end (nor a quote, which ends it), so each is one line and one
+        event. Compiled where the compiled part is built (speedups.py)."""
+        if self.size < 0 or len(read) <= self.size + 8:
+            return 0
+        if _framed_events is not None:
+            return _framed_events(read, self.framed_head, self.framed_tail)
+        return self.framed_py(read)
+
+    def framed_py(self, read: bytes) -> int:
+        """:meth:`framed` in Python (``_speedups.framed_events`` is its compiled twin)."""
+        head, tail = self.framed_head, self.framed_tail
+        if not tail.startswith(b'"'):
+            return 0
+        at = count = 0
+        while at < len(read):
+            if not read.startswith(head, at):
+                return 0
+            text = _STRING_BODY.match(read, at + len(head))
+            if text is None or not read.startswith(tail, text.end()):
+                return 0
+            at = text.end() + len(tail)
+            count += 1
+        return count
 
     def __call__(self, data: bytes) -> tuple[str | None, str | None] | None:
         """``(response_id, model)`` of a plain answer-text event, None for any other."""
