@@ -101,3 +101,41 @@ def test_to_dict_has_every_metric_and_rate() -> None:
     assert set(HISTOGRAM_METRICS) <= d.keys() and set(RATE_METRICS) <= d.keys()
     assert d["itl_ms"]["count"] == 1 and d["itl_ms"]["p99"] == pytest.approx(20.0, abs=0.01)
     assert d["error_rate"] == 0.0
+
+
+def test_each_rates_trials_are_counted_in_the_time_batch_of_the_request() -> None:
+    """Per time batch, each rate metric's k and n (what its effective sample count reads): in
+    all, each batch's add up to the whole's, metric by metric, and each request's land in the
+    batch of when it was due."""
+    from streamquake.loadgen.batches import TimeBatches
+    from streamquake.loadgen.metrics import _TRIALS
+
+    batches = TimeBatches.over(1000.0, 1100.0)
+    assert batches is not None
+    stats = Stats(batches=batches)
+    rng = random.Random(3)
+    for i in range(300):
+        kind = rng.choice(["ok", "stall", "error", "usage", "cache", "lost"])
+        sent = 1000.0 + i / 3
+        s = ok(sent=sent, usage_tokens=70, content_events=64, expected_events=64)
+        if kind == "stall":
+            s.stalls = 1
+        elif kind == "error":
+            s.error = "timeout"
+        elif kind == "usage":
+            s.content_events = 60
+        elif kind == "cache":
+            s.cache_n, s.prompt_n = 30, 10
+        elif kind == "lost":
+            s.missing_events = 2
+        stats.add_sent(s)
+        stats.add_outcome(s)
+        if i % 7 == 0:
+            stats.add_not_sent(sent)
+    for metric in RATE_METRICS:
+        rows = batches.of_rate(metric)
+        assert (sum(k for k, _ in rows), sum(n for _, n in rows)) == stats.trials(metric), metric
+        assert stats.trials(metric)[1] > 0, metric     # every rate had trials to count
+    # The first request (ok, due at 1000.0) is in the first batch: one request, no error.
+    k, n = batches.of_rate("error_rate")[0]
+    assert n >= 1 and _TRIALS["error_rate"] == ("error_count", "requests")

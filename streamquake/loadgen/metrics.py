@@ -44,6 +44,7 @@ worth (``effective_count``).
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -368,15 +369,20 @@ class Stats:
     def _due(s: RequestSample) -> float:
         return s.scheduled if s.scheduled is not None else s.sent
 
-    def _trial_counts(self) -> list[tuple[int, int]] | None:
-        return None if self.batches is None else [self.trials(m) for m in RATE_METRICS]
+    def _trial_counts(self) -> tuple[int, ...] | None:
+        """Every rate metric's (k, n), flat, in RATE_METRICS order (read in one call: twice
+        a request)."""
+        return None if self.batches is None else _trial_fields(self)
 
-    def _count_trials(self, before: list[tuple[int, int]] | None, at: float | None) -> None:
+    def _count_trials(self, before: tuple[int, ...] | None, at: float | None) -> None:
         """Count in ``at``'s time batch what the rates' trials gained since ``before``."""
         if before is None or self.batches is None or at is None:
             return
-        for metric, (k0, n0) in zip(RATE_METRICS, before, strict=True):
-            k, n = self.trials(metric)
+        now = _trial_fields(self)
+        if now == before:
+            return
+        for i, metric in enumerate(RATE_METRICS):
+            k0, n0, k, n = before[2 * i], before[2 * i + 1], now[2 * i], now[2 * i + 1]
             if k != k0 or n != n0:
                 self.batches.count(metric, at, k - k0, n - n0)
 
@@ -739,3 +745,4 @@ _TRIALS = {"error_rate": ("error_count", "requests"), "stall_rate": ("stalled", 
            "chunk_loss": ("missing_events", "expected_events"),
            "not_sent_rate": ("not_sent", "due"), "usage_deficit": ("usage_unseen", "usage_tokens"),
            "prompt_cache_reuse": ("cache_tokens", "prompt_tokens")}
+_trial_fields = operator.attrgetter(*(name for m in RATE_METRICS for name in _TRIALS[m]))
