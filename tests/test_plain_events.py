@@ -1,5 +1,6 @@
 """The shortcut for plain answer text (``SSEParser.plain``, ``WireProtocol.plain_text``,
-``_Tally.add_plain``) against the event-by-event path (``SSEParser.feed``, ``decode``,
+``_Tally.add_plain``, and for reads of the stream's template, ``PlainTemplate.framed`` and
+``_Tally.add_framed``) against the event-by-event path (``SSEParser.feed``, ``decode``,
 ``_Tally.add``) it stands in for: the same reads, at the same times, into two streams, one
 with the shortcut and one without, must leave the same sample, tally and parser after every
 read, and end or fail the same way. Streams are the embedded target's own OpenAI encoder's
@@ -218,6 +219,13 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         taken.append(ok)
         return ok
     monkeypatch.setattr(_Tally, "add_plain", counted)
+    add_framed = _Tally.add_framed
+
+    def framed_taken(self: _Tally, *args: Any) -> bool:
+        ok = add_framed(self, *args)
+        taken.append(ok)
+        return ok
+    monkeypatch.setattr(_Tally, "add_framed", framed_taken)
     framed_reads = []
     framed = PlainTemplate.framed
 
@@ -280,6 +288,34 @@ def test_a_read_that_looks_like_the_template_waits_for_what_the_parser_holds(
         assert got == _feed(slow, data), data
         assert _state(fast, fast_tally) == _state(slow, slow_tally), data
     assert fast_tally._plain is not None and fast_tally._plain.framed(template_read)
+
+
+@pytest.mark.parametrize("between", [
+    # An id with no event: the template's events after it carry it, though none names it.
+    b"id: 9\n\n",
+    # Content with no response id nor model, between the template's events.
+    b'data: {"choices":[{"delta":{"content":"no id"}}]}\n\n',
+])
+def test_reads_of_the_template_are_folded_as_their_events_would_be(between: bytes) -> None:
+    """Reads of one and of several events of the stream's template, with what may change
+    how they fold between them (an id they inherit, content of another shape): both paths
+    leave the same sample, tally and parser after each read."""
+    enc = _encoder(False, False)
+    fast, fast_tally, fast_arrival = _stream(True, 1000)
+    slow, slow_tally, slow_arrival = _stream(False, 1000)
+    reads = [*[enc.token(b'"t%d"' % i) for i in range(3)], between,
+             *[enc.token(b'"t%d"' % i) for i in range(3, 5)], between,
+             *[b"".join(enc.token(b'"u%d"' % (3 * i + j)) for j in range(3)) for i in range(3)]]
+    framed = 0
+    for i, data in enumerate(reads):
+        fast_arrival.at = slow_arrival.at = fast_arrival.seen = slow_arrival.seen = \
+            100.0 + 0.01 * (i + 1)
+        template = fast_tally._plain
+        framed += template is not None and template.framed(data) > 0
+        got = _feed(fast, data)
+        assert got == _feed(slow, data), data
+        assert _state(fast, fast_tally) == _state(slow, slow_tally), data
+    assert framed >= 4      # the shortcut was there to take, reads of one event and of three
 
 
 def test_plain_text_vouches_only_for_what_decode_reads_as_text_alone() -> None:

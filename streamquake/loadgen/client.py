@@ -468,25 +468,28 @@ class _Stream:
             return self.ended()
         tally, arrival = self.tally, self.arrival
         now = arrival.seen
+        # The commonest read of all, one or more events that are the stream's template around
+        # new text, is known as such by its bytes alone (PlainTemplate.framed): no event is
+        # split out of it, nor parsed, and it is folded in as a whole (_Tally.add_framed).
+        template = tally._plain
+        if (template is not None and self.abandon is None and not arrival.with_headers
+                and (count := template.framed(chunk)) and self.parser.clean(len(chunk))
+                and tally.add_framed(count, self.parser.last_id, arrival.at, now)):
+            tally.sample.body_bytes += len(chunk)
+            self.last_events = count
+            self._clock(count)
+            if now > self.deadline:
+                raise _StreamTimeout()
+            return None
         tally.sample.body_bytes += len(chunk)
-        # Plain answer text, as nearly every read of a stream is: folded in as a whole
-        # (_Tally.add_plain); anything else event by event, below. The commonest read of all,
-        # one event that is the stream's template around new text, is known as such by its
-        # bytes alone (PlainTemplate.framed), as are reads of several such events: no event is
-        # split out of them, nor parsed.
+        # Plain answer text, as nearly every other read of a stream is: folded in as a whole
+        # (_Tally.add_plain); anything else event by event, below.
         plain = None
-        framed = False
         if self.abandon is None and not arrival.with_headers:
-            parser, template = self.parser, tally._plain
-            if (template is not None and (count := template.framed(chunk))
-                    and parser.clean(len(chunk))):
-                plain, framed = [(b"", parser.last_id)] * count, True
-            else:
-                plain = parser.plain(chunk)
+            plain = self.parser.plain(chunk)
         events: list[SSEEvent] = []
-        if plain is not None and tally.add_plain(plain, arrival.at, now, framed):
-            if not framed:      # an event of the template's carries no id: nothing to take
-                self.parser.took(plain)
+        if plain is not None and tally.add_plain(plain, arrival.at, now):
+            self.parser.took(plain)
             self.last_events = len(plain)
         else:
             events = self.parser.feed(chunk)

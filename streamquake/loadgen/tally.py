@@ -254,8 +254,8 @@ class _Tally:
         if eid is not None and len(eid) <= 18 and eid.isdigit():
             self.ids.add(int(eid))
 
-    def add_plain(self, events: list[tuple[bytes, str | None]], now: float, seen: float,
-                  framed: bool = False) -> bool:
+    def add_plain(self, events: list[tuple[bytes, str | None]], now: float, seen: float
+                  ) -> bool:
         """One read's events, ``(data, id)`` each as ``SSEParser.plain`` gives them, folded
         in as :meth:`add` would fold them, when each is plain answer text
         (``WireProtocol.plain_text``) and the read needs none of add's rarer judgements: not
@@ -263,35 +263,60 @@ class _Tally:
         after a wait long enough to be a burst is judged here as :meth:`_count_read` judges
         it event by event (a saturated load process's reads mostly come so). True if they
         were; False, with nothing changed, for :meth:`add` to read them one by one
-        (``SSEEvent`` each, for ``add``). ``framed``: the read is one event the stream's
-        template vouched for whole (``PlainTemplate.framed``); its data is not looked at."""
+        (``SSEEvent`` each, for ``add``)."""
         s = self.sample
-        last = self.last_text_at
         plain = self._plain
-        if (plain is None or last is None or s.ttfa_ms is None or self.answer is not None
-                or self.events_left < len(events)):
-            return False
-        gap = now - last
-        if gap > self.stall_s or seen - self.last_text_seen > self.stall_s:
-            return False
-        new_read = now != last
-        reads = s.content_reads + new_read
-        if reads <= 1:
+        gap = self._plain_gap(len(events), now, seen)
+        if gap is None or plain is None:
             return False
         for data, _ in events:
-            got = plain.got if framed else plain(data)
+            got = plain(data)
             if got is None or (got[0] is not None and s.response_id is None) \
                     or (got[1] is not None and s.model is None):
                 return False
-        # As add does, event by event; every one a content event of this read.
-        n = len(events)
-        self.events_left -= n
         for _, eid in events:
             self._note_id(eid)
+        self._fold(len(events), gap, now, seen)
+        return True
+
+    def add_framed(self, n: int, eid: str | None, now: float, seen: float) -> bool:
+        """:meth:`add_plain` of a read that is ``n`` events the stream's template vouched for
+        whole (``PlainTemplate.framed``), each with the id ``eid`` (the parser's last): their
+        data is not looked at, and no list of them is made. (The template's response id and
+        model are the sample's already: it learns only in :meth:`add_plain`, from an event
+        that then goes to :meth:`add` where the sample lacks them.)"""
+        gap = self._plain_gap(n, now, seen)
+        if gap is None:
+            return False
+        self._note_id(eid)
+        self._fold(n, gap, now, seen)
+        return True
+
+    def _plain_gap(self, n: int, now: float, seen: float) -> float | None:
+        """The gap before a read of ``n`` plain events, where :meth:`add_plain` may fold them
+        in (a template, content before, no stall, events left, no answer kept, not the first
+        read of content); None where :meth:`add` must read them."""
+        s = self.sample
+        last = self.last_text_at
+        if (self._plain is None or last is None or s.ttfa_ms is None or self.answer is not None
+                or self.events_left < n):
+            return None
+        gap = now - last
+        if gap > self.stall_s or seen - self.last_text_seen > self.stall_s:
+            return None
+        if s.content_reads + (now != last) <= 1:
+            return None
+        return gap
+
+    def _fold(self, n: int, gap: float, now: float, seen: float) -> None:
+        """As add does, event by event: ``n`` content events of one read, ``gap`` after the
+        last content (0: the same read as it)."""
+        s = self.sample
+        self.events_left -= n
         s.content_events += n
         itl = s.itl_ms
-        if new_read:
-            s.content_reads = reads
+        if now != self.last_text_at:
+            s.content_reads += 1
             before = 0
             self.read_held = gap * 1000.0 >= BURST_WAIT_MS and self._held(gap, seen)
             itl.append(gap * 1000.0)
@@ -315,7 +340,6 @@ class _Tally:
             s.shared_stamps += shared
         self.last_text_at = now
         self.last_text_seen = seen
-        return True
 
     def _count_read(self, now: float, seen: float, with_headers: bool) -> None:
         """Count the reads that brought content, and the content events that came in bursts
