@@ -515,15 +515,18 @@ class _Stream:
         at the headers, as TTFB is), and the guard's account of the load process's lateness."""
         tally, arrival = self.tally, self.arrival
         guard = tally.guard
+        # The clock is "kernel" from the first stamped read for as long as no read lacks one.
         if arrival.kernel:
             self.kernel_reads += 1
             if guard is not None:
                 guard.seen(arrival.seen - arrival.at, events)
+            if self.kernel_reads == 1 and not self.user_reads:
+                tally.sample.clock = "kernel"
         else:
             self.user_reads += 1
             if guard is not None:
                 guard.user_read()
-        tally.sample.clock = "kernel" if self.kernel_reads and not self.user_reads else "user"
+            tally.sample.clock = "user"
 
 
 class _Abandon:

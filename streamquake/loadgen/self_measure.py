@@ -51,12 +51,7 @@ class _Greenlet(Protocol):
 
 
 _greenlet: _Greenlet | None = None
-
-
-def seen_bucket(gap_s: float) -> int:
-    """The log bucket of a kernel-to-seen gap: ``exp(b / 20)`` microseconds, 5% wide."""
-    us = gap_s * 1e6
-    return int(math.log(us) * SEEN_BUCKETS_PER_E) if us > 1.0 else 0
+_log = math.log
 
 
 def bucket_ms(bucket: int) -> float:
@@ -85,7 +80,9 @@ class Guard:
     # Called by the client, from any greenlet, once per read.
     def seen(self, gap_s: float, events: int) -> None:
         """``events`` events arrived ``gap_s`` before our code saw them (kernel-timed read)."""
-        b = seen_bucket(gap_s)
+        # Its log bucket: exp(b / 20) microseconds, 5% wide (bucket_ms reads it back).
+        us = gap_s * 1e6
+        b = int(_log(us) * SEEN_BUCKETS_PER_E) if us > 1.0 else 0
         self._seen[b] = self._seen.get(b, 0) + events
         self._kernel_reads += 1
         if gap_s > self._seen_max_s:
