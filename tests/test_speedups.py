@@ -330,3 +330,52 @@ def test_a_connection_read_by_the_compiled_part_is_reused(
     assert [(s.error, s.content_events) for s in samples] == [(None, 6)] * 6
     assert [s.reused for s in samples] == [False] + [True] * 5
     assert fast_reads[0] >= 6 * 4
+
+
+@needs_compiled
+@settings(max_examples=300, deadline=None)
+@given(counts=st.dictionaries(st.integers(min_value=0, max_value=1 << 22),
+                              st.integers(min_value=1, max_value=1 << 40), max_size=300))
+def test_a_histograms_counts_are_written_compiled_as_in_python(counts: dict[int, int]) -> None:
+    """HdrHistogram V2's counts payload (ZigZag LEB128, runs of empty buckets negative):
+    the same bytes from the compiled writer as from the Python one, for any buckets."""
+    assert speedups.varints is not None and speedups.pairs_le32 is not None
+    assert speedups.varints(counts) == histogram._varints_py(counts)
+    table = {k: c & 0xFFFFFFFF for k, c in counts.items()}
+    assert speedups.pairs_le32(table) == histogram._pairs_le32_py(table)
+
+
+@needs_compiled
+@pytest.mark.parametrize("n, top", [(1023, 1 << 22), (1024, 1 << 22), (20_000, 1 << 22),
+                                    (5_000, 1 << 17), (3_000, 1 << 40)])
+def test_many_buckets_are_written_compiled_as_in_python(n: int, top: int) -> None:
+    """Past a thousand buckets the compiled writer sorts them by radix on the index's low 32
+    bits (wider indexes go back to a comparison sort): the same bytes as Python's."""
+    assert speedups.varints is not None and speedups.pairs_le32 is not None
+    rng = random.Random(n)
+    counts = {rng.randrange(top): rng.randrange(1, 1 << 33) for _ in range(n)}
+    assert speedups.varints(counts) == histogram._varints_py(counts)
+    # The same sort, for the time batches' and the seconds' packed tables (uint32 each).
+    if top <= 1 << 32:
+        table = {k: c & 0xFFFFFFFF for k, c in counts.items()}
+        assert speedups.pairs_le32(table) == histogram._pairs_le32_py(table)
+
+
+@needs_compiled
+def test_a_histogram_past_the_python_writers_size_is_written_sparse_and_reads_back() -> None:
+    """Compiled, every histogram is written by the sparse writer (in Python, one past
+    _SPARSE_ENCODE_MAX buckets goes to hdrh's dense encoder): hdrh reads it back to the same
+    counts as the dense blob."""
+    from hdrh.histogram import HdrHistogram
+
+    h = histogram.SparseHistogram(4)
+    rng = random.Random(5)
+    h.record_ms([rng.uniform(1, 900) for _ in range(5000)])
+    assert len(h.counts) > histogram._SPARSE_ENCODE_MAX
+    compiled_blob = h._encode()
+    dense_blob = h._encode_dense()
+    assert compiled_blob == h._encode_sparse() != dense_blob
+    for blob in (compiled_blob, dense_blob):
+        theirs = HdrHistogram.decode(blob.encode("ascii"))
+        assert theirs.get_total_count() == h.total
+        assert histogram.SparseHistogram.decode(blob, 4).counts == h.counts

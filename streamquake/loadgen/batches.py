@@ -125,7 +125,7 @@ class TimeBatches:
 
 
 def _pack(table: dict[int, int]) -> str:
-    return pack_pairs(sorted(table.items()))
+    return pack_pairs(table)
 
 
 def _unpack(packed: str) -> dict[int, int]:

@@ -13,7 +13,7 @@ from types import ModuleType
 from typing import Protocol
 
 __all__ = ["ACTIVE", "Chunked", "ChunkedBody", "compiled", "count_ms", "describe",
-           "framed_events", "recv_stamped"]
+           "framed_events", "pairs_le32", "recv_stamped", "varints"]
 
 
 class ChunkedBody(Protocol):
@@ -41,6 +41,10 @@ count_ms: Callable[[dict[int, int], Iterable[float], int, int, int, int, int], i
     None if compiled is None else compiled.count_ms)
 recv_stamped: Callable[[int, int], tuple[bytes, float, float]] | None = (
     None if compiled is None else compiled.recv_stamped)
+pairs_le32: Callable[[dict[int, int]], bytes] | None = (
+    None if compiled is None else compiled.pairs_le32)
+varints: Callable[[dict[int, int]], bytes] | None = (
+    None if compiled is None else compiled.varints)
 framed_events: Callable[[bytes, bytes, bytes], int] | None = (
     None if compiled is None else compiled.framed_events)
 # A body's plain chunked framing, decoded with its reads (client._hand_over); else the HTTP
