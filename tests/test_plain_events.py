@@ -206,34 +206,27 @@ def test_the_shortcut_leaves_the_rare_judgements_to_add(
     assert (s.burst_events, s.stalls, s.client_stalls, failed) == expected
 
 
+def _record(monkeypatch: pytest.MonkeyPatch, cls: type, name: str, into: list[Any]) -> None:
+    """``cls.name`` still runs, and what each call returns is appended to ``into``."""
+    method = getattr(cls, name)
+
+    def recorded(self: object, *args: Any) -> Any:
+        got = method(self, *args)
+        into.append(got)
+        return got
+    monkeypatch.setattr(cls, name, recorded)
+
+
 def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         monkeypatch: pytest.MonkeyPatch) -> None:
     """It must be used, or it saves nothing: every read after the first content of an
     ordinary stream, with ids or without, one event a read or several, each after the usual
     wait or after one long enough to be a burst (as a saturated load process reads)."""
-    taken = []
-    add_plain = _Tally.add_plain
-
-    def counted(self: _Tally, *args: Any) -> bool:
-        ok = add_plain(self, *args)
-        taken.append(ok)
-        return ok
-    monkeypatch.setattr(_Tally, "add_plain", counted)
-    add_framed = _Tally.add_framed
-
-    def framed_taken(self: _Tally, *args: Any) -> bool:
-        ok = add_framed(self, *args)
-        taken.append(ok)
-        return ok
-    monkeypatch.setattr(_Tally, "add_framed", framed_taken)
-    framed_reads = []
-    framed = PlainTemplate.framed
-
-    def framed_counted(self: PlainTemplate, read: bytes) -> int:
-        count = framed(self, read)
-        framed_reads.append(count)
-        return count
-    monkeypatch.setattr(PlainTemplate, "framed", framed_counted)
+    taken: list[bool] = []
+    _record(monkeypatch, _Tally, "add_plain", taken)
+    _record(monkeypatch, _Tally, "add_framed", taken)
+    framed_reads: list[int] = []
+    _record(monkeypatch, PlainTemplate, "framed", framed_reads)
     for ids, per_read, wait in itertools.product((False, True), (1, 3), (0.01, 0.06)):
         taken.clear()
         framed_reads.clear()

@@ -86,12 +86,7 @@ def kernel_stamps_on() -> Iterator[None]:
     doing so a moment after the first one asks (Linux enables its timestamp key from a work
     queue): a socket that asks here, kept open for the module, and a stamp seen before the
     tests, so that none of them races that start (it read "user" clocks once in six runs)."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen()
-    tx = socket.create_connection(srv.getsockname(), timeout=5)
-    rx, _ = srv.accept()
-    srv.close()
+    tx, rx = _connected()
     try:
         assert stamps.enable_kernel_timestamps(rx)
         arrival = stamps.Arrival(rx, time.perf_counter())
@@ -110,15 +105,21 @@ def kernel_stamps_on() -> Iterator[None]:
         rx.close()
 
 
-@pytest.fixture
-def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
-    """A connected pair on 127.0.0.1: (sender, receiver), the receiver non-blocking."""
+def _connected() -> tuple[socket.socket, socket.socket]:
+    """A TCP connection on 127.0.0.1: (sender, receiver)."""
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))
     srv.listen()
     tx = socket.create_connection(srv.getsockname(), timeout=5)
     rx, _ = srv.accept()
     srv.close()
+    return tx, rx
+
+
+@pytest.fixture
+def tcp_pair() -> Iterator[tuple[socket.socket, socket.socket]]:
+    """A connected pair on 127.0.0.1: (sender, receiver), the receiver non-blocking."""
+    tx, rx = _connected()
     rx.setblocking(False)
     try:
         yield tx, rx

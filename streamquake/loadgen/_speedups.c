@@ -1,4 +1,4 @@
-/* Compiled twins of two hot loops of the load process (issue 36). Each has a pure-Python
+/* Compiled twins of hot loops of the load process (issue 36). Each has a pure-Python
  * original that stays (streamquake/loadgen/speedups.py picks one; STREAMQUAKE_SPEEDUPS=0 picks
  * Python), and the tests check that both give the same answers (tests/test_speedups.py).
  *
@@ -7,6 +7,9 @@
  *               (stamps.Arrival.recv's recvmsg, cmsg parsing and two clock reads).
  * Chunked: that read, and the HTTP/1.1 chunked framing of the body decoded in C
  *          (what geventhttpclient's parser and its Python callback do for a body's reads).
+ * framed_events: how many events of a stream's template a read is (wire.PlainTemplate).
+ * varints, pairs_le32: a histogram's or table's counts written for a checkpoint
+ *                      (histogram._varints_py, histogram._pairs_le32_py).
  *
  * Built by `pip install -e .` (scripts/setup) through setup.py; optional there: where it cannot
  * be built, the Python path runs, and the run's report says which ran.

@@ -445,8 +445,7 @@ class _Stream:
         if rest is not None:
             # The parser's from this size line on (the last chunk's, or one not plain).
             self.fast = None
-            setattr(resp, _FAST, None)
-            resp.feed(rest)     # broken framing raises HTTPParseError, as in step
+            _give_back(resp, rest)      # broken framing raises HTTPParseError, as in step
             if resp._body_buffer:
                 body += self.take()
         elif not nraw:
@@ -468,27 +467,21 @@ class _Stream:
             return self.ended()
         tally, arrival = self.tally, self.arrival
         now = arrival.seen
+        tally.sample.body_bytes += len(chunk)
         # The commonest read of all, one or more events that are the stream's template around
         # new text, is known as such by its bytes alone (PlainTemplate.framed): no event is
         # split out of it, nor parsed, and it is folded in as a whole (_Tally.add_framed).
+        # Other plain answer text, as nearly every other read of a stream is, is folded in as
+        # a whole too (_Tally.add_plain); anything else event by event, below.
         template = tally._plain
-        if (template is not None and self.abandon is None and not arrival.with_headers
-                and (count := template.framed(chunk)) and self.parser.clean(len(chunk))
-                and tally.add_framed(count, self.parser.last_id, arrival.at, now)):
-            tally.sample.body_bytes += len(chunk)
-            self.last_events = count
-            self._clock(count)
-            if now > self.deadline:
-                raise _StreamTimeout()
-            return None
-        tally.sample.body_bytes += len(chunk)
-        # Plain answer text, as nearly every other read of a stream is: folded in as a whole
-        # (_Tally.add_plain); anything else event by event, below.
-        plain = None
-        if self.abandon is None and not arrival.with_headers:
-            plain = self.parser.plain(chunk)
+        shortcut = self.abandon is None and not arrival.with_headers
         events: list[SSEEvent] = []
-        if plain is not None and tally.add_plain(plain, arrival.at, now):
+        if (shortcut and template is not None and (count := template.framed(chunk))
+                and self.parser.clean(len(chunk))
+                and tally.add_framed(count, self.parser.last_id, arrival.at, now)):
+            self.last_events = count
+        elif (shortcut and (plain := self.parser.plain(chunk)) is not None
+                and tally.add_plain(plain, arrival.at, now)):
             self.parser.took(plain)
             self.last_events = len(plain)
         else:
@@ -590,6 +583,13 @@ class _SlowReader:
             gevent.sleep(until - now)
 
 
+def _give_back(resp: HTTPSocketResponse, rest: bytes) -> None:
+    """The compiled part hands the body back to the HTTP parser: the bytes from the size line
+    where the plain framing ended (hand_over), and every read after them."""
+    setattr(resp, _FAST, None)
+    resp.feed(rest)
+
+
 def _drain(resp: HTTPSocketResponse) -> None:
     """Read to the end of the HTTP body, briefly and boundedly, so that its connection can be
     reused; a body that does not end soon is left unread, and the connection dropped."""
@@ -611,8 +611,7 @@ def _drain(resp: HTTPSocketResponse) -> None:
                     continue
                 if rest is not None:
                     fast = None
-                    setattr(resp, _FAST, None)
-                    resp.feed(rest)
+                    _give_back(resp, rest)
                 elif not nraw or time.perf_counter() > until:
                     return
                 left -= nraw

@@ -72,11 +72,15 @@ def count_ms(counts: dict[int, int], values_ms: Iterable[float], sig_figs: int, 
              ) -> None:
     """Count milliseconds as microseconds in ``counts``, each at ``base`` + its bucket's index:
     :meth:`SparseHistogram.record_ms` for a table that is not a histogram's own."""
-    mask, unit, half_magnitude, half = _index_constants(sig_figs)
-    if _count_ms is not None:
-        _count_ms(counts, values_ms, mask, unit, half_magnitude, half, base)
-        return
-    _count_ms_py(counts, values_ms, mask, unit, half_magnitude, half, base)
+    _count(counts, values_ms, *_index_constants(sig_figs), base)
+
+
+def _count(counts: dict[int, int], values_ms: Iterable[float], mask: int, unit: int,
+           half_magnitude: int, half: int, base: int) -> int:
+    """The loop of :func:`count_ms` and :meth:`SparseHistogram.record_ms`: compiled where the
+    compiled part is built; the number of values counted."""
+    count = _count_ms_py if _count_ms is None else _count_ms
+    return count(counts, values_ms, mask, unit, half_magnitude, half, base)
 
 
 def _count_ms_py(counts: dict[int, int], values_ms: Iterable[float], mask: int, unit: int,
@@ -150,9 +154,7 @@ class SparseHistogram:
 
     def record_ms(self, values: Iterable[float]) -> None:
         """Record milliseconds as microseconds, one each (the gaps of a stream)."""
-        mask, unit, half_magnitude, half = self._index
-        count = _count_ms_py if _count_ms is None else _count_ms
-        self.total += count(self.counts, values, mask, unit, half_magnitude, half, 0)
+        self.total += _count(self.counts, values, *self._index, 0)
         self._sorted = self._blob = None
 
     def merge(self, other: SparseHistogram) -> None:

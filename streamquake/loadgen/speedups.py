@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from types import ModuleType
 from typing import Protocol
 
-__all__ = ["ACTIVE", "Chunked", "ChunkedBody", "compiled", "count_ms", "describe",
+__all__ = ["Chunked", "ChunkedBody", "compiled", "count_ms", "describe",
            "framed_events", "pairs_le32", "recv_stamped", "varints"]
 
 
@@ -35,7 +35,6 @@ def _load() -> tuple[ModuleType | None, str]:
 
 
 compiled, _WHY = _load()
-ACTIVE = compiled is not None
 # The compiled twins, None where Python runs (their callers hold the Python originals).
 count_ms: Callable[[dict[int, int], Iterable[float], int, int, int, int, int], int] | None = (
     None if compiled is None else compiled.count_ms)

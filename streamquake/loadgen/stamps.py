@@ -147,7 +147,8 @@ class _StampedSocket(_WriteStamp, gevent.socket.socket):  # type: ignore[misc]
         got: bytes = super().recv(size, flags)
         if first:
             self.sq_head = got
-        elif self.sq_head is not None:
+        elif self.sq_head is not None and _head_budget() is not None:
+            # Only the head's reads (a drain's reads of a body are not kept, nor copied).
             self.sq_head = self.sq_head + got if len(self.sq_head) < _HEAD_KEEP else None
         return got
 
@@ -336,9 +337,8 @@ _recv_stamped = speedups.recv_stamped
 
 
 def head_bytes(sock: object) -> bytes | None:
-    """The bytes of the reads that brought a plain pool socket's latest response head (and of
-    any ``recv`` since); None where they were not kept (another socket, more than
-    _HEAD_KEEP)."""
+    """The bytes of the reads that brought a plain pool socket's latest response head; None
+    where they were not kept (another socket, more than _HEAD_KEEP)."""
     head = getattr(sock, "sq_head", None)
     return head if isinstance(head, bytes) else None
 
