@@ -27,6 +27,7 @@ from geventhttpclient import HTTPClient
 from geventhttpclient.response import HTTPConnectionClosed, HTTPParseError, HTTPSocketResponse
 from geventhttpclient.url import URL
 
+from streamquake.jsontypes import compact_bytes
 from streamquake.loadgen import self_measure, speedups
 from streamquake.loadgen.conversation import Turn
 from streamquake.loadgen.failures import _Cancelled, _Failed, _StreamTimeout
@@ -186,7 +187,7 @@ class StreamClient:
             body = with_history(self.plan.protocol, body, turn.system, turn.history,
                                 turn.prompt)
         uri = join_path(self._prefix, self._path or path)
-        payload = json.dumps(body).encode()
+        payload = compact_bytes(body)
         trace_id, span_id, traceparent = _traceparent()     # fresh per attempt
         headers = {**self._headers, "traceparent": traceparent}
         sample = RequestSample(cls=cls.name, sent=time.time(), scheduled=scheduled,

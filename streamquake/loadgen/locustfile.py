@@ -140,7 +140,7 @@ def _write(record: RequestSample | UnsentArrival) -> None:
             card.add_unsent(record)
     if not isinstance(record, RequestSample) or plan.raw_samples:
         _append("samples" if isinstance(record, RequestSample) else "unsent",
-                record.to_json(), Path(plan.samples_path))
+                record.to_json(), plan.samples_path)
     hold.done("samples")
 
 
@@ -148,19 +148,21 @@ def _second_line(line: str) -> None:
     """A sealed second of the timeline, off to seconds-<pid>.jsonl beside the scorecards (or
     to the master): written before the card that counts it."""
     plan = _plan()
-    _append("seconds", line, Path(plan.scorecards_path or plan.samples_path))
+    _append("seconds", line, plan.scorecards_path or plan.samples_path)
 
 
-def _append(prefix: str, line: str, directory: Path) -> None:
+def _append(prefix: str, line: str, directory: str) -> None:
     """One line to <prefix>-<pid>.jsonl in ``directory``, or to the master (a remote worker),
-    flushed at once: a killed process loses at most the line in flight."""
+    flushed at once: a killed process loses at most the line in flight. (A path, made a Path
+    only to open the file: it is a line per request.)"""
     sink = _Process.sinks.get(prefix)
     if sink is None and _Process.relay is not None:
         sink = _Process.sinks[prefix] = relay.RelaySink(_Process.relay, prefix)  # type: ignore[assignment]
     if sink is None:
-        directory.mkdir(parents=True, exist_ok=True)
+        folder = Path(directory)
+        folder.mkdir(parents=True, exist_ok=True)
         sink = _Process.sinks[prefix] = open(  # noqa: SIM115 - closed on quitting
-            directory / f"{prefix}-{os.getpid()}.jsonl", "a", encoding="utf-8")
+            folder / f"{prefix}-{os.getpid()}.jsonl", "a", encoding="utf-8")
     sink.write(line + "\n")
     sink.flush()
 

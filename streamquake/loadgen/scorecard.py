@@ -23,7 +23,7 @@ from collections.abc import Callable, Generator, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from streamquake.jsontypes import JsonDict
+from streamquake.jsontypes import JsonDict, compact
 from streamquake.loadgen.attribution import (
     Window,
     WindowLike,
@@ -46,7 +46,6 @@ CHECKPOINT_S = 2.0
 SECOND_SIG_FIGS = 2
 SECOND_GRACE_S = 3.0      # a second is sent off this long after it ended (seconds_sink)
 SERIES_METRICS: tuple[str, ...] = names(series=True)     # each second's p50/p95 (series_values)
-_SEP = (",", ":")
 _PENDING_STEP = 4       # records scored per step after a checkpoint
 
 
@@ -110,8 +109,7 @@ def _pack(hists: dict[str, SparseHistogram]) -> dict[str, str]:
 
 
 def _cell_text(key: tuple[str, str], stats: Stats) -> str:
-    return json.dumps({"phase": key[0], "class": key[1], "stats": stats.to_wire()},
-                      separators=_SEP)
+    return compact({"phase": key[0], "class": key[1], "stats": stats.to_wire()})
 
 
 class Scorecard:
@@ -225,8 +223,8 @@ class Scorecard:
                 second = self.seconds.pop(i, None)
                 if second is None:
                     continue
-                self.seconds_sink(json.dumps({"i": i, "sent": second.sent, "errors": second.errors,
-                                              "part": _pack(second.hists)}, separators=_SEP))
+                self.seconds_sink(compact({"i": i, "sent": second.sent, "errors": second.errors,
+                                           "part": _pack(second.hists)}))
                 self.seconds_lines += 1
                 yield
         below = math.floor(now - self.t0 - self.seal_after_s)
@@ -295,9 +293,9 @@ class Scorecard:
                 yield
             seconds: list[str] = []
             for i, second in sorted(self.seconds.items()):
-                seconds.append(f'"{i}":' + json.dumps(second.to_wire(), separators=_SEP))
+                seconds.append(f'"{i}":' + compact(second.to_wire()))
                 yield
-            head = json.dumps({
+            head = compact({
                 "format": FORMAT,
                 "pid": os.getpid(),
                 "final": final,
@@ -309,7 +307,7 @@ class Scorecard:
                 "seconds_lines": self.seconds_lines,
                 "starts": {str(k): v for k, v in sorted(self.starts.items())},
                 "ends": {str(k): v for k, v in sorted(self.ends.items())},
-            }, separators=_SEP)
+            })
             parts = [head[:-1] + ',"seconds":{' + ",".join(seconds) + '},"cells":[']
             for n, k in enumerate(sorted(self._text)):
                 parts.append("," + self._text[k] if n else self._text[k])
