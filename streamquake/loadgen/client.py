@@ -31,6 +31,7 @@ from streamquake.jsontypes import compact_bytes
 from streamquake.loadgen import self_measure, speedups
 from streamquake.loadgen.conversation import Turn
 from streamquake.loadgen.failures import _Cancelled, _Failed, _StreamTimeout
+from streamquake.loadgen.heads import TRACEPARENT, HeadClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
 from streamquake.loadgen.reader import BACKLOG, _Backlog
 from streamquake.loadgen.reader import reader as _reader
@@ -139,7 +140,7 @@ class StreamClient:
         self._pools: dict[SlowRead, HTTPClient] = {}
 
     def _pool(self, read: SlowRead | None) -> HTTPClient:
-        http = HTTPClient.from_url(
+        http = HeadClient.from_url(
             self._url,
             concurrency=self._concurrency,
             connection_timeout=self.plan.connect_timeout_s,
@@ -189,7 +190,7 @@ class StreamClient:
         uri = join_path(self._prefix, self._path or path)
         payload = compact_bytes(body)
         trace_id, span_id, traceparent = _traceparent()     # fresh per attempt
-        headers = {**self._headers, "traceparent": traceparent}
+        headers = {**self._headers, TRACEPARENT: traceparent}
         sample = RequestSample(cls=cls.name, sent=time.time(), scheduled=scheduled,
                                trace_id=trace_id, span_id=span_id)
         t0 = time.perf_counter()
