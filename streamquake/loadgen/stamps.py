@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import math
 import os
 import socket
 import ssl
@@ -87,7 +88,9 @@ class _HeadBudget:
     def __init__(self, deadline: float) -> None:
         self.deadline = deadline
         self.left = _HEAD_MAX
-        self.next_yield = time.perf_counter() + _YIELD_S
+        # From the head's first read: the wait for it (the server's time to answer) let the
+        # other users run already, and a head that comes in one read never yields.
+        self.next_yield = math.inf
 
     def took(self, nbytes: int) -> None:
         now = time.perf_counter()
@@ -98,7 +101,11 @@ class _HeadBudget:
             raise _Failed("limit", f"response headers longer than {_HEAD_MAX // 1024} KiB "
                                    "(the client's limit on a response's head): the target "
                                    "sent header lines without end")
-        if nbytes and now >= self.next_yield:
+        if not nbytes:
+            return
+        if self.next_yield == math.inf:
+            self.next_yield = now + _YIELD_S
+        elif now >= self.next_yield:
             gevent.idle()       # let the other users (and the request's timeout) run
             self.next_yield = time.perf_counter() + _YIELD_S
 

@@ -136,7 +136,9 @@ class Redactor:
                 at = end
             out.append(text[at:])
             text = "".join(out)
-        return SECRET_PARAM.sub(lambda m: m.group(1) + REDACTED, text)
+        # A key= parameter has its "=": a reason, an id or a model name without one (nearly
+        # every text a request redacts) is spared the search.
+        return SECRET_PARAM.sub(lambda m: m.group(1) + REDACTED, text) if "=" in text else text
 
 
 def _fold(text: str) -> str:
