@@ -16,6 +16,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from streamquake.loadgen import stamps
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan
 from tests.conftest import REPO, cli_cmd, listening
@@ -71,3 +72,25 @@ def test_probe_ends_on_a_head_without_end(hostile: str) -> None:
     assert "response headers longer than" in proc.stdout + proc.stderr or \
         "no complete stream" in proc.stdout + proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+def test_a_head_yields_the_hub_only_once_it_has_been_read_for_a_while(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait for a response (the server's time to answer) lets the other users run
+    already: a head that came in one read never yields the hub, however long the server took;
+    one still being read after ``_YIELD_S`` from its first read does (a socket that never runs
+    dry must not hold the hub)."""
+    yields: list[float] = []
+    monkeypatch.setattr(stamps.gevent, "idle", lambda: yields.append(time.perf_counter()))
+    budget = stamps._HeadBudget(time.perf_counter() + 60.0)
+    time.sleep(3 * stamps._YIELD_S)         # the server answers late
+    budget.took(512)
+    budget.took(512)
+    assert yields == []
+    time.sleep(1.5 * stamps._YIELD_S)       # still reading the same head
+    budget.took(512)
+    assert len(yields) == 1
+    budget.took(512)
+    assert len(yields) == 1
+    budget.took(0)                          # the peer closed: no bytes, nothing to yield for
+    assert len(yields) == 1
