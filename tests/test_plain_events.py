@@ -245,7 +245,8 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         assert taken == [True] * (len(reads) - 1) + [False]
         # With no id: from the third read on (the second's first event taught the template),
         # each read's events are known by their bytes alone, one or several.
-        assert [k for k in framed_reads if k] == ([] if ids else [per_read] * (len(reads) - 2))
+        assert [k for k, _ in framed_reads if k] == \
+            ([] if ids else [per_read] * (len(reads) - 2))
         s = tally.sample
         assert (s.content_events, len(s.itl_ms), s.finish_reason, s.usage_tokens) == \
             (30, 29, "stop", 30)
@@ -255,6 +256,56 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         # the second read is, are the first read's events.
         held = wait >= BURST_WAIT_MS / 1000.0 and per_read > 1
         assert (s.burst_reads, s.burst_events) == ((len(reads) - 1, 30) if held else (0, 0))
+
+
+@pytest.mark.parametrize("after", [
+    "closing",                                       # the stream's end, read with its last text
+    b'data: {"choices":[{"delta":{"content":"no id"}}]}\n\n',    # text of another shape
+    b"id: 9\n\n",                                   # an id the next events inherit
+    "cut",                                           # the next event's first bytes
+])
+def test_a_reads_run_of_template_events_is_folded_before_its_other_events(
+        after: bytes | str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read that begins with events of the stream's template and goes on with others (a
+    saturated load process reads the last tokens with the closing events): the run is folded
+    in whole, and the rest read as any read is; both paths leave the same sample, tally and
+    parser after each read, and end the same way."""
+    folded: list[int] = []
+    add_framed = _Tally.add_framed
+
+    def recorded(self: _Tally, n: int, *args: Any) -> bool:
+        took = add_framed(self, n, *args)
+        folded.append(n if took else 0)
+        return took
+    monkeypatch.setattr(_Tally, "add_framed", recorded)
+    enc = _encoder(False, False)
+    fast, fast_tally, fast_arrival = _stream(True, 1000)
+    slow, slow_tally, slow_arrival = _stream(False, 1000)
+    reads = [enc.token(b'"t%d"' % i) for i in range(4)]
+    run = b"".join(enc.token(b'"u%d"' % i) for i in range(3))
+    last = enc.token(b'"v"')
+    rest = (enc.closing(Completion(8, False)) if after == "closing" else
+            last[:9] if after == "cut" else after)
+    assert isinstance(rest, bytes)
+    reads += [run + rest]
+    if after == "cut":
+        reads.append(last[9:])
+    elif after != "closing":
+        reads += [last, enc.closing(Completion(9, False))]
+    ends: list[tuple[str, object]] = []
+    for i, data in enumerate(reads):
+        fast_arrival.at = slow_arrival.at = fast_arrival.seen = slow_arrival.seen = \
+            100.0 + 0.01 * (i + 1)
+        got = _feed(fast, data)
+        assert got == _feed(slow, data), data
+        assert _state(fast, fast_tally) == _state(slow, slow_tally), data
+        ends.append(got)
+    # The reads of one token after the template was learned, then the mixed read's run of
+    # three; after an id, a read of one more (text of another shape teaches the template its
+    # own bytes, so the next token is read by add_plain, which learns them back).
+    assert folded == [1, 1, 3] + ([1] if after == b"id: 9\n\n" else [])
+    if after == "closing":
+        assert ends[-1] == ("ok", 100.0 + 0.01 * len(reads))
 
 
 @pytest.mark.parametrize("before", [
@@ -280,7 +331,7 @@ def test_a_read_that_looks_like_the_template_waits_for_what_the_parser_holds(
         got = _feed(fast, data)
         assert got == _feed(slow, data), data
         assert _state(fast, fast_tally) == _state(slow, slow_tally), data
-    assert fast_tally._plain is not None and fast_tally._plain.framed(template_read)
+    assert fast_tally._plain is not None and fast_tally._plain.framed(template_read)[0]
 
 
 @pytest.mark.parametrize("between", [
@@ -304,7 +355,7 @@ def test_reads_of_the_template_are_folded_as_their_events_would_be(between: byte
         fast_arrival.at = slow_arrival.at = fast_arrival.seen = slow_arrival.seen = \
             100.0 + 0.01 * (i + 1)
         template = fast_tally._plain
-        framed += template is not None and template.framed(data) > 0
+        framed += template is not None and template.framed(data)[0] > 0
         got = _feed(fast, data)
         assert got == _feed(slow, data), data
         assert _state(fast, fast_tally) == _state(slow, slow_tally), data
@@ -368,15 +419,21 @@ def test_the_stream_template_answers_as_the_check_for_any_text_bytes(middle: byt
     parser.feed(b": opened\n\n")
     for k in (1, 3):
         read = (b"data: " + event + b"\n\n") * k
-        count = template.framed(read)
-        assert count == template.framed_py(read)        # compiled or not, the same answer
+        count, end = template.framed(read)
+        assert (count, end) == template.framed_py(read)  # compiled or not, the same answer
         if count:
             assert parser.plain(read) == [(event, None)] * k == [(event, None)] * count
+            assert end == len(read)
             assert got is not None, read
         else:
+            assert end == 0
             assert not middle or any(c < 0x20 or c > 0x7e or c in b'"\\' for c in middle)
-        # Cut short or run on, it is no read of the template's events.
-        assert template.framed(read[:-1]) == template.framed(read + b"d") == 0
+        # Cut short, its last event is not one; run on, what follows is not: the whole events
+        # before are, and end where they end.
+        one = len(read) // k
+        for other, whole in ((read[:-1], k - 1), (read + b"d", k), (read + read[:-1], 2 * k - 1)):
+            assert template.framed(other) == template.framed_py(other)
+            assert template.framed(other) == ((whole, whole * one) if count else (0, 0)), other
 
 
 def test_the_stream_template_parses_only_what_differs_from_the_learned_event() -> None:

@@ -7,7 +7,7 @@
  *               (stamps.Arrival.recv's recvmsg, cmsg parsing and two clock reads).
  * Chunked: that read, and the HTTP/1.1 chunked framing of the body decoded in C
  *          (what geventhttpclient's parser and its Python callback do for a body's reads).
- * framed_events: how many events of a stream's template a read is (wire.PlainTemplate).
+ * framed_events: how many events of a stream's template a read begins with (wire.PlainTemplate).
  * varints, pairs_le32: a histogram's or table's counts written for a checkpoint
  *                      (histogram._varints_py, histogram._pairs_le32_py).
  *
@@ -395,9 +395,10 @@ static PyTypeObject ChunkedType = {
     .tp_methods = Chunked_methods,
 };
 
-/* framed_events(read, head, tail) -> k: how many events ``read`` is, each ``head``, then a
- * non-empty JSON string body needing no escape (printable ASCII but '"' and '\'), then
- * ``tail`` (which begins with the string's closing '"'); 0 where it is anything else
+/* framed_events(read, head, tail) -> (k, end): how many events ``read`` begins with, each
+ * ``head``, then a non-empty JSON string body needing no escape (printable ASCII but '"' and
+ * '\'), then ``tail`` (which begins with the string's closing '"'), and where they end (the
+ * read's length where it is nothing else); (0, 0) where it begins with anything else
  * (wire.PlainTemplate.framed, whose Python it stands in for). */
 static inline int string_body_byte(unsigned char c) {
     return c >= 0x20 && c <= 0x7e && c != '"' && c != '\\';
@@ -413,22 +414,21 @@ static PyObject *framed_events(PyObject *self, PyObject *const *args, Py_ssize_t
     const char *head = PyBytes_AS_STRING(args[1]), *tail = PyBytes_AS_STRING(args[2]);
     Py_ssize_t n = PyBytes_GET_SIZE(args[0]), nh = PyBytes_GET_SIZE(args[1]);
     Py_ssize_t nt = PyBytes_GET_SIZE(args[2]);
+    Py_ssize_t i = 0, k = 0;
     if (nt == 0 || tail[0] != '"')
-        return PyLong_FromLong(0);
-    Py_ssize_t i = 0;
-    long k = 0;
+        return Py_BuildValue("(nn)", k, i);
     while (i < n) {
         if (n - i < nh + 1 + nt || memcmp(r + i, head, (size_t)nh) != 0)
-            return PyLong_FromLong(0);
+            break;
         Py_ssize_t j = i + nh;
         while (j < n && string_body_byte(r[j]))
             j++;
         if (j == i + nh || n - j < nt || memcmp(r + j, tail, (size_t)nt) != 0)
-            return PyLong_FromLong(0);
+            break;
         i = j + nt;
         k++;
     }
-    return PyLong_FromLong(k);
+    return Py_BuildValue("(nn)", k, i);
 }
 
 /* varints(counts) -> bytes: HdrHistogram V2's counts payload for a {index: count} dict, in

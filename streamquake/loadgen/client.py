@@ -472,23 +472,29 @@ class _Stream:
         tally.sample.body_bytes += len(chunk)
         # The commonest read of all, one or more events that are the stream's template around
         # new text, is known as such by its bytes alone (PlainTemplate.framed): no event is
-        # split out of it, nor parsed, and it is folded in as a whole (_Tally.add_framed).
-        # Other plain answer text, as nearly every other read of a stream is, is folded in as
-        # a whole too (_Tally.add_plain); anything else event by event, below.
+        # split out of it, nor parsed, and it is folded in as a whole (_Tally.add_framed); so
+        # is such a read's run of them before its other events (the closing ones, say),
+        # which go on as any read does from there. Other plain answer text, as nearly every
+        # other read of a stream is, is folded in as a whole too (_Tally.add_plain); anything
+        # else event by event, below.
         template = tally._plain
         shortcut = self.abandon is None and not arrival.with_headers
         events: list[SSEEvent] = []
-        if (shortcut and template is not None and (count := template.framed(chunk))
-                and self.parser.clean(len(chunk))
-                and tally.add_framed(count, self.parser.last_id, arrival.at, now)):
-            self.last_events = count
+        folded = 0
+        if shortcut and template is not None:
+            count, end = template.framed(chunk)
+            if (count and self.parser.clean(end)
+                    and tally.add_framed(count, self.parser.last_id, arrival.at, now)):
+                folded, chunk = count, chunk[end:]
+        if not chunk:
+            self.last_events = folded
         elif (shortcut and (plain := self.parser.plain(chunk)) is not None
                 and tally.add_plain(plain, arrival.at, now)):
             self.parser.took(plain)
-            self.last_events = len(plain)
+            self.last_events = folded + len(plain)
         else:
             events = self.parser.feed(chunk)
-            self.last_events = len(events)
+            self.last_events = folded + len(events)
         if self.last_events and not arrival.with_headers:
             self._clock(self.last_events)
         abandon = self.abandon

@@ -44,7 +44,7 @@ pairs_le32: Callable[[dict[int, int]], bytes] | None = (
     None if compiled is None else compiled.pairs_le32)
 varints: Callable[[dict[int, int]], bytes] | None = (
     None if compiled is None else compiled.varints)
-framed_events: Callable[[bytes, bytes, bytes], int] | None = (
+framed_events: Callable[[bytes, bytes, bytes], tuple[int, int]] | None = (
     None if compiled is None else compiled.framed_events)
 # A body's plain chunked framing, decoded with its reads (client._hand_over); else the HTTP
 # parser's, read by read.

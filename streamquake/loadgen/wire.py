@@ -120,33 +120,35 @@ class PlainTemplate:
         # The same, as a whole read of one SSE event: ``data: `` and the event's end around it.
         self.framed_head = self.framed_tail = b""
 
-    def framed(self, read: bytes) -> int:
-        """How many whole SSE events ``read`` is, each one ``data:`` line (no id, no CR) whose
-        data the template vouches for: what :meth:`SSEParser.plain` would give as that many
-        events, and this would answer each with ``got``; 0 for any other read. The text
-        between holds no line end (nor a quote, which ends it), so each is one line and one
-        event. Compiled where the compiled part is built (speedups.py)."""
+    def framed(self, read: bytes) -> tuple[int, int]:
+        """``(k, end)``: ``read`` begins with ``k`` whole SSE events, ending at ``end``, each
+        one ``data:`` line (no id, no CR) whose data the template vouches for: what
+        :meth:`SSEParser.plain` would give of ``read[:end]`` as that many events, and this
+        would answer each with ``got``; ``end`` is ``len(read)`` where the read is nothing
+        else, and ``(0, 0)`` for a read that begins with anything else. The text between
+        holds no line end (nor a quote, which ends it), so each is one line and one event.
+        Compiled where the compiled part is built (speedups.py)."""
         if self.size < 0 or len(read) <= self.size + 8:
-            return 0
+            return 0, 0
         if _framed_events is not None:
             return _framed_events(read, self.framed_head, self.framed_tail)
         return self.framed_py(read)
 
-    def framed_py(self, read: bytes) -> int:
+    def framed_py(self, read: bytes) -> tuple[int, int]:
         """:meth:`framed` in Python (``_speedups.framed_events`` is its compiled twin)."""
         head, tail = self.framed_head, self.framed_tail
-        if not tail.startswith(b'"'):
-            return 0
         at = count = 0
+        if not tail.startswith(b'"'):
+            return count, at
         while at < len(read):
             if not read.startswith(head, at):
-                return 0
+                break
             text = _STRING_BODY.match(read, at + len(head))
             if text is None or not read.startswith(tail, text.end()):
-                return 0
+                break
             at = text.end() + len(tail)
             count += 1
-        return count
+        return count, at
 
     def __call__(self, data: bytes) -> tuple[str | None, str | None] | None:
         """``(response_id, model)`` of a plain answer-text event, None for any other."""
