@@ -44,9 +44,11 @@ phases: {{warmup: 3s, baseline: 3s, fault: 0s, recovery: 3s}}
 # No recovery check; its slack is the least change in milliseconds that compare and history
 # count (floor_for): without it 1 ms, and a CI run's r1 read recovery ITL p95 13.4 ms against
 # 11.7-12.4 in a1-a3 (the target's 10 +- 1 ms ITL, unchanged; a busy machine's tail) and was
-# flagged. 3 ms, a tenth of the 80 ms TTFT regression these runs inject, as an SRE sets it
-# for a shared runner.
-recovery: {{metrics: [], slack: 3ms}}
+# flagged. With 3 ms, a later CI run's r1 read baseline ITL p95 16.4 ms against 12.4-13.0
+# (recovery 15.9 against 12.0-13.6), beside the tier's other worker, and was flagged again;
+# an earlier one's a4 read 16.1 against 11.9-12.3. 5 ms, a sixteenth of the 80 ms TTFT
+# regression these runs inject, as an SRE sets it for a shared runner of two cores.
+recovery: {{metrics: [], slack: 5ms}}
 slos:
   - {{metric: error_rate, max: 5%}}
 """
