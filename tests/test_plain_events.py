@@ -79,6 +79,19 @@ def _feed(stream: _Stream, data: bytes) -> tuple[str, object]:
         return type(exc).__name__, str(exc)
 
 
+_Pair = tuple[_Stream, _Tally, _Arrival]
+
+
+def _read_both(fast: _Pair, slow: _Pair, i: int, data: bytes) -> tuple[str, object]:
+    """The ``i``-th read, arrived and seen ``0.01 (i + 1)`` s after the request, by both paths:
+    the same answer, and the same sample, tally and parser after it."""
+    fast[2].at = slow[2].at = fast[2].seen = slow[2].seen = 100.0 + 0.01 * (i + 1)
+    got = _feed(fast[0], data)
+    assert got == _feed(slow[0], data), data
+    assert _state(fast[0], fast[1]) == _state(slow[0], slow[1]), data
+    return got
+
+
 def _encoder(ids: bool, crlf: bool) -> OpenAIEncoder:
     enc = OpenAIEncoder(GenRequest(model="sim-1", prompt_tokens=5, max_tokens=None,
                                    include_usage=True), ids)
@@ -279,8 +292,7 @@ def test_a_reads_run_of_template_events_is_folded_before_its_other_events(
         return took
     monkeypatch.setattr(_Tally, "add_framed", recorded)
     enc = _encoder(False, False)
-    fast, fast_tally, fast_arrival = _stream(True, 1000)
-    slow, slow_tally, slow_arrival = _stream(False, 1000)
+    fast, slow = _stream(True, 1000), _stream(False, 1000)
     reads = [enc.token(b'"t%d"' % i) for i in range(4)]
     run = b"".join(enc.token(b'"u%d"' % i) for i in range(3))
     last = enc.token(b'"v"')
@@ -292,14 +304,7 @@ def test_a_reads_run_of_template_events_is_folded_before_its_other_events(
         reads.append(last[9:])
     elif after != "closing":
         reads += [last, enc.closing(Completion(9, False))]
-    ends: list[tuple[str, object]] = []
-    for i, data in enumerate(reads):
-        fast_arrival.at = slow_arrival.at = fast_arrival.seen = slow_arrival.seen = \
-            100.0 + 0.01 * (i + 1)
-        got = _feed(fast, data)
-        assert got == _feed(slow, data), data
-        assert _state(fast, fast_tally) == _state(slow, slow_tally), data
-        ends.append(got)
+    ends = [_read_both(fast, slow, i, data) for i, data in enumerate(reads)]
     # The reads of one token after the template was learned, then the mixed read's run of
     # three; after an id, a read of one more (text of another shape teaches the template its
     # own bytes, so the next token is read by add_plain, which learns them back).
@@ -319,19 +324,15 @@ def test_a_read_that_looks_like_the_template_waits_for_what_the_parser_holds(
     one when the parser holds part of an event from the reads before: both paths must leave
     the same sample, and end the same way."""
     enc = _encoder(False, False)
-    fast, fast_tally, fast_arrival = _stream(True, 1000)
-    slow, slow_tally, slow_arrival = _stream(False, 1000)
+    fast, slow = _stream(True, 1000), _stream(False, 1000)
     reads = [enc.token(b'"t%d"' % i) for i in range(4)]
     template_read = enc.token(b'"next"')
     reads.append(template_read[:-1] if isinstance(before, str) else before)
     reads.append(template_read)
     for i, data in enumerate(reads):
-        fast_arrival.at = slow_arrival.at = fast_arrival.seen = slow_arrival.seen = \
-            100.0 + 0.01 * (i + 1)
-        got = _feed(fast, data)
-        assert got == _feed(slow, data), data
-        assert _state(fast, fast_tally) == _state(slow, slow_tally), data
-    assert fast_tally._plain is not None and fast_tally._plain.framed(template_read)[0]
+        _read_both(fast, slow, i, data)
+    template = fast[1]._plain
+    assert template is not None and template.framed(template_read)[0]
 
 
 @pytest.mark.parametrize("between", [
@@ -345,20 +346,15 @@ def test_reads_of_the_template_are_folded_as_their_events_would_be(between: byte
     how they fold between them (an id they inherit, content of another shape): both paths
     leave the same sample, tally and parser after each read."""
     enc = _encoder(False, False)
-    fast, fast_tally, fast_arrival = _stream(True, 1000)
-    slow, slow_tally, slow_arrival = _stream(False, 1000)
+    fast, slow = _stream(True, 1000), _stream(False, 1000)
     reads = [*[enc.token(b'"t%d"' % i) for i in range(3)], between,
              *[enc.token(b'"t%d"' % i) for i in range(3, 5)], between,
              *[b"".join(enc.token(b'"u%d"' % (3 * i + j)) for j in range(3)) for i in range(3)]]
     framed = 0
     for i, data in enumerate(reads):
-        fast_arrival.at = slow_arrival.at = fast_arrival.seen = slow_arrival.seen = \
-            100.0 + 0.01 * (i + 1)
-        template = fast_tally._plain
+        template = fast[1]._plain
         framed += template is not None and template.framed(data)[0] > 0
-        got = _feed(fast, data)
-        assert got == _feed(slow, data), data
-        assert _state(fast, fast_tally) == _state(slow, slow_tally), data
+        _read_both(fast, slow, i, data)
     assert framed >= 4      # the shortcut was there to take, reads of one event and of three
 
 

@@ -576,7 +576,7 @@ static PyMethodDef methods[] = {
     {"count_ms", count_ms, METH_VARARGS,
      "count_ms(counts, values, mask, unit, half_magnitude, half, base) -> n: histogram.count_ms"},
     {"framed_events", (PyCFunction)(void (*)(void))framed_events, METH_FASTCALL,
-     "framed_events(read, head, tail) -> k: the read as k events of a template, else 0"},
+     "framed_events(read, head, tail) -> (k, end): the read's leading k template events"},
     {"pairs_le32", pairs_le32, METH_O,
      "pairs_le32(table) -> bytes: a dict's (key, count) pairs in key order, uint32 LE each"},
     {"varints", varints, METH_O,
