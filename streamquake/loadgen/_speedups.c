@@ -8,6 +8,8 @@
  * Chunked: that read, and the HTTP/1.1 chunked framing of the body decoded in C
  *          (what geventhttpclient's parser and its Python callback do for a body's reads).
  * framed_events: how many events of a stream's template a read begins with (wire.PlainTemplate).
+ * FramedStep: a stream's read in the shared reader, folded in whole where it is its template's
+ *             events only (client._Stream._step_read -> chunk -> _Tally.add_framed).
  * varints, pairs_le32: a histogram's or table's counts written for a checkpoint
  *                      (histogram._varints_py, histogram._pairs_le32_py).
  *
@@ -16,6 +18,7 @@
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <structmember.h>
 
 #include <errno.h>
 #include <limits.h>
@@ -404,19 +407,14 @@ static inline int string_body_byte(unsigned char c) {
     return c >= 0x20 && c <= 0x7e && c != '"' && c != '\\';
 }
 
-static PyObject *framed_events(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1]) ||
-        !PyBytes_Check(args[2])) {
-        PyErr_SetString(PyExc_TypeError, "framed_events(read, head, tail): three bytes");
-        return NULL;
-    }
-    const unsigned char *r = (const unsigned char *)PyBytes_AS_STRING(args[0]);
-    const char *head = PyBytes_AS_STRING(args[1]), *tail = PyBytes_AS_STRING(args[2]);
-    Py_ssize_t n = PyBytes_GET_SIZE(args[0]), nh = PyBytes_GET_SIZE(args[1]);
-    Py_ssize_t nt = PyBytes_GET_SIZE(args[2]);
+/* The events a read ``r[0:n]`` begins with (framed_events' count), ``*end`` where they end. */
+static Py_ssize_t framed_run(const unsigned char *r, Py_ssize_t n, const char *head,
+                             Py_ssize_t nh, const char *tail, Py_ssize_t nt, Py_ssize_t *end) {
     Py_ssize_t i = 0, k = 0;
-    if (nt == 0 || tail[0] != '"')
-        return Py_BuildValue("(nn)", k, i);
+    if (nt == 0 || tail[0] != '"') {
+        *end = 0;
+        return 0;
+    }
     while (i < n) {
         if (n - i < nh + 1 + nt || memcmp(r + i, head, (size_t)nh) != 0)
             break;
@@ -428,8 +426,529 @@ static PyObject *framed_events(PyObject *self, PyObject *const *args, Py_ssize_t
         i = j + nt;
         k++;
     }
-    return Py_BuildValue("(nn)", k, i);
+    *end = i;
+    return k;
 }
+
+static PyObject *framed_events(PyObject *self, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 3 || !PyBytes_Check(args[0]) || !PyBytes_Check(args[1]) ||
+        !PyBytes_Check(args[2])) {
+        PyErr_SetString(PyExc_TypeError, "framed_events(read, head, tail): three bytes");
+        return NULL;
+    }
+    Py_ssize_t end;
+    Py_ssize_t k = framed_run((const unsigned char *)PyBytes_AS_STRING(args[0]),
+                              PyBytes_GET_SIZE(args[0]), PyBytes_AS_STRING(args[1]),
+                              PyBytes_GET_SIZE(args[1]), PyBytes_AS_STRING(args[2]),
+                              PyBytes_GET_SIZE(args[2]), &end);
+    return Py_BuildValue("(nn)", k, end);
+}
+
+/* FramedStep(stream, backlog, parse_error, burst_wait_ms, buckets_per_e): the shared reader's
+ * step (reader.Reader) for one stream whose body's framing is decoded here (client._Stream with
+ * its ``fast`` Chunked): called with no arguments, it makes the stream's read as
+ * Chunked.read does, and where the read's body is nothing but events of the stream's template
+ * and the stream stands where _Tally.add_framed folds them in without any rarer judgement,
+ * folds them in here, as client._Stream._step_read -> chunk -> _Tally.add_framed -> _fold ->
+ * _Stream._clock -> self_measure.Guard.seen do in Python, on the same Python objects; it
+ * returns what _step_read would (``backlog`` after a read that filled the whole block, else
+ * None). Any other read goes to the stream's ``_step_read`` as it came (nothing changed yet),
+ * and a stream no longer decoded here (its ``fast`` gone, its socket closed) to its ``step``.
+ * Chunk data not ended by CRLF raises ``parse_error(message, code)``, as _step_fast does.
+ * ``fold(body, seen, lag, nraw)``: the same for a read given (the tests hold it equal to
+ * _step_read). ``reads`` and ``folded`` count what it did. */
+typedef struct {
+    PyObject_HEAD
+    PyObject *stream, *fast, *resp, *tally, *sample, *arrival, *parser, *guard;
+    PyObject *backlog, *parse_error, *read_rest, *step;
+    int fd;
+    double burst_wait_ms, buckets_per_e;
+    long long reads, folded;
+} FramedStep;
+
+static PyObject *n_fast, *n_sock, *n_plain, *n_size, *n_framed_head, *n_framed_tail, *n_abandon,
+    *n_pending, *n_data, *n_event, *n_skip_lf, *n_bom_checked, *n_retry, *n_max_line,
+    *n_max_event, *n_last_id, *n_last_text_at, *n_last_text_seen, *n_answer, *n_events_left,
+    *n_read_events, *n_read_held, *n_ttfa_ms, *n_content_reads, *n_content_events, *n_itl_ms,
+    *n_shared_stamps, *n_body_bytes, *n_at, *n_seen, *n_kernel, *n_with_headers,
+    *n_kernel_reads, *n_last_events, *n_deadline, *n_seen_buckets, *n_guard_reads,
+    *n_seen_max_s, *n_stall_s, *n_message_complete, *n_tally, *n_sample, *n_arrival, *n_parser,
+    *n_guard, *n_resp, *n_fd, *n_step_read, *n_step;
+
+static int intern_names(void) {
+#define NAME(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1;
+    NAME(n_fast, "fast") NAME(n_sock, "_sock") NAME(n_plain, "_plain") NAME(n_size, "size")
+    NAME(n_framed_head, "framed_head") NAME(n_framed_tail, "framed_tail")
+    NAME(n_abandon, "abandon") NAME(n_pending, "_pending") NAME(n_data, "_data")
+    NAME(n_event, "_event") NAME(n_skip_lf, "_skip_lf") NAME(n_bom_checked, "_bom_checked")
+    NAME(n_retry, "_retry") NAME(n_max_line, "_max_line") NAME(n_max_event, "_max_event")
+    NAME(n_last_id, "_last_id") NAME(n_last_text_at, "last_text_at")
+    NAME(n_last_text_seen, "last_text_seen") NAME(n_answer, "answer")
+    NAME(n_events_left, "events_left") NAME(n_read_events, "read_events")
+    NAME(n_read_held, "read_held") NAME(n_ttfa_ms, "ttfa_ms")
+    NAME(n_content_reads, "content_reads") NAME(n_content_events, "content_events")
+    NAME(n_itl_ms, "itl_ms") NAME(n_shared_stamps, "shared_stamps")
+    NAME(n_body_bytes, "body_bytes") NAME(n_at, "at") NAME(n_seen, "seen")
+    NAME(n_kernel, "kernel") NAME(n_with_headers, "with_headers")
+    NAME(n_kernel_reads, "kernel_reads") NAME(n_last_events, "last_events")
+    NAME(n_deadline, "deadline") NAME(n_seen_buckets, "_seen")
+    NAME(n_guard_reads, "_kernel_reads") NAME(n_seen_max_s, "_seen_max_s")
+    NAME(n_stall_s, "stall_s") NAME(n_message_complete, "message_complete")
+    NAME(n_tally, "tally") NAME(n_sample, "sample") NAME(n_arrival, "arrival")
+    NAME(n_parser, "parser") NAME(n_guard, "guard") NAME(n_resp, "resp") NAME(n_fd, "fd")
+    NAME(n_step_read, "_step_read") NAME(n_step, "step")
+#undef NAME
+    return 0;
+}
+
+/* An attribute's value as a C number: 1 when it is one (a float, or an int, exactly), 0 when
+ * it is anything else (None, say: the caller leaves the read to Python), -1 on an error. */
+static int get_double(PyObject *obj, PyObject *name, double *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int ok = 1;
+    if (PyFloat_CheckExact(v)) {
+        *out = PyFloat_AS_DOUBLE(v);
+    } else {
+        ok = 0;
+    }
+    Py_DECREF(v);
+    return ok;
+}
+
+static int get_long(PyObject *obj, PyObject *name, long long *out) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int ok = 0;
+    if (PyLong_CheckExact(v)) {
+        int overflow;
+        *out = PyLong_AsLongLongAndOverflow(v, &overflow);
+        if (*out == -1 && PyErr_Occurred()) {
+            Py_DECREF(v);
+            return -1;
+        }
+        ok = !overflow;
+    }
+    Py_DECREF(v);
+    return ok;
+}
+
+/* 1 where the attribute is None, 0 where not, -1 on an error. */
+static int is_none(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int none = v == Py_None;
+    Py_DECREF(v);
+    return none;
+}
+
+static int truth(PyObject *obj, PyObject *name) {
+    PyObject *v = PyObject_GetAttr(obj, name);
+    if (v == NULL)
+        return -1;
+    int t = PyObject_IsTrue(v);
+    Py_DECREF(v);
+    return t;
+}
+
+static int set_double(PyObject *obj, PyObject *name, double value) {
+    PyObject *v = PyFloat_FromDouble(value);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_SetAttr(obj, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+static int set_long(PyObject *obj, PyObject *name, long long value) {
+    PyObject *v = PyLong_FromLongLong(value);
+    if (v == NULL)
+        return -1;
+    int r = PyObject_SetAttr(obj, name, v);
+    Py_DECREF(v);
+    return r;
+}
+
+/* The read is folded here only where ``expr`` is true (REQUIRE) or false (REFUSE); an error
+ * (negative) is raised. */
+#define REQUIRE(expr) do { int _r = (expr); if (_r < 0) return -1; if (!_r) return 0; } while (0)
+#define REFUSE(expr) do { int _r = (expr); if (_r < 0) return -1; if (_r) return 0; } while (0)
+
+/* The read's body ``body[0:n]`` folded in where it is template events only and the stream
+ * stands where add_framed folds them without a rarer judgement: 1; 0 with nothing changed
+ * where it is not so (the caller hands the read to _step_read); -1 on an error. Every check
+ * is made before anything changes. */
+static int fold(FramedStep *self, const char *body, Py_ssize_t n, double seen, double lag) {
+    long long size, k = 0, events_left, content_reads, read_events = 0, kernel_reads;
+    long long max_line, max_event, content_events, shared_stamps, body_bytes, guard_reads = 0;
+    double last, last_seen, stall_s, at_prev, deadline, seen_max = 0.0;
+    PyObject *tally = self->tally, *sample = self->sample, *parser = self->parser;
+    PyObject *guard = self->guard;
+
+    if (lag < 0.0)
+        return 0;       /* no kernel stamp: _clock's "user" reads are Python's */
+    PyObject *template = PyObject_GetAttr(tally, n_plain);
+    if (template == NULL)
+        return -1;
+    if (template == Py_None) {
+        Py_DECREF(template);
+        return 0;
+    }
+    int got = get_long(template, n_size, &size);
+    if (got <= 0 || size < 0 || n <= size + 8) {
+        Py_DECREF(template);
+        return got < 0 ? -1 : 0;
+    }
+    PyObject *head = PyObject_GetAttr(template, n_framed_head);
+    PyObject *tail = head == NULL ? NULL : PyObject_GetAttr(template, n_framed_tail);
+    Py_DECREF(template);
+    if (tail == NULL) {
+        Py_XDECREF(head);
+        return -1;
+    }
+    Py_ssize_t end = 0;
+    if (PyBytes_Check(head) && PyBytes_Check(tail))
+        k = framed_run((const unsigned char *)body, n, PyBytes_AS_STRING(head),
+                       PyBytes_GET_SIZE(head), PyBytes_AS_STRING(tail),
+                       PyBytes_GET_SIZE(tail), &end);
+    Py_DECREF(head);
+    Py_DECREF(tail);
+    if (k == 0 || end != n)
+        return 0;
+    /* chunk's shortcut, and the parser where SSEParser.clean(n) says so, with no event id */
+    REQUIRE(is_none(self->stream, n_abandon));
+    REFUSE(truth(self->resp, n_message_complete));
+    REFUSE(truth(parser, n_pending));
+    REFUSE(truth(parser, n_data));
+    REFUSE(truth(parser, n_event));
+    REFUSE(truth(parser, n_skip_lf));
+    REQUIRE(truth(parser, n_bom_checked));
+    REQUIRE(is_none(parser, n_retry));
+    REQUIRE(is_none(parser, n_last_id));
+    REQUIRE(get_long(parser, n_max_line, &max_line));
+    REQUIRE(get_long(parser, n_max_event, &max_event));
+    if (n > max_line || n > max_event)
+        return 0;
+    /* _Tally._plain_gap */
+    REQUIRE(get_double(tally, n_last_text_at, &last));
+    REFUSE(is_none(sample, n_ttfa_ms));
+    REQUIRE(is_none(tally, n_answer));
+    REQUIRE(get_long(tally, n_events_left, &events_left));
+    if (events_left < k)
+        return 0;
+    REQUIRE(get_double(self->arrival, n_at, &at_prev));
+    double now = seen - lag;
+    if (at_prev >= now)
+        now = at_prev;      /* Arrival.stamped: ``at`` never goes back */
+    double gap = now - last;
+    REQUIRE(get_double(tally, n_stall_s, &stall_s));
+    REQUIRE(get_double(tally, n_last_text_seen, &last_seen));
+    if (gap > stall_s || seen - last_seen > stall_s)
+        return 0;
+    REQUIRE(get_long(sample, n_content_reads, &content_reads));
+    int new_read = now != last;
+    if (content_reads + new_read <= 1)
+        return 0;
+    /* _fold: a read after a wait that may make a burst, or one sharing a burst's stamp, is
+     * Python's (_held asks the guard) */
+    if (new_read) {
+        if (gap * 1000.0 >= self->burst_wait_ms)
+            return 0;
+    } else {
+        REFUSE(truth(tally, n_read_held));
+        REQUIRE(get_long(tally, n_read_events, &read_events));
+    }
+    /* _Stream._clock: the stream's clock is "kernel" already; the deadline not passed */
+    REQUIRE(get_long(self->stream, n_kernel_reads, &kernel_reads));
+    if (kernel_reads < 1)
+        return 0;
+    REQUIRE(get_double(self->stream, n_deadline, &deadline));
+    if (seen > deadline)
+        return 0;
+    REQUIRE(get_long(sample, n_content_events, &content_events));
+    REQUIRE(get_long(sample, n_shared_stamps, &shared_stamps));
+    REQUIRE(get_long(sample, n_body_bytes, &body_bytes));
+    PyObject *itl = PyObject_GetAttr(sample, n_itl_ms);
+    if (itl == NULL)
+        return -1;
+    if (!PyList_CheckExact(itl)) {
+        Py_DECREF(itl);
+        return 0;
+    }
+    PyObject *buckets = NULL;
+    if (guard != Py_None) {
+        int ok = get_long(guard, n_guard_reads, &guard_reads);
+        if (ok > 0)
+            ok = get_double(guard, n_seen_max_s, &seen_max);
+        if (ok > 0) {
+            buckets = PyObject_GetAttr(guard, n_seen_buckets);
+            ok = buckets == NULL ? -1 : PyDict_CheckExact(buckets);
+        }
+        if (ok <= 0) {
+            Py_XDECREF(buckets);
+            Py_DECREF(itl);
+            return ok;
+        }
+    }
+
+    /* Everything holds: fold the read in, attribute by attribute as Python would. */
+    int r = -1;
+    long long shared;
+    if (set_double(self->arrival, n_seen, seen) < 0 ||
+        PyObject_SetAttr(self->arrival, n_with_headers, Py_False) < 0 ||
+        set_double(self->arrival, n_at, now) < 0 ||
+        PyObject_SetAttr(self->arrival, n_kernel, Py_True) < 0 ||
+        set_long(sample, n_body_bytes, body_bytes + n) < 0 ||
+        set_long(tally, n_events_left, events_left - k) < 0 ||
+        set_long(sample, n_content_events, content_events + k) < 0)
+        goto done;
+    if (new_read) {
+        PyObject *ms = PyFloat_FromDouble(gap * 1000.0);
+        if (ms == NULL)
+            goto done;
+        int a = PyList_Append(itl, ms);
+        Py_DECREF(ms);
+        if (a < 0 || set_long(sample, n_content_reads, content_reads + 1) < 0 ||
+            PyObject_SetAttr(tally, n_read_held, Py_False) < 0)
+            goto done;
+        shared = k - 1;
+    } else {
+        shared = k;
+    }
+    if (set_long(tally, n_read_events, read_events + k) < 0)
+        goto done;
+    if (shared) {
+        PyObject *zero = PyFloat_FromDouble(0.0);
+        if (zero == NULL)
+            goto done;
+        for (long long i = 0; i < shared; i++) {
+            if (PyList_Append(itl, zero) < 0) {
+                Py_DECREF(zero);
+                goto done;
+            }
+        }
+        Py_DECREF(zero);
+        if (set_long(sample, n_shared_stamps, shared_stamps + shared) < 0)
+            goto done;
+    }
+    if (set_double(tally, n_last_text_at, now) < 0 ||
+        set_double(tally, n_last_text_seen, seen) < 0 ||
+        set_long(self->stream, n_last_events, k) < 0 ||
+        set_long(self->stream, n_kernel_reads, kernel_reads + 1) < 0)
+        goto done;
+    if (buckets != NULL) {
+        /* Guard.seen(seen - at, k): its log bucket, exp(b / buckets_per_e) microseconds */
+        double gap_s = seen - now, us = gap_s * 1e6;
+        long long b = us > 1.0 ? (long long)(log(us) * self->buckets_per_e) : 0;
+        PyObject *key = PyLong_FromLongLong(b);
+        if (key == NULL)
+            goto done;
+        PyObject *was = PyDict_GetItemWithError(buckets, key);      /* borrowed */
+        long long count = 0;
+        if (was == NULL && PyErr_Occurred()) {
+            Py_DECREF(key);
+            goto done;
+        }
+        if (was != NULL) {
+            count = PyLong_AsLongLong(was);
+            if (count == -1 && PyErr_Occurred()) {
+                Py_DECREF(key);
+                goto done;
+            }
+        }
+        PyObject *value = PyLong_FromLongLong(count + k);
+        int s = value == NULL ? -1 : PyDict_SetItem(buckets, key, value);
+        Py_XDECREF(value);
+        Py_DECREF(key);
+        if (s < 0 || set_long(guard, n_guard_reads, guard_reads + 1) < 0)
+            goto done;
+        if (gap_s > seen_max && set_double(guard, n_seen_max_s, gap_s) < 0)
+            goto done;
+    }
+    r = 1;
+done:
+    Py_XDECREF(buckets);
+    Py_DECREF(itl);
+    return r;
+}
+
+#undef REQUIRE
+#undef REFUSE
+
+/* After a read of ``nraw`` bytes whose body is ``body[0:n]`` and whose framing went on
+ * (``rest`` None): folded here, or handed to _step_read. Steals ``rest``. */
+static PyObject *after_read(FramedStep *self, const char *body, Py_ssize_t n, double seen,
+                            double lag, Py_ssize_t nraw, PyObject *rest) {
+    if (rest == Py_None && nraw > 0 && n > 0) {
+        int got = fold(self, body, n, seen, lag);
+        if (got < 0) {
+            Py_DECREF(rest);
+            return NULL;
+        }
+        if (got) {
+            Py_DECREF(rest);
+            self->folded++;
+            return Py_NewRef(nraw >= (Py_ssize_t)sizeof block ? self->backlog : Py_None);
+        }
+    }
+    PyObject *out = PyObject_CallFunction(self->read_rest, "y#ddnO", body, n, seen, lag, nraw,
+                                          rest);
+    Py_DECREF(rest);
+    return out;
+}
+
+static PyObject *FramedStep_call(FramedStep *self, PyObject *args, PyObject *kw) {
+    if (PyTuple_GET_SIZE(args) || (kw != NULL && PyDict_GET_SIZE(kw))) {
+        PyErr_SetString(PyExc_TypeError, "FramedStep() takes no arguments");
+        return NULL;
+    }
+    PyObject *fast = PyObject_GetAttr(self->stream, n_fast);
+    if (fast == NULL)
+        return NULL;
+    Py_DECREF(fast);        /* only compared: self holds its own */
+    if (fast != self->fast || ((Chunked *)fast)->state == C_OVER)
+        return PyObject_CallNoArgs(self->step);     /* no longer decoded here */
+    PyObject *sock = PyObject_GetAttr(self->resp, n_sock);
+    if (sock == NULL)
+        return NULL;
+    Py_DECREF(sock);
+    if (sock == Py_None)
+        return PyObject_CallNoArgs(self->step);     /* closed: step says so */
+    double seen, lag;
+    ssize_t got = stamped_recvmsg(self->fd, block, sizeof block, &seen, &lag);
+    if (got < 0)
+        return PyErr_SetFromErrno(PyExc_OSError);
+    self->reads++;
+    Py_ssize_t outn;
+    PyObject *rest = decode_all((Chunked *)fast, block, got, body_block, &outn);
+    if (rest == NULL) {
+        if (PyErr_ExceptionMatches(PyExc_ValueError)) {
+            /* _step_fast's ``raise HTTPParseError(*exc.args) from None`` */
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            PyObject *exc_args = value == NULL ? NULL : PyObject_GetAttrString(value, "args");
+            Py_XDECREF(type);
+            Py_XDECREF(value);
+            Py_XDECREF(tb);
+            if (exc_args == NULL)
+                return NULL;
+            PyObject *exc = PyObject_Call(self->parse_error, exc_args, NULL);
+            Py_DECREF(exc_args);
+            if (exc == NULL)
+                return NULL;
+            PyErr_SetObject((PyObject *)Py_TYPE(exc), exc);
+            Py_DECREF(exc);
+        }
+        return NULL;
+    }
+    return after_read(self, body_block, outn, seen, lag, (Py_ssize_t)got, rest);
+}
+
+/* fold(body, seen, lag, nraw): what a call does after its read, for a read given (a body whose
+ * framing went on). */
+static PyObject *FramedStep_fold(FramedStep *self, PyObject *args) {
+    Py_buffer body;
+    double seen, lag;
+    Py_ssize_t nraw;
+    if (!PyArg_ParseTuple(args, "y*ddn", &body, &seen, &lag, &nraw))
+        return NULL;
+    PyObject *out = after_read(self, body.buf, body.len, seen, lag, nraw, Py_NewRef(Py_None));
+    PyBuffer_Release(&body);
+    return out;
+}
+
+static int FramedStep_init(FramedStep *self, PyObject *args, PyObject *kw) {
+    PyObject *stream, *backlog, *parse_error;
+    double burst_wait_ms, buckets_per_e;
+    if (!PyArg_ParseTuple(args, "OOOdd:FramedStep", &stream, &backlog, &parse_error,
+                          &burst_wait_ms, &buckets_per_e))
+        return -1;
+    long long fd;
+    PyObject *fast = PyObject_GetAttr(stream, n_fast);
+    if (fast == NULL)
+        return -1;
+    if (!PyObject_TypeCheck(fast, &ChunkedType)) {
+        Py_DECREF(fast);
+        PyErr_SetString(PyExc_TypeError, "FramedStep: the stream's fast is not a Chunked");
+        return -1;
+    }
+    int ok = get_long(stream, n_fd, &fd);
+    if (ok <= 0 || fd < 0 || fd > INT_MAX) {
+        Py_DECREF(fast);
+        if (ok >= 0)
+            PyErr_SetString(PyExc_ValueError, "FramedStep: the stream has no socket");
+        return -1;
+    }
+    PyObject *tally = PyObject_GetAttr(stream, n_tally);
+    PyObject *sample = tally == NULL ? NULL : PyObject_GetAttr(tally, n_sample);
+    PyObject *guard = sample == NULL ? NULL : PyObject_GetAttr(tally, n_guard);
+    PyObject *resp = guard == NULL ? NULL : PyObject_GetAttr(stream, n_resp);
+    PyObject *arrival = resp == NULL ? NULL : PyObject_GetAttr(stream, n_arrival);
+    PyObject *parser = arrival == NULL ? NULL : PyObject_GetAttr(stream, n_parser);
+    PyObject *read_rest = parser == NULL ? NULL : PyObject_GetAttr(stream, n_step_read);
+    PyObject *step = read_rest == NULL ? NULL : PyObject_GetAttr(stream, n_step);
+    if (step == NULL) {
+        Py_DECREF(fast);
+        Py_XDECREF(tally); Py_XDECREF(sample); Py_XDECREF(guard); Py_XDECREF(resp);
+        Py_XDECREF(arrival); Py_XDECREF(parser); Py_XDECREF(read_rest);
+        return -1;
+    }
+    Py_XSETREF(self->stream, Py_NewRef(stream));
+    Py_XSETREF(self->fast, fast);
+    Py_XSETREF(self->tally, tally);
+    Py_XSETREF(self->sample, sample);
+    Py_XSETREF(self->guard, guard);
+    Py_XSETREF(self->resp, resp);
+    Py_XSETREF(self->arrival, arrival);
+    Py_XSETREF(self->parser, parser);
+    Py_XSETREF(self->read_rest, read_rest);
+    Py_XSETREF(self->step, step);
+    Py_XSETREF(self->backlog, Py_NewRef(backlog));
+    Py_XSETREF(self->parse_error, Py_NewRef(parse_error));
+    self->fd = (int)fd;
+    self->burst_wait_ms = burst_wait_ms;
+    self->buckets_per_e = buckets_per_e;
+    self->reads = self->folded = 0;
+    return 0;
+}
+
+static void FramedStep_dealloc(FramedStep *self) {
+    Py_XDECREF(self->stream); Py_XDECREF(self->fast); Py_XDECREF(self->resp);
+    Py_XDECREF(self->tally); Py_XDECREF(self->sample); Py_XDECREF(self->arrival);
+    Py_XDECREF(self->parser); Py_XDECREF(self->guard); Py_XDECREF(self->backlog);
+    Py_XDECREF(self->parse_error); Py_XDECREF(self->read_rest); Py_XDECREF(self->step);
+    Py_TYPE(self)->tp_free((PyObject *)self);
+}
+
+static PyMethodDef FramedStep_methods[] = {
+    {"fold", (PyCFunction)FramedStep_fold, METH_VARARGS,
+     "fold(body, seen, lag, nraw): what a call does after its read, for a read given"},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyMemberDef FramedStep_members[] = {
+    {"reads", T_LONGLONG, offsetof(FramedStep, reads), READONLY, "reads made"},
+    {"folded", T_LONGLONG, offsetof(FramedStep, folded), READONLY, "reads folded in here"},
+    {NULL, 0, 0, 0, NULL},
+};
+
+static PyTypeObject FramedStepType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "streamquake.loadgen._speedups.FramedStep",
+    .tp_basicsize = sizeof(FramedStep),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The shared reader's step of one stream, its template reads folded in C.",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)FramedStep_init,
+    .tp_dealloc = (destructor)FramedStep_dealloc,
+    .tp_call = (ternaryfunc)FramedStep_call,
+    .tp_methods = FramedStep_methods,
+    .tp_members = FramedStep_members,
+};
 
 /* varints(counts) -> bytes: HdrHistogram V2's counts payload for a {index: count} dict, in
  * index order: ZigZag LEB128 counts, each run of empty buckets before one as a negative number
@@ -592,12 +1111,14 @@ static struct PyModuleDef module = {
 };
 
 PyMODINIT_FUNC PyInit__speedups(void) {
-    if (PyType_Ready(&ChunkedType) < 0)
+    if (PyType_Ready(&ChunkedType) < 0 || PyType_Ready(&FramedStepType) < 0 ||
+        intern_names() < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
     if (m == NULL)
         return NULL;
-    if (PyModule_AddObjectRef(m, "Chunked", (PyObject *)&ChunkedType) < 0) {
+    if (PyModule_AddObjectRef(m, "Chunked", (PyObject *)&ChunkedType) < 0 ||
+        PyModule_AddObjectRef(m, "FramedStep", (PyObject *)&FramedStepType) < 0) {
         Py_DECREF(m);
         return NULL;
     }

@@ -33,7 +33,7 @@ from streamquake.loadgen.conversation import Turn
 from streamquake.loadgen.failures import _Cancelled, _Failed, _StreamTimeout
 from streamquake.loadgen.heads import TRACEPARENT, HeadClient
 from streamquake.loadgen.plan import LoadPlan, RequestClassPlan, SlowRead
-from streamquake.loadgen.reader import BACKLOG, _Backlog
+from streamquake.loadgen.reader import BACKLOG, Step, _Backlog
 from streamquake.loadgen.reader import reader as _reader
 from streamquake.loadgen.samples import ErrorKind, RequestSample
 from streamquake.loadgen.sse_parser import SSEEvent, SSELimitError, SSELimits, SSEParser
@@ -51,7 +51,7 @@ from streamquake.loadgen.stamps import (
     _StampedSSLSocket,
     head_bytes,
 )
-from streamquake.loadgen.tally import _Tally
+from streamquake.loadgen.tally import BURST_WAIT_MS, _Tally
 from streamquake.loadgen.templates import Redactor, expand_headers, expand_path
 from streamquake.loadgen.wire import build_request, join_path, protocol_headers
 from streamquake.protocols import with_history
@@ -317,7 +317,7 @@ class StreamClient:
                 end = follow.ended() if resp.message_complete else None
                 if end is not None:
                     return end
-                return shared.follow(sock.fileno(), follow.step)
+                return shared.follow(sock.fileno(), follow.stepper())
             return self._read_own(follow, slow)
         except SSELimitError as exc:
             raise _Failed("limit", str(exc)) from exc
@@ -438,11 +438,17 @@ class _Stream:
 
     def _step_fast(self, fast: speedups.ChunkedBody) -> float | _Backlog | None:
         """:meth:`step` with the body's framing decoded by the compiled part (hand_over)."""
-        resp = self.resp
         try:
             body, seen, lag, nraw, rest = fast.read(self.fd)
         except ValueError as exc:       # chunk data not ended by CRLF, in llhttp's words
             raise HTTPParseError(*exc.args) from None
+        return self._step_read(body, seen, lag, nraw, rest)
+
+    def _step_read(self, body: bytes, seen: float, lag: float, nraw: int, rest: bytes | None
+                   ) -> float | _Backlog | None:
+        """:meth:`_step_fast` after its read (``Chunked.read``'s answer); also where
+        ``speedups.FramedStep`` hands every read it does not fold in itself."""
+        resp = self.resp
         self.arrival.stamped(seen, lag)
         if rest is not None:
             # The parser's from this size line on (the last chunk's, or one not plain).
@@ -461,6 +467,17 @@ class _Stream:
         if resp.message_complete:
             return self.ended()
         return BACKLOG if nraw >= _BLOCK else None
+
+    def stepper(self) -> Step:
+        """What the shared reader calls for each read of this stream: :meth:`step`, or where
+        the body's framing is decoded by the compiled part (hand_over), its twin
+        ``speedups.FramedStep``, which folds a read of template events only in C, as
+        :meth:`_step_read` would (tests/test_framed_step.py holds the two equal), and hands
+        every other read to :meth:`_step_read`."""
+        if self.fast is None or speedups.FramedStep is None:
+            return self.step
+        return speedups.FramedStep(self, BACKLOG, HTTPParseError, BURST_WAIT_MS,
+                                   float(self_measure.SEEN_BUCKETS_PER_E))
 
     def chunk(self, chunk: bytes) -> float | None:
         """Fold one read's body bytes (b"": the body ended) into the tally; when the stream's

@@ -10,9 +10,12 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
-__all__ = ["Chunked", "ChunkedBody", "compiled", "count_ms", "describe",
+if TYPE_CHECKING:
+    from streamquake.loadgen.reader import Step
+
+__all__ = ["Chunked", "ChunkedBody", "FramedStep", "compiled", "count_ms", "describe",
            "framed_events", "pairs_le32", "recv_stamped", "varints"]
 
 
@@ -49,6 +52,10 @@ framed_events: Callable[[bytes, bytes, bytes], tuple[int, int]] | None = (
 # A body's plain chunked framing, decoded with its reads (client._hand_over); else the HTTP
 # parser's, read by read.
 Chunked: Callable[[], ChunkedBody] | None = None if compiled is None else compiled.Chunked
+# A stream's step in the shared reader where its framing is decoded so: its reads of template
+# events only folded in C (client._Stream.stepper); else the stream's own step.
+FramedStep: Callable[[object, object, object, float, float], Step] | None = (
+    None if compiled is None else compiled.FramedStep)
 
 
 def describe() -> str:
