@@ -13,6 +13,7 @@ import io
 import random
 import subprocess
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import gevent
@@ -81,15 +82,21 @@ def _outcome(call: Any) -> tuple[str, object]:
 
 
 def _read_both(compiled: _Stream, step: Any, python: _Stream, body: bytes, seen: float,
-               lag: float, nraw: int) -> tuple[str, object]:
+               lag: float, nraw: int, compare: bool = True) -> tuple[str, object]:
+    """One read by both paths: the same answer; and where ``compare``, the same state once
+    the compiled step has given it back (flush), as its stream's reader makes it do."""
     got = _outcome(lambda: step.fold(body, seen, lag, nraw))
     assert got == _outcome(lambda: python._step_read(body, seen, lag, nraw, None)), body
-    assert _everything(compiled) == _everything(python), body
+    if compare:
+        step.flush()
+        assert not step.hot
+        assert _everything(compiled) == _everything(python), body
     return got
 
 
 @st.composite
-def reads(draw: st.DrawFn) -> tuple[list[tuple[bytes, float, float, int]], int, float, bool]:
+def reads(draw: st.DrawFn) -> tuple[list[tuple[bytes, float, float, int, bool]], int, float,
+                                     bool]:
     """A stream's body in reads, mostly runs of whole token events (the reads the compiled
     step folds), with odd events and cuts among them; each with when our code saw it, how
     long before that the kernel stamped it (-1: no stamp), and the read's size."""
@@ -111,7 +118,9 @@ def reads(draw: st.DrawFn) -> tuple[list[tuple[bytes, float, float, int]], int, 
         t += draw(st.sampled_from([0.0, 0.0005, 0.02, 0.02, 0.02, 0.02, 0.049, 0.052, 0.06, 0.3]))
         lag = draw(st.sampled_from([0.0, 0.0, 0.0, 0.0001, 0.002, 0.3, -1.0]))
         nraw = b - a + 12 if draw(st.integers(0, 9)) else _BLOCK
-        out.append((body[a:b], t + max(lag, 0.0), lag, nraw))
+        # Whether the state is compared after this read: the compiled step holds it across
+        # the reads between (and gives it back at a read it leaves to Python, or at the end).
+        out.append((body[a:b], t + max(lag, 0.0), lag, nraw, draw(st.integers(0, 3)) == 0))
     return (out, draw(st.sampled_from([4, 30, 10_000])),
             draw(st.sampled_from([1e9, 1e9, 100.5])), draw(st.integers(0, 9)) == 0)
 
@@ -119,16 +128,18 @@ def reads(draw: st.DrawFn) -> tuple[list[tuple[bytes, float, float, int]], int, 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(reads())
 def test_the_compiled_step_leaves_what_step_read_leaves(
-        case: tuple[list[tuple[bytes, float, float, int]], int, float, bool]) -> None:
+        case: tuple[list[tuple[bytes, float, float, int, bool]], int, float, bool]) -> None:
     assert speedups.FramedStep is not None
     chunks, max_events, deadline, answer = case
     compiled, python = (_stream(max_events, deadline, answer) for _ in range(2))
     step: Any = client._Stream.stepper(compiled)
     assert type(step) is speedups.FramedStep
-    for body, seen, lag, nraw in chunks:
-        got = _read_both(compiled, step, python, body, seen, lag, nraw)
+    for body, seen, lag, nraw, compare in chunks:
+        got = _read_both(compiled, step, python, body, seen, lag, nraw, compare)
         if got[0] != "ok" or got[1] not in (None, "BACKLOG"):
             break
+    step.flush()
+    assert _everything(compiled) == _everything(python)
 
 
 def _tokens(enc: OpenAIEncoder, n: int, first: int = 0) -> bytes:
@@ -151,6 +162,7 @@ def test_template_reads_are_folded_in_c_and_every_other_read_is_pythons() -> Non
         (_tokens(enc, 2, 2), 0.02, 0.0001, True),
         (_tokens(enc, 1, 4), 0.0, 0.0001, True),         # the same stamp as the read before
         (_tokens(enc, 1, 5), 0.06, 0.0, False),          # a burst's wait: _held asks the guard
+        (_tokens(enc, 2, 40), 0.0, 0.0, False),          # its stamp, held: a burst's events
         (_tokens(enc, 3, 6), 0.02, -1.0, False),         # no kernel stamp
         (_tokens(enc, 1, 9), 0.02, 0.0, True),
         (_tokens(enc, 1, 10)[:-5], 0.02, 0.0, False),    # an event cut by the read's end
@@ -186,13 +198,11 @@ def test_template_reads_are_folded_in_c_and_every_other_read_is_pythons() -> Non
     assert step.folded == 0 and abandoning.tally.sample.content_events == 6
 
 
-@pytest.fixture(scope="module")
-def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """The embedded target, OpenAI's wire: streams of 40 tokens 2 ms apart."""
-    config = tmp_path_factory.mktemp("target") / "target.yaml"
-    config.write_text("ttft: 5ms\nitl: 2ms\noutput_tokens: {min: 40, max: 40}\n")
+def _target(directory: Path, config: str) -> Iterator[str]:
+    path = directory / "target.yaml"
+    path.write_text(config)
     proc = subprocess.Popen(
-        cli_cmd("target", "serve", "--protocol", "openai", "--port", "0", "--config", str(config)),
+        cli_cmd("target", "serve", "--protocol", "openai", "--port", "0", "--config", str(path)),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO)
     try:
         yield read_listening_line(proc, 15, "target")
@@ -202,15 +212,31 @@ def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         stop(proc)
 
 
-def _measure_all(url: str, n: int) -> list[RequestSample]:
+@pytest.fixture(scope="module")
+def target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The embedded target, OpenAI's wire: streams of 40 tokens 2 ms apart."""
+    yield from _target(tmp_path_factory.mktemp("target"),
+                       "ttft: 5ms\nitl: 2ms\noutput_tokens: {min: 40, max: 40}\n")
+
+
+@pytest.fixture(scope="module")
+def long_target(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """The embedded target, streams of 400 tokens 10 ms apart (4 s)."""
+    yield from _target(tmp_path_factory.mktemp("long"),
+                       "ttft: 5ms\nitl: 10ms\noutput_tokens: {min: 400, max: 400}\n")
+
+
+def _measure_all(url: str, n: int, timeout_s: float = 10.0, tokens: int | None = None
+                 ) -> list[RequestSample]:
     plan = LoadPlan.model_validate({"base_url": url, "protocol": "openai", "model": "sim-1",
                                     "samples_path": "/nonexistent", "end_at": 0.0,
-                                    "timeout_s": 10.0, "connect_timeout_s": 2.0})
+                                    "timeout_s": timeout_s, "connect_timeout_s": 2.0})
 
     def one() -> RequestSample:
         c = StreamClient(plan)
         try:
-            return c.measure(RequestClassPlan(), random.Random(0))
+            cls = RequestClassPlan() if tokens is None else RequestClassPlan(max_tokens=tokens)
+            return c.measure(cls, random.Random(0))
         finally:
             c.close()
 
@@ -248,3 +274,28 @@ def test_streams_read_through_the_compiled_step_fold_their_template_reads(
 
     assert [essence(s) for s in compiled] == [essence(s) for s in python] == \
         [(None, 40, 39, "kernel", "stop", 40)] * 4
+
+
+@pytest.mark.timeout(120)
+def test_a_stream_cut_off_while_the_step_holds_its_state_keeps_every_event_it_read(
+        long_target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stream whose timeout ends it between reads the compiled step folded (its state the
+    step's then): its sample has every event read up to there, as the Python steps give it,
+    not the counts of the step's last hand-over to Python."""
+    steps: list[Any] = []
+    stepper = client._Stream.stepper
+
+    def kept(self: _Stream) -> Any:
+        steps.append(stepper(self))
+        return steps[-1]
+
+    monkeypatch.setattr(client._Stream, "stepper", kept)
+    compiled = _measure_all(long_target, 2, timeout_s=1.0, tokens=400)
+    assert all(type(s) is speedups.FramedStep and s.folded > 20 and not s.hot for s in steps)
+    monkeypatch.setattr(speedups, "FramedStep", None)
+    python = _measure_all(long_target, 2, timeout_s=1.0, tokens=400)
+    # About 100 tokens in a second (10 ms apart); a busy machine's share of them, at least.
+    for s in compiled + python:
+        assert s.error == "timeout"
+        assert 40 <= s.content_events == len(s.itl_ms) + 1 < 400, s.content_events
+        assert s.body_bytes > 200 * s.content_events

@@ -450,13 +450,21 @@ static PyObject *framed_events(PyObject *self, PyObject *const *args, Py_ssize_t
  * Chunked.read does, and where the read's body is nothing but events of the stream's template
  * and the stream stands where _Tally.add_framed folds them in without any rarer judgement,
  * folds them in here, as client._Stream._step_read -> chunk -> _Tally.add_framed -> _fold ->
- * _Stream._clock -> self_measure.Guard.seen do in Python, on the same Python objects; it
- * returns what _step_read would (``backlog`` after a read that filled the whole block, else
- * None). Any other read goes to the stream's ``_step_read`` as it came (nothing changed yet),
- * and a stream no longer decoded here (its ``fast`` gone, its socket closed) to its ``step``.
- * Chunk data not ended by CRLF raises ``parse_error(message, code)``, as _step_fast does.
- * ``fold(body, seen, lag, nraw)``: the same for a read given (the tests hold it equal to
- * _step_read). ``reads`` and ``folded`` count what it did. */
+ * _Stream._clock -> self_measure.Guard.seen do in Python; it returns what _step_read would
+ * (``backlog`` after a read that filled the whole block, else None). Any other read goes to
+ * the stream's ``_step_read`` as it came, and a stream no longer decoded here (its ``fast``
+ * gone, its socket closed) to its ``step``. Chunk data not ended by CRLF raises
+ * ``parse_error(message, code)``, as _step_fast does.
+ *
+ * From the first read it folds, the stream's state (its sample's counts and gaps, its tally's
+ * and arrival's times) is held here, not in its Python objects, whose memory a read in a
+ * process of hundreds of streams finds cold: flush() gives it back, as it does itself before
+ * any read it hands to Python, and the stream's reader calls it when the stream leaves the
+ * shared reader (its end, a timeout, a failure). The guard's account is kept in the guard.
+ *
+ * ``fold(body, seen, lag, nraw)``: what a call does after its read, for a read given (the tests
+ * hold it equal to _step_read). ``reads``, ``folded``: what it did; ``hot``: whether the
+ * stream's state is its own now. */
 typedef struct {
     PyObject_HEAD
     PyObject *stream, *fast, *resp, *tally, *sample, *arrival, *parser, *guard;
@@ -464,6 +472,17 @@ typedef struct {
     int fd;
     double burst_wait_ms, buckets_per_e;
     long long reads, folded;
+    /* While ``hot``, the stream's state is these (its Python objects' copies are stale until
+     * flush; nothing but this step touches the stream meanwhile): taken by load(), given
+     * back by flush() before any read that is Python's, and when the stream's reading ends
+     * (client._Stream's reader leaves it). ``dirty``: a read was folded since it was taken. */
+    int hot, dirty, read_held;
+    PyObject *head, *tail, *itl;    /* the template's framed bytes; the sample's gaps */
+    long long size, max_line, max_event, events_left, read_events, content_reads;
+    long long content_events, shared_stamps, body_bytes, kernel_reads, last_events;
+    double at, seen, last_text_at, last_text_seen, stall_s, deadline;
+    double *itl_buf;                /* gaps folded since, for the sample's list */
+    Py_ssize_t itl_n, itl_cap;
 } FramedStep;
 
 static PyObject *n_fast, *n_sock, *n_plain, *n_size, *n_framed_head, *n_framed_tail, *n_abandon,
@@ -572,24 +591,25 @@ static int set_long(PyObject *obj, PyObject *name, long long value) {
     return r;
 }
 
-/* The read is folded here only where ``expr`` is true (REQUIRE) or false (REFUSE); an error
+/* The read is taken on only where ``expr`` is true (REQUIRE) or false (REFUSE); an error
  * (negative) is raised. */
 #define REQUIRE(expr) do { int _r = (expr); if (_r < 0) return -1; if (!_r) return 0; } while (0)
 #define REFUSE(expr) do { int _r = (expr); if (_r < 0) return -1; if (_r) return 0; } while (0)
 
-/* The read's body ``body[0:n]`` folded in where it is template events only and the stream
- * stands where add_framed folds them without a rarer judgement: 1; 0 with nothing changed
- * where it is not so (the caller hands the read to _step_read); -1 on an error. Every check
- * is made before anything changes. */
-static int fold(FramedStep *self, const char *body, Py_ssize_t n, double seen, double lag) {
-    long long size, k = 0, events_left, content_reads, read_events = 0, kernel_reads;
-    long long max_line, max_event, content_events, shared_stamps, body_bytes, guard_reads = 0;
-    double last, last_seen, stall_s, at_prev, deadline, seen_max = 0.0;
+/* Take the stream's state from its Python objects, where it stands where add_framed folds
+ * template reads in without a rarer judgement (otherwise the read is Python's): 1 when taken
+ * (``hot``: from here on the stream's state is the struct's, until flush); 0 with nothing
+ * changed where not; -1 on an error. */
+static int load(FramedStep *self) {
     PyObject *tally = self->tally, *sample = self->sample, *parser = self->parser;
-    PyObject *guard = self->guard;
-
-    if (lag < 0.0)
-        return 0;       /* no kernel stamp: _clock's "user" reads are Python's */
+    long long kernel_reads;
+    PyObject *fast = PyObject_GetAttr(self->stream, n_fast);
+    if (fast == NULL)
+        return -1;
+    Py_DECREF(fast);        /* only compared: self holds its own */
+    if (fast != self->fast)
+        return 0;
+    /* the template */
     PyObject *template = PyObject_GetAttr(tally, n_plain);
     if (template == NULL)
         return -1;
@@ -597,28 +617,20 @@ static int fold(FramedStep *self, const char *body, Py_ssize_t n, double seen, d
         Py_DECREF(template);
         return 0;
     }
-    int got = get_long(template, n_size, &size);
-    if (got <= 0 || size < 0 || n <= size + 8) {
-        Py_DECREF(template);
-        return got < 0 ? -1 : 0;
-    }
-    PyObject *head = PyObject_GetAttr(template, n_framed_head);
+    int got = get_long(template, n_size, &self->size);
+    PyObject *head = got <= 0 ? NULL : PyObject_GetAttr(template, n_framed_head);
     PyObject *tail = head == NULL ? NULL : PyObject_GetAttr(template, n_framed_tail);
     Py_DECREF(template);
     if (tail == NULL) {
         Py_XDECREF(head);
-        return -1;
+        return got < 0 || PyErr_Occurred() ? -1 : 0;
     }
-    Py_ssize_t end = 0;
-    if (PyBytes_Check(head) && PyBytes_Check(tail))
-        k = framed_run((const unsigned char *)body, n, PyBytes_AS_STRING(head),
-                       PyBytes_GET_SIZE(head), PyBytes_AS_STRING(tail),
-                       PyBytes_GET_SIZE(tail), &end);
-    Py_DECREF(head);
-    Py_DECREF(tail);
-    if (k == 0 || end != n)
+    Py_XSETREF(self->head, head);
+    Py_XSETREF(self->tail, tail);
+    if (self->size < 0 || !PyBytes_Check(head) || !PyBytes_Check(tail))
         return 0;
-    /* chunk's shortcut, and the parser where SSEParser.clean(n) says so, with no event id */
+    /* chunk's shortcut, and the parser where SSEParser.clean says so, with no event id */
+    REFUSE(is_none(self->resp, n_sock));
     REQUIRE(is_none(self->stream, n_abandon));
     REFUSE(truth(self->resp, n_message_complete));
     REFUSE(truth(parser, n_pending));
@@ -628,151 +640,206 @@ static int fold(FramedStep *self, const char *body, Py_ssize_t n, double seen, d
     REQUIRE(truth(parser, n_bom_checked));
     REQUIRE(is_none(parser, n_retry));
     REQUIRE(is_none(parser, n_last_id));
-    REQUIRE(get_long(parser, n_max_line, &max_line));
-    REQUIRE(get_long(parser, n_max_event, &max_event));
-    if (n > max_line || n > max_event)
-        return 0;
-    /* _Tally._plain_gap */
-    REQUIRE(get_double(tally, n_last_text_at, &last));
+    REQUIRE(get_long(parser, n_max_line, &self->max_line));
+    REQUIRE(get_long(parser, n_max_event, &self->max_event));
+    /* _Tally._plain_gap's standing checks, and _fold's */
+    REQUIRE(get_double(tally, n_last_text_at, &self->last_text_at));
     REFUSE(is_none(sample, n_ttfa_ms));
     REQUIRE(is_none(tally, n_answer));
-    REQUIRE(get_long(tally, n_events_left, &events_left));
-    if (events_left < k)
-        return 0;
-    REQUIRE(get_double(self->arrival, n_at, &at_prev));
-    double now = seen - lag;
-    if (at_prev >= now)
-        now = at_prev;      /* Arrival.stamped: ``at`` never goes back */
-    double gap = now - last;
-    REQUIRE(get_double(tally, n_stall_s, &stall_s));
-    REQUIRE(get_double(tally, n_last_text_seen, &last_seen));
-    if (gap > stall_s || seen - last_seen > stall_s)
-        return 0;
-    REQUIRE(get_long(sample, n_content_reads, &content_reads));
-    int new_read = now != last;
-    if (content_reads + new_read <= 1)
-        return 0;
-    /* _fold: a read after a wait that may make a burst, or one sharing a burst's stamp, is
-     * Python's (_held asks the guard) */
-    if (new_read) {
-        if (gap * 1000.0 >= self->burst_wait_ms)
-            return 0;
-    } else {
-        REFUSE(truth(tally, n_read_held));
-        REQUIRE(get_long(tally, n_read_events, &read_events));
-    }
-    /* _Stream._clock: the stream's clock is "kernel" already; the deadline not passed */
-    REQUIRE(get_long(self->stream, n_kernel_reads, &kernel_reads));
-    if (kernel_reads < 1)
-        return 0;
-    REQUIRE(get_double(self->stream, n_deadline, &deadline));
-    if (seen > deadline)
-        return 0;
-    REQUIRE(get_long(sample, n_content_events, &content_events));
-    REQUIRE(get_long(sample, n_shared_stamps, &shared_stamps));
-    REQUIRE(get_long(sample, n_body_bytes, &body_bytes));
+    REQUIRE(get_long(tally, n_events_left, &self->events_left));
+    REQUIRE(get_double(tally, n_stall_s, &self->stall_s));
+    REQUIRE(get_double(tally, n_last_text_seen, &self->last_text_seen));
+    int held = truth(tally, n_read_held);
+    if (held < 0)
+        return -1;
+    self->read_held = held;
+    REQUIRE(get_long(tally, n_read_events, &self->read_events));
+    REQUIRE(get_long(sample, n_content_reads, &self->content_reads));
+    REQUIRE(get_long(sample, n_content_events, &self->content_events));
+    REQUIRE(get_long(sample, n_shared_stamps, &self->shared_stamps));
+    REQUIRE(get_long(sample, n_body_bytes, &self->body_bytes));
     PyObject *itl = PyObject_GetAttr(sample, n_itl_ms);
     if (itl == NULL)
         return -1;
-    if (!PyList_CheckExact(itl)) {
-        Py_DECREF(itl);
+    Py_XSETREF(self->itl, itl);
+    if (!PyList_CheckExact(itl))
         return 0;
+    /* the arrival, and _Stream._clock: the stream's clock is "kernel" already */
+    REQUIRE(get_double(self->arrival, n_at, &self->at));
+    REQUIRE(get_double(self->arrival, n_seen, &self->seen));
+    REQUIRE(get_long(self->stream, n_kernel_reads, &kernel_reads));
+    if (kernel_reads < 1)
+        return 0;
+    self->kernel_reads = kernel_reads;
+    REQUIRE(get_long(self->stream, n_last_events, &self->last_events));
+    REQUIRE(get_double(self->stream, n_deadline, &self->deadline));
+    if (self->guard != Py_None) {
+        long long reads;
+        double most;
+        REQUIRE(get_long(self->guard, n_guard_reads, &reads));
+        REQUIRE(get_double(self->guard, n_seen_max_s, &most));
+        PyObject *buckets = PyObject_GetAttr(self->guard, n_seen_buckets);
+        if (buckets == NULL)
+            return -1;
+        int dict = PyDict_CheckExact(buckets);
+        Py_DECREF(buckets);
+        if (!dict)
+            return 0;
     }
-    PyObject *buckets = NULL;
-    if (guard != Py_None) {
-        int ok = get_long(guard, n_guard_reads, &guard_reads);
-        if (ok > 0)
-            ok = get_double(guard, n_seen_max_s, &seen_max);
-        if (ok > 0) {
-            buckets = PyObject_GetAttr(guard, n_seen_buckets);
-            ok = buckets == NULL ? -1 : PyDict_CheckExact(buckets);
-        }
-        if (ok <= 0) {
-            Py_XDECREF(buckets);
-            Py_DECREF(itl);
-            return ok;
-        }
-    }
+    self->itl_n = 0;
+    self->dirty = 0;
+    self->hot = 1;
+    return 1;
+}
 
-    /* Everything holds: fold the read in, attribute by attribute as Python would. */
-    int r = -1;
-    long long shared;
-    if (set_double(self->arrival, n_seen, seen) < 0 ||
-        PyObject_SetAttr(self->arrival, n_with_headers, Py_False) < 0 ||
-        set_double(self->arrival, n_at, now) < 0 ||
-        PyObject_SetAttr(self->arrival, n_kernel, Py_True) < 0 ||
-        set_long(sample, n_body_bytes, body_bytes + n) < 0 ||
-        set_long(tally, n_events_left, events_left - k) < 0 ||
-        set_long(sample, n_content_events, content_events + k) < 0)
-        goto done;
-    if (new_read) {
-        PyObject *ms = PyFloat_FromDouble(gap * 1000.0);
-        if (ms == NULL)
-            goto done;
-        int a = PyList_Append(itl, ms);
+/* The struct's state back into the stream's Python objects (where a read was folded since it
+ * was taken), and the stream's state theirs again: 0, or -1 on an error. */
+static int flush(FramedStep *self) {
+    if (!self->hot)
+        return 0;
+    self->hot = 0;
+    if (!self->dirty)
+        return 0;
+    self->dirty = 0;
+    PyObject *tally = self->tally, *sample = self->sample;
+    for (Py_ssize_t i = 0; i < self->itl_n; i++) {
+        PyObject *ms = PyFloat_FromDouble(self->itl_buf[i]);
+        if (ms == NULL || PyList_Append(self->itl, ms) < 0) {
+            Py_XDECREF(ms);
+            return -1;
+        }
         Py_DECREF(ms);
-        if (a < 0 || set_long(sample, n_content_reads, content_reads + 1) < 0 ||
-            PyObject_SetAttr(tally, n_read_held, Py_False) < 0)
-            goto done;
+    }
+    self->itl_n = 0;
+    if (set_double(self->arrival, n_seen, self->seen) < 0 ||
+        PyObject_SetAttr(self->arrival, n_with_headers, Py_False) < 0 ||
+        set_double(self->arrival, n_at, self->at) < 0 ||
+        PyObject_SetAttr(self->arrival, n_kernel, Py_True) < 0 ||
+        set_long(sample, n_body_bytes, self->body_bytes) < 0 ||
+        set_long(tally, n_events_left, self->events_left) < 0 ||
+        set_long(sample, n_content_events, self->content_events) < 0 ||
+        set_long(sample, n_content_reads, self->content_reads) < 0 ||
+        set_long(tally, n_read_events, self->read_events) < 0 ||
+        PyObject_SetAttr(tally, n_read_held, self->read_held ? Py_True : Py_False) < 0 ||
+        set_long(sample, n_shared_stamps, self->shared_stamps) < 0 ||
+        set_double(tally, n_last_text_at, self->last_text_at) < 0 ||
+        set_double(tally, n_last_text_seen, self->last_text_seen) < 0 ||
+        set_long(self->stream, n_last_events, self->last_events) < 0 ||
+        set_long(self->stream, n_kernel_reads, self->kernel_reads) < 0)
+        return -1;
+    return 0;
+}
+
+static int push_gap(FramedStep *self, double ms) {
+    if (self->itl_n == self->itl_cap) {
+        Py_ssize_t cap = self->itl_cap ? 2 * self->itl_cap : 64;
+        double *buf = PyMem_Realloc(self->itl_buf, (size_t)cap * sizeof(double));
+        if (buf == NULL) {
+            PyErr_NoMemory();
+            return -1;
+        }
+        self->itl_buf = buf;
+        self->itl_cap = cap;
+    }
+    self->itl_buf[self->itl_n++] = ms;
+    return 0;
+}
+
+/* The guard's account of one kernel-stamped read (self_measure.Guard.seen(gap_s, k)): its log
+ * bucket, exp(b / buckets_per_e) microseconds. */
+static int guard_seen(FramedStep *self, double gap_s, long long k) {
+    PyObject *guard = self->guard;
+    long long reads, count = 0;
+    double most;
+    if (get_long(guard, n_guard_reads, &reads) <= 0 || get_double(guard, n_seen_max_s, &most) <= 0)
+        goto changed;
+    PyObject *buckets = PyObject_GetAttr(guard, n_seen_buckets);
+    if (buckets == NULL)
+        return -1;
+    double us = gap_s * 1e6;
+    PyObject *key = PyLong_FromLongLong(us > 1.0 ? (long long)(log(us) * self->buckets_per_e) : 0);
+    PyObject *was = key == NULL ? NULL : PyDict_GetItemWithError(buckets, key);   /* borrowed */
+    if (was != NULL)
+        count = PyLong_AsLongLong(was);
+    PyObject *value = PyErr_Occurred() ? NULL : PyLong_FromLongLong(count + k);
+    int r = value == NULL ? -1 : PyDict_SetItem(buckets, key, value);
+    Py_XDECREF(value);
+    Py_XDECREF(key);
+    Py_DECREF(buckets);
+    if (r < 0 || set_long(guard, n_guard_reads, reads + 1) < 0)
+        return -1;
+    if (gap_s > most && set_double(guard, n_seen_max_s, gap_s) < 0)
+        return -1;
+    return 0;
+changed:
+    if (!PyErr_Occurred())
+        PyErr_SetString(PyExc_TypeError, "FramedStep: the guard's counts are not numbers");
+    return -1;
+}
+
+/* The read's body ``body[0:n]`` folded in where it is template events only and the stream
+ * stands where add_framed folds them without a rarer judgement: 1; 0 with the stream's state
+ * its Python objects' again (flushed) and nothing else changed where it is not so (the caller
+ * hands the read to _step_read); -1 on an error. Every check is made before anything changes. */
+static int fold(FramedStep *self, const char *body, Py_ssize_t n, double seen, double lag) {
+    if (!self->hot) {
+        int got = load(self);
+        if (got <= 0)
+            return got;
+    }
+    Py_ssize_t end = 0, k = 0;
+    double now = seen - lag, gap;
+    int new_read;
+    if (lag < 0.0 || n <= self->size + 8 || n > self->max_line || n > self->max_event)
+        goto python;    /* no kernel stamp: _clock's "user" reads are Python's */
+    k = framed_run((const unsigned char *)body, n, PyBytes_AS_STRING(self->head),
+                   PyBytes_GET_SIZE(self->head), PyBytes_AS_STRING(self->tail),
+                   PyBytes_GET_SIZE(self->tail), &end);
+    if (k == 0 || end != n || self->events_left < k)
+        goto python;
+    if (self->at >= now)
+        now = self->at;      /* Arrival.stamped: ``at`` never goes back */
+    gap = now - self->last_text_at;
+    if (gap > self->stall_s || seen - self->last_text_seen > self->stall_s)
+        goto python;
+    new_read = now != self->last_text_at;
+    if (self->content_reads + new_read <= 1 || seen > self->deadline)
+        goto python;
+    /* _fold: a read after a wait that may make a burst is Python's (_held asks the guard), and
+     * so is one that shares the stamp of a read that was held (its events a burst's) */
+    if (new_read ? gap * 1000.0 >= self->burst_wait_ms : self->read_held)
+        goto python;
+    long long shared;
+    if (self->guard != Py_None && guard_seen(self, seen - now, k) < 0)
+        return -1;
+    self->dirty = 1;
+    self->seen = seen;
+    self->at = now;
+    self->body_bytes += n;
+    self->events_left -= k;
+    self->content_events += k;
+    if (new_read) {
+        self->content_reads++;
+        if (push_gap(self, gap * 1000.0) < 0)
+            return -1;
         shared = k - 1;
+        self->read_events = k;
+        self->read_held = 0;
     } else {
         shared = k;
+        self->read_events += k;
     }
-    if (set_long(tally, n_read_events, read_events + k) < 0)
-        goto done;
-    if (shared) {
-        PyObject *zero = PyFloat_FromDouble(0.0);
-        if (zero == NULL)
-            goto done;
-        for (long long i = 0; i < shared; i++) {
-            if (PyList_Append(itl, zero) < 0) {
-                Py_DECREF(zero);
-                goto done;
-            }
-        }
-        Py_DECREF(zero);
-        if (set_long(sample, n_shared_stamps, shared_stamps + shared) < 0)
-            goto done;
-    }
-    if (set_double(tally, n_last_text_at, now) < 0 ||
-        set_double(tally, n_last_text_seen, seen) < 0 ||
-        set_long(self->stream, n_last_events, k) < 0 ||
-        set_long(self->stream, n_kernel_reads, kernel_reads + 1) < 0)
-        goto done;
-    if (buckets != NULL) {
-        /* Guard.seen(seen - at, k): its log bucket, exp(b / buckets_per_e) microseconds */
-        double gap_s = seen - now, us = gap_s * 1e6;
-        long long b = us > 1.0 ? (long long)(log(us) * self->buckets_per_e) : 0;
-        PyObject *key = PyLong_FromLongLong(b);
-        if (key == NULL)
-            goto done;
-        PyObject *was = PyDict_GetItemWithError(buckets, key);      /* borrowed */
-        long long count = 0;
-        if (was == NULL && PyErr_Occurred()) {
-            Py_DECREF(key);
-            goto done;
-        }
-        if (was != NULL) {
-            count = PyLong_AsLongLong(was);
-            if (count == -1 && PyErr_Occurred()) {
-                Py_DECREF(key);
-                goto done;
-            }
-        }
-        PyObject *value = PyLong_FromLongLong(count + k);
-        int s = value == NULL ? -1 : PyDict_SetItem(buckets, key, value);
-        Py_XDECREF(value);
-        Py_DECREF(key);
-        if (s < 0 || set_long(guard, n_guard_reads, guard_reads + 1) < 0)
-            goto done;
-        if (gap_s > seen_max && set_double(guard, n_seen_max_s, gap_s) < 0)
-            goto done;
-    }
-    r = 1;
-done:
-    Py_XDECREF(buckets);
-    Py_DECREF(itl);
-    return r;
+    for (long long i = 0; i < shared; i++)
+        if (push_gap(self, 0.0) < 0)
+            return -1;
+    self->shared_stamps += shared;
+    self->last_text_at = now;
+    self->last_text_seen = seen;
+    self->last_events = k;
+    self->kernel_reads++;
+    return 1;
+python:
+    return flush(self) < 0 ? -1 : 0;
 }
 
 #undef REQUIRE
@@ -793,6 +860,9 @@ static PyObject *after_read(FramedStep *self, const char *body, Py_ssize_t n, do
             self->folded++;
             return Py_NewRef(nraw >= (Py_ssize_t)sizeof block ? self->backlog : Py_None);
         }
+    } else if (flush(self) < 0) {
+        Py_DECREF(rest);
+        return NULL;
     }
     PyObject *out = PyObject_CallFunction(self->read_rest, "y#ddnO", body, n, seen, lag, nraw,
                                           rest);
@@ -805,26 +875,32 @@ static PyObject *FramedStep_call(FramedStep *self, PyObject *args, PyObject *kw)
         PyErr_SetString(PyExc_TypeError, "FramedStep() takes no arguments");
         return NULL;
     }
-    PyObject *fast = PyObject_GetAttr(self->stream, n_fast);
-    if (fast == NULL)
-        return NULL;
-    Py_DECREF(fast);        /* only compared: self holds its own */
-    if (fast != self->fast || ((Chunked *)fast)->state == C_OVER)
-        return PyObject_CallNoArgs(self->step);     /* no longer decoded here */
-    PyObject *sock = PyObject_GetAttr(self->resp, n_sock);
-    if (sock == NULL)
-        return NULL;
-    Py_DECREF(sock);
-    if (sock == Py_None)
-        return PyObject_CallNoArgs(self->step);     /* closed: step says so */
+    Chunked *fast = (Chunked *)self->fast;
+    if (!self->hot) {
+        /* hot: nothing but this step has touched the stream since its state was taken (its
+         * framing still decoded here, its socket open); else Python may have */
+        PyObject *now = PyObject_GetAttr(self->stream, n_fast);
+        if (now == NULL)
+            return NULL;
+        Py_DECREF(now);
+        if (now != self->fast || fast->state == C_OVER)
+            return PyObject_CallNoArgs(self->step);     /* no longer decoded here */
+        int closed = is_none(self->resp, n_sock);
+        if (closed < 0)
+            return NULL;
+        if (closed)
+            return PyObject_CallNoArgs(self->step);     /* closed: step says so */
+    }
     double seen, lag;
     ssize_t got = stamped_recvmsg(self->fd, block, sizeof block, &seen, &lag);
     if (got < 0)
         return PyErr_SetFromErrno(PyExc_OSError);
     self->reads++;
     Py_ssize_t outn;
-    PyObject *rest = decode_all((Chunked *)fast, block, got, body_block, &outn);
+    PyObject *rest = decode_all(fast, block, got, body_block, &outn);
     if (rest == NULL) {
+        if (flush(self) < 0)
+            return NULL;    /* (an error of its own over the framing's) */
         if (PyErr_ExceptionMatches(PyExc_ValueError)) {
             /* _step_fast's ``raise HTTPParseError(*exc.args) from None`` */
             PyObject *type, *value, *tb;
@@ -859,6 +935,12 @@ static PyObject *FramedStep_fold(FramedStep *self, PyObject *args) {
     PyObject *out = after_read(self, body.buf, body.len, seen, lag, nraw, Py_NewRef(Py_None));
     PyBuffer_Release(&body);
     return out;
+}
+
+static PyObject *FramedStep_flush(FramedStep *self, PyObject *unused) {
+    if (flush(self) < 0)
+        return NULL;
+    Py_RETURN_NONE;
 }
 
 static int FramedStep_init(FramedStep *self, PyObject *args, PyObject *kw) {
@@ -913,6 +995,8 @@ static int FramedStep_init(FramedStep *self, PyObject *args, PyObject *kw) {
     self->burst_wait_ms = burst_wait_ms;
     self->buckets_per_e = buckets_per_e;
     self->reads = self->folded = 0;
+    self->hot = self->dirty = 0;
+    self->itl_n = 0;
     return 0;
 }
 
@@ -921,18 +1005,23 @@ static void FramedStep_dealloc(FramedStep *self) {
     Py_XDECREF(self->tally); Py_XDECREF(self->sample); Py_XDECREF(self->arrival);
     Py_XDECREF(self->parser); Py_XDECREF(self->guard); Py_XDECREF(self->backlog);
     Py_XDECREF(self->parse_error); Py_XDECREF(self->read_rest); Py_XDECREF(self->step);
+    Py_XDECREF(self->head); Py_XDECREF(self->tail); Py_XDECREF(self->itl);
+    PyMem_Free(self->itl_buf);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
 static PyMethodDef FramedStep_methods[] = {
     {"fold", (PyCFunction)FramedStep_fold, METH_VARARGS,
      "fold(body, seen, lag, nraw): what a call does after its read, for a read given"},
+    {"flush", (PyCFunction)FramedStep_flush, METH_NOARGS,
+     "flush(): the stream's state back into its Python objects (its reading ends)"},
     {NULL, NULL, 0, NULL},
 };
 
 static PyMemberDef FramedStep_members[] = {
     {"reads", T_LONGLONG, offsetof(FramedStep, reads), READONLY, "reads made"},
     {"folded", T_LONGLONG, offsetof(FramedStep, folded), READONLY, "reads folded in here"},
+    {"hot", T_INT, offsetof(FramedStep, hot), READONLY, "the stream's state is the step's"},
     {NULL, 0, 0, 0, NULL},
 };
 

@@ -317,7 +317,14 @@ class StreamClient:
                 end = follow.ended() if resp.message_complete else None
                 if end is not None:
                     return end
-                return shared.follow(sock.fileno(), follow.stepper())
+                step = follow.stepper()
+                try:
+                    return shared.follow(sock.fileno(), step)
+                finally:
+                    # The compiled step holds the stream's state while it folds its reads:
+                    # the sample, tally and arrival are theirs again from here.
+                    if (flush := getattr(step, "flush", None)) is not None:
+                        flush()
             return self._read_own(follow, slow)
         except SSELimitError as exc:
             raise _Failed("limit", str(exc)) from exc
