@@ -147,9 +147,9 @@ def _tokens(enc: OpenAIEncoder, n: int, first: int = 0) -> bytes:
 
 
 def test_template_reads_are_folded_in_c_and_every_other_read_is_pythons() -> None:
-    """Whole reads of template events are the compiled step's; a read after a burst's wait,
-    a stall, one without a stamp, one seen after the deadline, one with a cut event, and a
-    stream being abandoned are Python's, each leaving the same state as Python does."""
+    """Whole reads of template events are the compiled step's, a burst's among them; a stall,
+    a read without a stamp, one seen after the deadline, one with a cut event, and a stream
+    being abandoned are Python's, each leaving the same state as Python does."""
     assert speedups.FramedStep is not None
     compiled, python = _stream(10_000, 101.0, False), _stream(10_000, 101.0, False)
     step: Any = speedups.FramedStep(compiled, BACKLOG, HTTPParseError, 50.0, 20.0)
@@ -161,8 +161,8 @@ def test_template_reads_are_folded_in_c_and_every_other_read_is_pythons() -> Non
         (_tokens(enc, 1, 1), 0.01, 0.0, False),          # the template learned from this one
         (_tokens(enc, 2, 2), 0.02, 0.0001, True),
         (_tokens(enc, 1, 4), 0.0, 0.0001, True),         # the same stamp as the read before
-        (_tokens(enc, 1, 5), 0.06, 0.0, False),          # a burst's wait: _held asks the guard
-        (_tokens(enc, 2, 40), 0.0, 0.0, False),          # its stamp, held: a burst's events
+        (_tokens(enc, 1, 5), 0.06, 0.0, True),           # a burst's wait: held (the guard asked)
+        (_tokens(enc, 2, 40), 0.0, 0.0, True),           # its stamp, held: a burst's events
         (_tokens(enc, 3, 6), 0.02, -1.0, False),         # no kernel stamp
         (_tokens(enc, 1, 9), 0.02, 0.0, True),
         (_tokens(enc, 1, 10)[:-5], 0.02, 0.0, False),    # an event cut by the read's end
@@ -183,8 +183,10 @@ def test_template_reads_are_folded_in_c_and_every_other_read_is_pythons() -> Non
         if got[0] != "ok":
             break
     assert got == ("_StreamTimeout", "")
-    assert step.folded == 6 and step.reads == 0      # fold() makes no read of its own
-    assert compiled.tally.sample.shared_stamps > 0 and compiled.tally.sample.client_stalls == 1
+    assert step.folded == 8 and step.reads == 0      # fold() makes no read of its own
+    s = compiled.tally.sample
+    assert s.shared_stamps > 0 and s.client_stalls == 1
+    assert (s.burst_reads, s.burst_events) == (1, 4)
 
     # A stream its client is abandoning is checked event by event (_Abandon.check): Python's.
     abandoning, python = _stream(10_000, 1e9, False), _stream(10_000, 1e9, False)
@@ -205,7 +207,7 @@ def _target(directory: Path, config: str) -> Iterator[str]:
         cli_cmd("target", "serve", "--protocol", "openai", "--port", "0", "--config", str(path)),
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO)
     try:
-        yield read_listening_line(proc, 15, "target")
+        yield read_listening_line(proc, 60, "target")     # a busy machine starts slowly
     finally:
         assert proc.stdout is not None
         proc.stdout.close()

@@ -480,6 +480,7 @@ typedef struct {
     PyObject *head, *tail, *itl;    /* the template's framed bytes; the sample's gaps */
     long long size, max_line, max_event, events_left, read_events, content_reads;
     long long content_events, shared_stamps, body_bytes, kernel_reads, last_events;
+    long long burst_reads, burst_events, first_read_events;
     double at, seen, last_text_at, last_text_seen, stall_s, deadline;
     double *itl_buf;                /* gaps folded since, for the sample's list */
     Py_ssize_t itl_n, itl_cap;
@@ -492,7 +493,8 @@ static PyObject *n_fast, *n_sock, *n_plain, *n_size, *n_framed_head, *n_framed_t
     *n_shared_stamps, *n_body_bytes, *n_at, *n_seen, *n_kernel, *n_with_headers,
     *n_kernel_reads, *n_last_events, *n_deadline, *n_seen_buckets, *n_guard_reads,
     *n_seen_max_s, *n_stall_s, *n_message_complete, *n_tally, *n_sample, *n_arrival, *n_parser,
-    *n_guard, *n_resp, *n_fd, *n_step_read, *n_step;
+    *n_guard, *n_resp, *n_fd, *n_step_read, *n_step, *n_paced, *n_burst_reads, *n_burst_events,
+    *n_first_read_events;
 
 static int intern_names(void) {
 #define NAME(var, text) if ((var = PyUnicode_InternFromString(text)) == NULL) return -1;
@@ -515,7 +517,9 @@ static int intern_names(void) {
     NAME(n_stall_s, "stall_s") NAME(n_message_complete, "message_complete")
     NAME(n_tally, "tally") NAME(n_sample, "sample") NAME(n_arrival, "arrival")
     NAME(n_parser, "parser") NAME(n_guard, "guard") NAME(n_resp, "resp") NAME(n_fd, "fd")
-    NAME(n_step_read, "_step_read") NAME(n_step, "step")
+    NAME(n_step_read, "_step_read") NAME(n_step, "step") NAME(n_paced, "paced")
+    NAME(n_burst_reads, "burst_reads") NAME(n_burst_events, "burst_events")
+    NAME(n_first_read_events, "first_read_events")
 #undef NAME
     return 0;
 }
@@ -654,6 +658,10 @@ static int load(FramedStep *self) {
         return -1;
     self->read_held = held;
     REQUIRE(get_long(tally, n_read_events, &self->read_events));
+    REFUSE(truth(tally, n_paced));      /* a slow consumer's pauses are its own, never held */
+    REQUIRE(get_long(tally, n_first_read_events, &self->first_read_events));
+    REQUIRE(get_long(sample, n_burst_reads, &self->burst_reads));
+    REQUIRE(get_long(sample, n_burst_events, &self->burst_events));
     REQUIRE(get_long(sample, n_content_reads, &self->content_reads));
     REQUIRE(get_long(sample, n_content_events, &self->content_events));
     REQUIRE(get_long(sample, n_shared_stamps, &self->shared_stamps));
@@ -720,6 +728,9 @@ static int flush(FramedStep *self) {
         set_long(sample, n_content_events, self->content_events) < 0 ||
         set_long(sample, n_content_reads, self->content_reads) < 0 ||
         set_long(tally, n_read_events, self->read_events) < 0 ||
+        set_long(tally, n_first_read_events, self->first_read_events) < 0 ||
+        set_long(sample, n_burst_reads, self->burst_reads) < 0 ||
+        set_long(sample, n_burst_events, self->burst_events) < 0 ||
         PyObject_SetAttr(tally, n_read_held, self->read_held ? Py_True : Py_False) < 0 ||
         set_long(sample, n_shared_stamps, self->shared_stamps) < 0 ||
         set_double(tally, n_last_text_at, self->last_text_at) < 0 ||
@@ -805,11 +816,27 @@ static int fold(FramedStep *self, const char *body, Py_ssize_t n, double seen, d
     new_read = now != self->last_text_at;
     if (self->content_reads + new_read <= 1 || seen > self->deadline)
         goto python;
-    /* _fold: a read after a wait that may make a burst is Python's (_held asks the guard), and
-     * so is one that shares the stamp of a read that was held (its events a burst's) */
-    if (new_read ? gap * 1000.0 >= self->burst_wait_ms : self->read_held)
-        goto python;
-    long long shared;
+    /* _fold -> _Tally._held: a read after a wait long enough for a burst was held unless
+     * the hub's own lateness (the guard's) makes up the difference */
+    int held = self->read_held;
+    if (new_read) {
+        held = 0;
+        if (gap * 1000.0 >= self->burst_wait_ms) {
+            double blocked = 0.0;
+            if (self->guard != Py_None) {
+                PyObject *got = PyObject_CallMethod(self->guard, "blocked_within", "dd",
+                                                    self->last_text_seen, seen);
+                if (got == NULL)
+                    return -1;
+                blocked = PyFloat_AsDouble(got);
+                Py_DECREF(got);
+                if (blocked == -1.0 && PyErr_Occurred())
+                    return -1;
+            }
+            held = (gap - blocked) * 1000.0 >= self->burst_wait_ms;
+        }
+    }
+    long long shared, before;
     if (self->guard != Py_None && guard_seen(self, seen - now, k) < 0)
         return -1;
     self->dirty = 1;
@@ -823,11 +850,24 @@ static int fold(FramedStep *self, const char *body, Py_ssize_t n, double seen, d
         if (push_gap(self, gap * 1000.0) < 0)
             return -1;
         shared = k - 1;
-        self->read_events = k;
-        self->read_held = 0;
+        before = 0;
+        self->read_held = held;
     } else {
         shared = k;
-        self->read_events += k;
+        before = self->read_events;
+    }
+    self->read_events = before + k;
+    if (held && before + k > 1) {
+        /* _count_read's count, event by event: the read's second event makes it a burst
+         * (with the first read's events, should they still wait to be counted), and every
+         * event of it from there on is a burst's */
+        if (before < 2) {
+            self->burst_reads++;
+            self->burst_events += before + k + self->first_read_events;
+            self->first_read_events = 0;
+        } else {
+            self->burst_events += k;
+        }
     }
     for (long long i = 0; i < shared; i++)
         if (push_gap(self, 0.0) < 0)
