@@ -264,7 +264,10 @@ def test_streams_read_through_the_compiled_step_fold_their_template_reads(
     monkeypatch.setattr(client._Stream, "stepper", kept)
     compiled = _measure_all(target, 4)
     assert len(steps) == 4 and all(type(s) is speedups.FramedStep for s in steps)
-    assert sum(s.folded for s in steps) >= 4 * 20
+    # Each stream's content reads are the step's but for a few: the first content, the read
+    # that teaches the template, the last tokens read with the closing events (a busy machine
+    # makes fewer reads of more events each, so the count is the run's own).
+    assert sum(s.folded for s in steps) >= sum(s.content_reads for s in compiled) - 5 * 4 > 0
     monkeypatch.setattr(speedups, "FramedStep", None)
     steps.clear()
     python = _measure_all(target, 4)
