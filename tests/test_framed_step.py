@@ -34,7 +34,7 @@ from streamquake.loadgen.tally import _Tally
 from streamquake.procs import read_listening_line, stop
 from streamquake.protocols.openai import OpenAIEncoder
 from tests.conftest import REPO, cli_cmd
-from tests.test_plain_events import _ODD, STALL_MS, _encoder, _state
+from tests.test_plain_events import _ODD, STALL_MS, _encoder, _state, cut_reads
 
 pytestmark = pytest.mark.skipif(speedups.FramedStep is None,
                                 reason="the compiled part is not built, or Python was asked for")
@@ -105,22 +105,14 @@ def reads(draw: st.DrawFn) -> tuple[list[tuple[bytes, float, float, int, bool]],
     for i in range(draw(st.integers(1, 60))):
         events.append(enc.token(b'"tok%d"' % i) if draw(st.integers(0, 9))
                       else draw(st.sampled_from(_ODD)))
-    body = b"".join(events)
-    cuts, at = set(), 0
-    for e in events:
-        at += len(e)
-        if draw(st.integers(0, 2)):
-            cuts.add(at)
-    cuts |= set(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=3)))
-    bounds = [0, *sorted(c for c in cuts if 0 < c < len(body)), len(body)]
     out, t = [], 100.0
-    for a, b in zip(bounds, bounds[1:], strict=False):
+    for part in cut_reads(draw, events, 2, 3):
         t += draw(st.sampled_from([0.0, 0.0005, 0.02, 0.02, 0.02, 0.02, 0.049, 0.052, 0.06, 0.3]))
         lag = draw(st.sampled_from([0.0, 0.0, 0.0, 0.0001, 0.002, 0.3, -1.0]))
-        nraw = b - a + 12 if draw(st.integers(0, 9)) else _BLOCK
+        nraw = len(part) + 12 if draw(st.integers(0, 9)) else _BLOCK
         # Whether the state is compared after this read: the compiled step holds it across
         # the reads between (and gives it back at a read it leaves to Python, or at the end).
-        out.append((body[a:b], t + max(lag, 0.0), lag, nraw, draw(st.integers(0, 3)) == 0))
+        out.append((part, t + max(lag, 0.0), lag, nraw, draw(st.integers(0, 3)) == 0))
     return (out, draw(st.sampled_from([4, 30, 10_000])),
             draw(st.sampled_from([1e9, 1e9, 100.5])), draw(st.integers(0, 9)) == 0)
 
@@ -248,12 +240,8 @@ def _measure_all(url: str, n: int, timeout_s: float = 10.0, tokens: int | None =
     return [j.value for j in jobs]
 
 
-@pytest.mark.timeout(120)
-def test_streams_read_through_the_compiled_step_fold_their_template_reads(
-        target: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Streams of the embedded target read by the shared reader: their template reads are
-    folded by the compiled step, into the same events, reads and clock as the Python steps
-    read them into."""
+def _kept_steps(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """The steps the streams are read with from here on, in order (the real ones run)."""
     steps: list[Any] = []
     stepper = client._Stream.stepper
 
@@ -262,6 +250,16 @@ def test_streams_read_through_the_compiled_step_fold_their_template_reads(
         return steps[-1]
 
     monkeypatch.setattr(client._Stream, "stepper", kept)
+    return steps
+
+
+@pytest.mark.timeout(120)
+def test_streams_read_through_the_compiled_step_fold_their_template_reads(
+        target: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Streams of the embedded target read by the shared reader: their template reads are
+    folded by the compiled step, into the same events, reads and clock as the Python steps
+    read them into."""
+    steps = _kept_steps(monkeypatch)
     compiled = _measure_all(target, 4)
     assert len(steps) == 4 and all(type(s) is speedups.FramedStep for s in steps)
     # Each stream's content reads are the step's but for a few: the first content, the read
@@ -287,14 +285,7 @@ def test_a_stream_cut_off_while_the_step_holds_its_state_keeps_every_event_it_re
     """A stream whose timeout ends it between reads the compiled step folded (its state the
     step's then): its sample has every event read up to there, as the Python steps give it,
     not the counts of the step's last hand-over to Python."""
-    steps: list[Any] = []
-    stepper = client._Stream.stepper
-
-    def kept(self: _Stream) -> Any:
-        steps.append(stepper(self))
-        return steps[-1]
-
-    monkeypatch.setattr(client._Stream, "stepper", kept)
+    steps = _kept_steps(monkeypatch)
     compiled = _measure_all(long_target, 2, timeout_s=1.0, tokens=400)
     assert all(type(s) is speedups.FramedStep and s.folded > 20 and not s.hot for s in steps)
     monkeypatch.setattr(speedups, "FramedStep", None)

@@ -127,6 +127,23 @@ _ODD = [
 ]
 
 
+def cut_reads(draw: st.DrawFn, events: list[bytes], whole: int, cuts_max: int,
+              lead: bytes = b"") -> list[bytes]:
+    """A stream's body (``lead``, then its events) in reads: mostly whole events (as a fast
+    server's writes fall; an event's end, counted without ``lead``, is a read's end unless a
+    draw of 0..``whole`` gives 0), and up to ``cuts_max`` cuts anywhere."""
+    body = lead + b"".join(events)
+    cuts: set[int] = set()
+    at = 0
+    for e in events:
+        at += len(e)
+        if draw(st.integers(0, whole)):
+            cuts.add(at)
+    cuts |= set(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=cuts_max)))
+    bounds = [0, *sorted(c for c in cuts if 0 < c < len(body)), len(body)]
+    return [body[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
 @st.composite
 def streams(draw: st.DrawFn) -> tuple[list[bytes], list[tuple[float, float]], int, bool]:
     ids, crlf = draw(st.booleans()), draw(st.booleans())
@@ -148,19 +165,8 @@ def streams(draw: st.DrawFn) -> tuple[list[bytes], list[tuple[float, float]], in
             events.append(draw(st.sampled_from(_ODD)))
     if draw(st.booleans()):
         events.append(enc.closing(Completion(len(kinds), False)))
-    body = b"".join(events)
-    if draw(st.booleans()):
-        body = b"\xef\xbb\xbf" + body
-    # Reads: mostly whole events (as a fast server's writes fall), sometimes cut anywhere.
-    cuts: set[int] = set()
-    at = 0
-    for e in events:
-        at += len(e)
-        if draw(st.integers(0, 3)):
-            cuts.add(at)
-    cuts |= set(draw(st.lists(st.integers(1, max(1, len(body) - 1)), max_size=6)))
-    bounds = [0, *sorted(c for c in cuts if 0 < c < len(body)), len(body)]
-    reads = [body[a:b] for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+    bom = b"\xef\xbb\xbf" if draw(st.booleans()) else b""
+    reads = cut_reads(draw, events, 3, 6, bom)
     # Each read's arrival gap (ms): shared stamps, the usual, a burst's wait, a stall; and
     # how late our code saw it.
     times = []
