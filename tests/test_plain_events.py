@@ -262,10 +262,10 @@ def test_plain_streams_take_the_shortcut_for_every_read_but_the_first(
         # first, which looks for a byte order mark: feed's. Every other read went through
         # the shortcut, but for the closing events.
         assert taken == [True] * (len(reads) - 1) + [False]
-        # With no id: from the third read on (the second's first event taught the template),
+        # With no id: from the second read on (the first's first token taught the template),
         # each read's events are known by their bytes alone, one or several.
         assert [k for k, _ in framed_reads if k] == \
-            ([] if ids else [per_read] * (len(reads) - 2))
+            ([] if ids else [per_read] * (len(reads) - 1))
         s = tally.sample
         assert (s.content_events, len(s.itl_ms), s.finish_reason, s.usage_tokens) == \
             (30, 29, "stop", 30)
@@ -311,10 +311,11 @@ def test_a_reads_run_of_template_events_is_folded_before_its_other_events(
     elif after != "closing":
         reads += [last, enc.closing(Completion(9, False))]
     ends = [_read_both(fast, slow, i, data) for i, data in enumerate(reads)]
-    # The reads of one token after the template was learned, then the mixed read's run of
-    # three; after an id, a read of one more (text of another shape teaches the template its
-    # own bytes, so the next token is read by add_plain, which learns them back).
-    assert folded == [1, 1, 3] + ([1] if after == b"id: 9\n\n" else [])
+    # The reads of one token after the first (whose token taught the template), then the
+    # mixed read's run of three; after an id, a read of one more (text of another shape
+    # teaches the template its own bytes, so the next token is read by add_plain, which
+    # learns them back).
+    assert folded == [1, 1, 1, 3] + ([1] if after == b"id: 9\n\n" else [])
     if after == "closing":
         assert ends[-1] == ("ok", 100.0 + 0.01 * len(reads))
 

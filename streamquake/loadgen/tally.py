@@ -207,6 +207,11 @@ class _Tally:
             # A content event: answer text, reasoning, or a tool call's arguments. TTFT and
             # ITL count them all (what the server generated); TTFA the answer's first.
             s.content_events += 1
+            if (plain := self._plain) is not None and plain.size < 0 and d.text:
+                # The stream's template learns from its first answer text, read here: the
+                # next read of such events is then folded whole (in C where the compiled
+                # part is built: speedups.FramedStep), not read event by event to teach it.
+                plain(event.data.encode())
             if d.reasoning:
                 s.reasoning_events += 1
             if tool_args:
@@ -283,8 +288,9 @@ class _Tally:
         """:meth:`add_plain` of a read that is ``n`` events the stream's template vouched for
         whole (``PlainTemplate.framed``), each with the id ``eid`` (the parser's last): their
         data is not looked at, and no list of them is made. (The template's response id and
-        model are the sample's already: it learns only in :meth:`add_plain`, from an event
-        that then goes to :meth:`add` where the sample lacks them.)"""
+        model are the sample's already: it learns in :meth:`add`, from an event that sets
+        them where the sample lacks them, or in :meth:`add_plain`, from an event that then
+        goes to :meth:`add` where the sample lacks them.)"""
         gap = self._plain_gap(n, now, seen)
         if gap is None:
             return False
