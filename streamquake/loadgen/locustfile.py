@@ -67,6 +67,7 @@ from streamquake.loadgen.trace import PromptSynth
 _IDLE_S = 3600.0        # a user past end_at waits; Locust kills waiting users at once on stop
 _WRITE_WAIT_S = 30.0    # how long the final save waits for a checkpoint's write in flight
 _RAMP_SLACK_S = 1.0    # how late past its rate a user of the first ramp may still be spawned
+SCORE_BATCH = 16        # records that wait to be scored together (Scorecard.defer)
 
 
 class StreamFailure(Exception):
@@ -86,6 +87,7 @@ class _Process:
     card: Scorecard | None = None           # this process's requests, scored (scorecard.py)
     card_saved = (0, 0, False)              # (records, unsent, final) of the last one saved
     checkpointer: Any = None                # the greenlet that saves the card every CHECKPOINT_S
+    scorer: Any = None                      # the greenlet scoring waiting records, while one runs
     writing: Any = None                     # ... its write in a native thread, while one runs
     first_spawn: float | None = None        # when this process's first user started
 
@@ -122,8 +124,9 @@ def _read_plan(path: Path) -> LoadPlan:
 
 
 def _write(record: RequestSample | UnsentArrival) -> None:
-    """Score the record into this process's scorecard; then, as lines, requests to
-    samples-<pid>.jsonl (unless load.samples is none) and arrivals never sent to
+    """Score the record into this process's scorecard (with the next SCORE_BATCH-1 records,
+    or at the next checkpoint, whichever comes first: Scorecard.defer); then, as lines,
+    requests to samples-<pid>.jsonl (unless load.samples is none) and arrivals never sent to
     unsent-<pid>.jsonl (launcher.py)."""
     plan = _plan()
     hold = holds.Hold()
@@ -134,14 +137,22 @@ def _write(record: RequestSample | UnsentArrival) -> None:
                                              seal_after_s=plan.timeout_s + 15.0,
                                              seconds_sink=_second_line)
             _Process.checkpointer = gevent.spawn(_checkpoints)
-        if isinstance(record, RequestSample):
-            card.add(record)
-        else:
-            card.add_unsent(record)
+        card.defer(record)
+        if card.pending >= SCORE_BATCH and _Process.scorer is None:
+            _Process.scorer = gevent.spawn(_score, card)
     if not isinstance(record, RequestSample) or plan.raw_samples:
         _append("samples" if isinstance(record, RequestSample) else "unsent",
                 record.to_json(), plan.samples_path)
     hold.done("samples")
+
+
+def _score(card: Scorecard) -> None:
+    """Score the records that wait (Scorecard.defer), in steps that give the hub back every
+    half millisecond or so (holds.py)."""
+    try:
+        holds.sliced("scoring", card.score_steps())
+    finally:
+        _Process.scorer = None
 
 
 def _second_line(line: str) -> None:

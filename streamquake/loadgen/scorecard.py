@@ -216,7 +216,9 @@ class Scorecard:
         """Seal what no request is likely still running for: seconds (a late request opens a
         new part) and the cells of phases over (kept as their text only; a late request
         thaws one). So a load process's memory holds the phases in progress, not the run.
-        Yields after each second and each cell: records may be scored in between."""
+        Yields after each second and each cell: records may be scored in between. Records
+        waiting (:meth:`defer`) are scored first."""
+        yield from self._score_pending()
         if self.seconds_sink is not None:
             # Late requests only add a line of their own, so seconds leave soon after they end.
             for i in [i for i in self.seconds if i < math.floor(now - self.t0 - SECOND_GRACE_S)]:
@@ -317,8 +319,20 @@ class Scorecard:
         yield from self._score_pending()
         return parts
 
+    def defer(self, record: RequestSample | UnsentArrival) -> None:
+        """Score ``record`` later, with the others that ended meanwhile (:meth:`score_steps`;
+        a checkpoint and a seal score what waits first): a load process reading hundreds of
+        streams between two requests' ends finds the card's cells and its own code cold in the
+        CPU's caches for each request, and warm for the second of a batch on."""
+        self._pending.append(record)
+
+    def score_steps(self) -> Generator[None, None, None]:
+        """Score the records waiting (:meth:`defer`), a few a step; while a checkpoint runs,
+        none (it scores them once its card is taken)."""
+        yield from self._score_pending()
+
     def _score_pending(self) -> Generator[None, None, None]:
-        while self._pending:
+        while self._pending and not self._busy:
             batch, self._pending = self._pending[:_PENDING_STEP], self._pending[_PENDING_STEP:]
             for record in batch:
                 if isinstance(record, RequestSample):
