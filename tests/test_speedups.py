@@ -356,11 +356,13 @@ def test_a_histograms_counts_are_written_compiled_as_in_python(counts: dict[int,
 
 
 @needs_compiled
-@pytest.mark.parametrize("n, top", [(1023, 1 << 22), (1024, 1 << 22), (20_000, 1 << 22),
-                                    (5_000, 1 << 17), (3_000, 1 << 40)])
+@pytest.mark.parametrize("n, top", [(31, 1 << 22), (32, 1 << 22), (1024, 1 << 22),
+                                    (20_000, 1 << 22), (5_000, 1 << 17), (3_000, 1 << 40),
+                                    (500, 1 << 61)])
 def test_many_buckets_are_written_compiled_as_in_python(n: int, top: int) -> None:
-    """Past a thousand buckets the compiled writer sorts them by radix on the index's low 32
-    bits (wider indexes go back to a comparison sort): the same bytes as Python's."""
+    """From 32 buckets on the compiled writer sorts them by radix, a byte of the index a pass
+    (as many passes as the largest index has bytes; below 32, by insertion): the same bytes
+    as Python's."""
     assert speedups.varints is not None and speedups.pairs_le32 is not None
     rng = random.Random(n)
     counts = {rng.randrange(top): rng.randrange(1, 1 << 33) for _ in range(n)}

@@ -1095,40 +1095,43 @@ typedef struct {
     long long index, count;
 } Bucket;
 
-static int by_index(const void *a, const void *b) {
-    long long x = ((const Bucket *)a)->index, y = ((const Bucket *)b)->index;
-    return (x > y) - (x < y);
-}
-
-/* Buckets in index order: qsort for a few, else an LSD radix sort on the index's low 32 bits
- * in two 16-bit passes (indexes past 32 bits: qsort). -1 where memory ran out. */
+/* Buckets in index order: an insertion sort for a few; else an LSD radix sort on the index,
+ * a byte a pass, as many passes as the largest index has bytes (a histogram's indexes take 2
+ * or 3: qsort's calls to a comparator took most of a checkpoint's encoding). -1 where memory
+ * ran out. */
 static int sort_buckets(Bucket *b, Py_ssize_t n) {
-    int wide = 0;
-    for (Py_ssize_t i = 0; i < n && !wide; i++)
-        wide = b[i].index >> 32 != 0;
-    if (n < 1024 || wide) {
-        qsort(b, (size_t)n, sizeof(Bucket), by_index);
+    if (n < 32) {
+        for (Py_ssize_t i = 1; i < n; i++) {
+            Bucket x = b[i];
+            Py_ssize_t j = i;
+            for (; j > 0 && b[j - 1].index > x.index; j--)
+                b[j] = b[j - 1];
+            b[j] = x;
+        }
         return 0;
     }
+    unsigned long long top = 0;
+    for (Py_ssize_t i = 0; i < n; i++)
+        top |= (unsigned long long)b[i].index;
     Bucket *tmp = PyMem_Malloc((size_t)n * sizeof(Bucket));
-    size_t *count = PyMem_Malloc(65537 * sizeof(size_t));
-    if (tmp == NULL || count == NULL) {
-        PyMem_Free(tmp);
-        PyMem_Free(count);
+    if (tmp == NULL)
         return -1;
-    }
-    for (int shift = 0; shift < 32; shift += 16) {
-        memset(count, 0, 65537 * sizeof(size_t));
+    Bucket *from = b, *to = tmp;
+    for (int shift = 0; shift < 64 && (top >> shift) != 0; shift += 8) {
+        Py_ssize_t count[257] = {0};
         for (Py_ssize_t i = 0; i < n; i++)
-            count[((b[i].index >> shift) & 0xFFFF) + 1]++;
-        for (int k = 0; k < 65536; k++)
+            count[((unsigned long long)from[i].index >> shift & 0xFF) + 1]++;
+        for (int k = 0; k < 256; k++)
             count[k + 1] += count[k];
         for (Py_ssize_t i = 0; i < n; i++)
-            tmp[count[(b[i].index >> shift) & 0xFFFF]++] = b[i];
-        memcpy(b, tmp, (size_t)n * sizeof(Bucket));
+            to[count[(unsigned long long)from[i].index >> shift & 0xFF]++] = from[i];
+        Bucket *t = from;
+        from = to;
+        to = t;
     }
+    if (from != b)
+        memcpy(b, from, (size_t)n * sizeof(Bucket));
     PyMem_Free(tmp);
-    PyMem_Free(count);
     return 0;
 }
 
