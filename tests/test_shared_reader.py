@@ -18,6 +18,7 @@ import pytest
 from gevent.monkey import get_original
 
 from streamquake.loadgen import reader as shared_reader
+from streamquake.loadgen import speedups
 from streamquake.loadgen.client import StreamClient
 from streamquake.loadgen.plan import RequestClassPlan
 from streamquake.loadgen.samples import RequestSample
@@ -27,6 +28,17 @@ from tests.test_client import plan_for, start_server
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     yield from start_server(tmp_path_factory.mktemp("sse"))
+
+
+@pytest.fixture(autouse=True, params=["compiled", "python"])
+def round_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each test with the reader's round in C (``speedups.read_round``) and in Python
+    (``Reader._read_round``): the same reads, ends and failures."""
+    if request.param == "python":
+        monkeypatch.setattr(shared_reader, "_read_round", None)
+    elif speedups.read_round is None:
+        pytest.skip("the compiled part is not built")
+    return str(request.param)
 
 
 def in_set() -> int:

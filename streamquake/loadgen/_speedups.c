@@ -25,6 +25,7 @@
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/epoll.h>
 #include <sys/socket.h>
 #include <time.h>
 
@@ -1223,6 +1224,92 @@ done:
     return out;
 }
 
+/* read_round(epfd, steps, max) -> (reads, outcomes): reader.Reader._round's loop. The sockets
+ * epoll says are ready (``max`` at most, without waiting), each read once by its step (``steps``:
+ * fd -> (step, waiter)); ``outcomes`` lists what is not None: (fd, value, None) for a step's
+ * end or BACKLOG, (fd, None, exception) for a step that raised an Exception (BlockingIOError:
+ * nothing after all, skipped). Anything else raised (not an Exception) is raised from here.
+ * ``reads`` counts the steps called (reader._round_py, whose Python it stands in for). */
+#define ROUND_EVENTS 256
+static PyObject *read_round(PyObject *self, PyObject *args) {
+    int epfd, max;
+    PyObject *steps;
+    if (!PyArg_ParseTuple(args, "iO!i", &epfd, &PyDict_Type, &steps, &max))
+        return NULL;
+    if (max < 1 || max > ROUND_EVENTS) {
+        PyErr_Format(PyExc_ValueError, "max from 1 to %d", ROUND_EVENTS);
+        return NULL;
+    }
+    struct epoll_event events[ROUND_EVENTS];
+    int n = epoll_wait(epfd, events, max, 0);
+    if (n < 0) {
+        if (errno != EINTR)
+            return PyErr_SetFromErrno(PyExc_OSError);
+        n = 0;
+    }
+    long reads = 0;
+    PyObject *outcomes = PyList_New(0);
+    if (outcomes == NULL)
+        return NULL;
+    for (int i = 0; i < n; i++) {
+        PyObject *key = PyLong_FromLong(events[i].data.fd);
+        if (key == NULL)
+            goto fail;
+        PyObject *entry = PyDict_GetItemWithError(steps, key);     /* borrowed */
+        Py_DECREF(key);
+        if (entry == NULL) {
+            if (PyErr_Occurred())
+                goto fail;
+            continue;
+        }
+        if (!PyTuple_Check(entry) || PyTuple_GET_SIZE(entry) < 1) {
+            PyErr_SetString(PyExc_TypeError, "a step entry is (step, waiter)");
+            goto fail;
+        }
+        Py_INCREF(entry);       /* the step may drop its own entry */
+        reads++;
+        PyObject *got = PyObject_CallNoArgs(PyTuple_GET_ITEM(entry, 0));
+        Py_DECREF(entry);
+        PyObject *outcome;
+        if (got == NULL) {
+            if (PyErr_ExceptionMatches(PyExc_BlockingIOError)) {
+                PyErr_Clear();
+                continue;
+            }
+            if (!PyErr_ExceptionMatches(PyExc_Exception))
+                goto fail;
+            PyObject *type, *value, *tb;
+            PyErr_Fetch(&type, &value, &tb);
+            PyErr_NormalizeException(&type, &value, &tb);
+            if (tb != NULL && value != NULL)
+                PyException_SetTraceback(value, tb);
+            Py_XDECREF(type);
+            Py_XDECREF(tb);
+            if (value == NULL)
+                goto fail;
+            outcome = Py_BuildValue("(iOO)", events[i].data.fd, Py_None, value);
+            Py_DECREF(value);
+        } else if (got == Py_None) {
+            Py_DECREF(got);
+            continue;
+        } else {
+            outcome = Py_BuildValue("(iOO)", events[i].data.fd, got, Py_None);
+            Py_DECREF(got);
+        }
+        if (outcome == NULL || PyList_Append(outcomes, outcome) < 0) {
+            Py_XDECREF(outcome);
+            goto fail;
+        }
+        Py_DECREF(outcome);
+    }
+    PyObject *out = Py_BuildValue("(lO)", reads, outcomes);
+    Py_DECREF(outcomes);
+    return out;
+fail:
+    Py_DECREF(outcomes);
+    return NULL;
+}
+
 static PyMethodDef methods[] = {
     {"count_ms", count_ms, METH_VARARGS,
      "count_ms(counts, values, mask, unit, half_magnitude, half, base) -> n: histogram.count_ms"},
@@ -1232,6 +1319,8 @@ static PyMethodDef methods[] = {
      "pairs_le32(table) -> bytes: a dict's (key, count) pairs in key order, uint32 LE each"},
     {"varints", varints, METH_O,
      "varints(counts) -> bytes: HdrHistogram V2's counts payload of an {index: count} dict"},
+    {"read_round", read_round, METH_VARARGS,
+     "read_round(epfd, steps, max) -> (reads, outcomes): one round of the shared reader"},
     {"recv_stamped", recv_stamped, METH_VARARGS,
      "recv_stamped(fd, size) -> (data, seen, lag): one stamped read that never waits"},
     {NULL, NULL, 0, NULL},

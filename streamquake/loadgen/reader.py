@@ -9,7 +9,8 @@ the watcher stopped, and the ``recvmsg`` again: about half of an event's CPU at 
 read (issue 36; ``benchmarks/truth.py`` has the figures). Now a read is the ``recvmsg`` of a
 socket epoll said is ready, and nothing else besides what the bytes mean. Where the compiled
 part decodes a stream's framing, its step is compiled too (``client._Stream.stepper``:
-``speedups.FramedStep``), and a read of the stream's template events is folded in C.
+``speedups.FramedStep``), and a read of the stream's template events is folded in C; so is the
+round's loop over the ready sockets (``speedups.read_round``), where the compiled part is built.
 
 What stays on the greenlet's own reads (``client._follow``): TLS sockets (the record layer is
 read in user space, where epoll cannot see what is buffered), a slow consumer's paced reads, and
@@ -30,6 +31,8 @@ import gevent
 from gevent._waiter import Waiter
 from gevent.monkey import get_original
 
+from streamquake.loadgen import speedups
+
 __all__ = ["Reader", "reader"]
 
 _EPOLLIN = getattr(select, "EPOLLIN", 1)
@@ -43,6 +46,7 @@ SHARED = os.environ.get("STREAMQUAKE_READER", "shared") != "own"
 # other watchers before the next round. 64 events of ~15 us: about a millisecond of the hub,
 # under the hub-lag probe's 2 ms "blocked" mark (self_measure.BLOCKED_S).
 ROUND_MAX = 64
+_read_round = speedups.read_round
 
 
 class _Backlog:
@@ -59,6 +63,9 @@ BACKLOG = _Backlog()
 # One read of a stream: None while it goes on (or BACKLOG), else when its terminal event
 # arrived (the value the greenlet's wait returns); raises what ends the stream badly.
 Step = Callable[[], "float | _Backlog | None"]
+# What a round's read came to, where not None: (fd, the step's end or BACKLOG, None), or
+# (fd, None, what the step raised).
+Outcome = tuple[int, "float | _Backlog | None", "Exception | None"]
 
 
 class Reader:
@@ -88,38 +95,63 @@ class Reader:
 
     def _round(self) -> None:
         """In the hub: one read of every socket epoll says is ready (ROUND_MAX at most), then
-        the streams that ended are woken, in order."""
-        ended: list[tuple[Waiter, float | None, BaseException | None]] = []
+        the streams that ended are woken, in order. The loop is compiled where the compiled
+        part is built (``speedups.read_round``), else :meth:`_read_round`'s."""
         self.rounds += 1
-        for fd, _mask in self._epoll.poll(0, ROUND_MAX):
+        if _read_round is None:
+            reads, outcomes = self._read_round()
+        else:
+            reads, outcomes = _read_round(self._epoll.fileno(), self._steps, ROUND_MAX)
+        self.reads += reads
+        if not outcomes:
+            return
+        ended: list[tuple[Waiter, float | None, BaseException | None]] = []
+        for fd, end, failure in outcomes:
             entry = self._steps.get(fd)
             if entry is None:
                 continue
-            step, waiter = entry
-            self.reads += 1
-            try:
-                end = step()
-            except BlockingIOError:
-                continue        # nothing after all (a fd number reused within the round)
-            except Exception as exc:        # the stream's own failure, raised in its greenlet
+            if failure is not None:         # the stream's own failure, raised in its greenlet
                 del self._steps[fd]
                 self._drop(fd)
-                ended.append((waiter, None, exc))
-                continue
-            if end is BACKLOG:
+                ended.append((entry[1], None, failure))
+            elif end is BACKLOG:
                 self._epoll.modify(fd, 0)       # no events until the loop is idle
                 self._backlogged.add(fd)
                 if not self._idle.active:
                     self._idle.start(self._resume)
-            elif end is not None:
+            else:
                 del self._steps[fd]
                 self._drop(fd)
-                ended.append((waiter, float(end), None))     # type: ignore[arg-type]
-        for waiter, end, failure in ended:
-            if failure is None:
-                waiter.switch(end)
+                ended.append((entry[1], float(end), None))     # type: ignore[arg-type]
+        for waiter, at, exc in ended:
+            if exc is None:
+                waiter.switch(at)
             else:
-                waiter.throw(type(failure), failure, failure.__traceback__)
+                waiter.throw(type(exc), exc, exc.__traceback__)
+
+    def _read_round(self) -> tuple[int, list[Outcome]]:
+        """The round's reads: how many steps ran, and (fd, what it returned, None) for each
+        that returned other than None (its end, or BACKLOG), (fd, None, exception) for each
+        that raised an Exception (BlockingIOError: nothing after all, a fd number reused
+        within the round; skipped). ``speedups.read_round`` is its compiled twin (equal
+        answers: tests/test_shared_reader.py)."""
+        reads = 0
+        outcomes: list[Outcome] = []
+        for fd, _mask in self._epoll.poll(0, ROUND_MAX):
+            entry = self._steps.get(fd)
+            if entry is None:
+                continue
+            reads += 1
+            try:
+                end = entry[0]()
+            except BlockingIOError:
+                continue
+            except Exception as exc:
+                outcomes.append((fd, None, exc))
+                continue
+            if end is not None:
+                outcomes.append((fd, end, None))
+        return reads, outcomes
 
     def _resume(self) -> None:
         """The loop is idle: the backlogged sockets are read again."""

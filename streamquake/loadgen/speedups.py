@@ -10,13 +10,10 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Iterable
 from types import ModuleType
-from typing import TYPE_CHECKING, Protocol
-
-if TYPE_CHECKING:
-    from streamquake.loadgen.reader import Step
+from typing import Any, Protocol
 
 __all__ = ["Chunked", "ChunkedBody", "FramedStep", "compiled", "count_ms", "describe",
-           "framed_events", "pairs_le32", "recv_stamped", "varints"]
+           "framed_events", "pairs_le32", "read_round", "recv_stamped", "varints"]
 
 
 class ChunkedBody(Protocol):
@@ -54,8 +51,13 @@ framed_events: Callable[[bytes, bytes, bytes], tuple[int, int]] | None = (
 Chunked: Callable[[], ChunkedBody] | None = None if compiled is None else compiled.Chunked
 # A stream's step in the shared reader where its framing is decoded so: its reads of template
 # events only folded in C (client._Stream.stepper); else the stream's own step.
-FramedStep: Callable[[object, object, object, float, float], Step] | None = (
+# (Typed loosely: reader.py, whose Step it is, imports this module.)
+FramedStep: Callable[[object, object, object, float, float], Callable[[], Any]] | None = (
     None if compiled is None else compiled.FramedStep)
+
+# The shared reader's round: the ready sockets' steps called in C (reader.Reader._round).
+read_round: Callable[[int, dict[int, Any], int], tuple[int, list[Any]]] | None = (
+    None if compiled is None else compiled.read_round)
 
 
 def describe() -> str:
