@@ -207,10 +207,13 @@ class _Tally:
             # A content event: answer text, reasoning, or a tool call's arguments. TTFT and
             # ITL count them all (what the server generated); TTFA the answer's first.
             s.content_events += 1
-            if (plain := self._plain) is not None and plain.size < 0 and d.text:
+            if (plain := self._plain) is not None and plain.size < 0 and d.text \
+                    and s.content_events == 1:
                 # The stream's template learns from its first answer text, read here: the
                 # next read of such events is then folded whole (in C where the compiled
                 # part is built: speedups.FramedStep), not read event by event to teach it.
+                # Only the first: where it cannot learn from that one, add_plain goes on
+                # trying, and events read here are not checked twice.
                 plain(event.data.encode())
             if d.reasoning:
                 s.reasoning_events += 1
