@@ -1229,7 +1229,7 @@ done:
  * fd -> (step, waiter)); ``outcomes`` lists what is not None: (fd, value, None) for a step's
  * end or BACKLOG, (fd, None, exception) for a step that raised an Exception (BlockingIOError:
  * nothing after all, skipped). Anything else raised (not an Exception) is raised from here.
- * ``reads`` counts the steps called (reader._round_py, whose Python it stands in for). */
+ * ``reads`` counts the steps called (reader.Reader._read_round, whose Python it stands in for). */
 #define ROUND_EVENTS 256
 static PyObject *read_round(PyObject *self, PyObject *args) {
     int epfd, max;
