@@ -46,6 +46,26 @@ static inline int bit_length(uint64_t x) { return x ? 64 - __builtin_clzll(x) : 
  *     key = base + ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half
  *     counts[key] = counts.get(key, 0) + 1
  */
+/* Ascending, in place: insertion sort (a stream's gaps: a few dozen keys). */
+static void sort_keys(long long *k, Py_ssize_t n) {
+    for (Py_ssize_t i = 1; i < n; i++) {
+        long long v = k[i];
+        Py_ssize_t j = i;
+        for (; j > 0 && k[j - 1] > v; j--)
+            k[j] = k[j - 1];
+        k[j] = v;
+    }
+}
+
+static int cmp_keys(const void *a, const void *b) {
+    long long x = *(const long long *)a, y = *(const long long *)b;
+    return (x > y) - (x < y);
+}
+
+/* Each value's key first (a value Python cannot round fails before ``counts`` is touched),
+ * then the keys sorted and each distinct one looked up and set once, with its run's length:
+ * the dict's work and its ints' allocations are the most of the count, and a stream's gaps
+ * repeat buckets (its zero gaps, a steady pace at 2 digits). */
 static PyObject *count_ms(PyObject *self, PyObject *args) {
     PyObject *counts, *values;
     long long mask, unit, half_magnitude, half, base;
@@ -57,6 +77,15 @@ static PyObject *count_ms(PyObject *self, PyObject *args) {
         return NULL;
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     PyObject **items = PySequence_Fast_ITEMS(seq);
+    long long stack[128];
+    long long *keys = stack;
+    if (n > 128) {
+        keys = PyMem_Malloc((size_t)n * sizeof(long long));
+        if (keys == NULL) {
+            Py_DECREF(seq);
+            return PyErr_NoMemory();
+        }
+    }
     for (Py_ssize_t i = 0; i < n; i++) {
         double ms = PyFloat_AsDouble(items[i]);
         if (ms == -1.0 && PyErr_Occurred())
@@ -74,18 +103,28 @@ static PyObject *count_ms(PyObject *self, PyObject *args) {
         double r = nearbyint(scaled);
         long long value = r >= (double)HIGHEST ? HIGHEST : (r > 0.0 ? (long long)r : 0);
         long long bucket = bit_length((uint64_t)(value | mask)) - unit - half_magnitude - 1;
-        long long key = base + ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half;
-        PyObject *k = PyLong_FromLongLong(key);
+        keys[i] = base + ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half;
+    }
+    if (n <= 64)
+        sort_keys(keys, n);
+    else
+        qsort(keys, (size_t)n, sizeof(long long), cmp_keys);
+    for (Py_ssize_t i = 0; i < n;) {
+        Py_ssize_t j = i + 1;
+        while (j < n && keys[j] == keys[i])
+            j++;
+        PyObject *k = PyLong_FromLongLong(keys[i]);
         if (k == NULL)
             goto fail;
         PyObject *old = PyDict_GetItemWithError(counts, k); /* borrowed */
-        long long now = 1;
+        long long now = j - i;
         if (old != NULL) {
-            now = PyLong_AsLongLong(old) + 1;
-            if (now == 0 && PyErr_Occurred()) {
+            long long was = PyLong_AsLongLong(old);
+            if (was == -1 && PyErr_Occurred()) {
                 Py_DECREF(k);
                 goto fail;
             }
+            now += was;
         } else if (PyErr_Occurred()) {
             Py_DECREF(k);
             goto fail;
@@ -98,10 +137,15 @@ static PyObject *count_ms(PyObject *self, PyObject *args) {
         }
         Py_DECREF(v);
         Py_DECREF(k);
+        i = j;
     }
+    if (keys != stack)
+        PyMem_Free(keys);
     Py_DECREF(seq);
     return PyLong_FromSsize_t(n);
 fail:
+    if (keys != stack)
+        PyMem_Free(keys);
     Py_DECREF(seq);
     return NULL;
 }

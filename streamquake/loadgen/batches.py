@@ -17,12 +17,20 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamquake.jsontypes import JsonDict
-from streamquake.loadgen.histogram import bucket_index, count_ms, pack_pairs, unpack_pairs
+from streamquake.loadgen.histogram import (
+    HIGHEST,
+    _count,
+    _index_constants,
+    bucket_index,
+    pack_pairs,
+    unpack_pairs,
+)
 from streamquake.loadgen.quantile_ci import BATCHES
 
 SIG_FIGS = 2
 _SHIFT = 16                 # key = batch << 16 | bucket (2 digits to an hour: < 3,328 buckets)
 _LOW = (1 << _SHIFT) - 1
+_MASK, _UNIT, _HALF_MAGNITUDE, _HALF = _index_constants(SIG_FIGS)
 
 
 @dataclass(frozen=True)
@@ -48,14 +56,29 @@ class TimeBatches:
     values: dict[str, dict[int, int]] = field(default_factory=dict)
     # rate metric -> [k of batch 0, n of batch 0, k of batch 1, ...]
     trials: dict[str, list[int]] = field(default_factory=dict)
+    # The last time placed and its batch's key base: a request's measurements share one time.
+    _at: float = field(default=float("nan"), init=False, repr=False, compare=False)
+    _base: int = field(default=0, init=False, repr=False, compare=False)
 
     @classmethod
     def over(cls, start: float, end: float) -> TimeBatches | None:
         grid = BatchGrid.over(start, end)
         return None if grid is None else cls(grid)
 
+    def _key_base(self, at: float) -> int:
+        """``at``'s batch, shifted into a key (the last one kept: called for each measurement
+        of a request, all at its one time)."""
+        if at != self._at:
+            self._base = self.grid.index(at) << _SHIFT
+            self._at = at
+        return self._base
+
     def record(self, metric: str, at: float, value: int) -> None:
-        key = self.grid.index(at) << _SHIFT | bucket_index(value, SIG_FIGS)
+        # bucket_index(value, SIG_FIGS), inlined: several a request
+        value = HIGHEST if value > HIGHEST else (value if value > 0 else 0)
+        bucket = (value | _MASK).bit_length() - _UNIT - _HALF_MAGNITUDE - 1
+        key = (self._key_base(at) + ((bucket + 1) << _HALF_MAGNITUDE)
+               + (value >> (bucket + _UNIT)) - _HALF)
         table = self.values.get(metric)
         if table is None:
             table = self.values[metric] = {}
@@ -65,14 +88,14 @@ class TimeBatches:
         table = self.values.get(metric)
         if table is None:
             table = self.values[metric] = {}
-        count_ms(table, values_ms, SIG_FIGS, self.grid.index(at) << _SHIFT)
+        _count(table, values_ms, _MASK, _UNIT, _HALF_MAGNITUDE, _HALF, self._key_base(at))
 
     def count(self, metric: str, at: float, k: int, n: int) -> None:
         """``k`` of ``n`` more trials of a rate metric."""
         row = self.trials.get(metric)
         if row is None:
             row = self.trials[metric] = [0] * (2 * BATCHES)
-        i = 2 * self.grid.index(at)
+        i = 2 * (self._key_base(at) >> _SHIFT)
         row[i] += k
         row[i + 1] += n
 

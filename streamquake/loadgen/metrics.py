@@ -355,7 +355,8 @@ class Stats:
 
     def _put(self, metric: str, value: float, at: float | None = None) -> None:
         scaled = round(value * _SCALE)
-        self._hist_for(metric).record(scaled)
+        hist = self.histograms.get(metric)
+        (self._hist_for(metric) if hist is None else hist).record(scaled)
         if self.batches is not None and at is not None:
             self.batches.record(metric, at, scaled)
 
@@ -381,10 +382,10 @@ class Stats:
         now = _trial_fields(self)
         if now == before:
             return
-        for i, metric in enumerate(RATE_METRICS):
-            k0, n0, k, n = before[2 * i], before[2 * i + 1], now[2 * i], now[2 * i + 1]
-            if k != k0 or n != n0:
-                self.batches.count(metric, at, k - k0, n - n0)
+        for metric, i in _RATE_AT:
+            dk, dn = now[i] - before[i], now[i + 1] - before[i + 1]
+            if dk or dn:
+                self.batches.count(metric, at, dk, dn)
 
     @property
     def error_count(self) -> int:
@@ -746,3 +747,4 @@ _TRIALS = {"error_rate": ("error_count", "requests"), "stall_rate": ("stalled", 
            "not_sent_rate": ("not_sent", "due"), "usage_deficit": ("usage_unseen", "usage_tokens"),
            "prompt_cache_reuse": ("cache_tokens", "prompt_tokens")}
 _trial_fields = operator.attrgetter(*(name for m in RATE_METRICS for name in _TRIALS[m]))
+_RATE_AT = tuple((m, 2 * i) for i, m in enumerate(RATE_METRICS))   # where its k and n are
