@@ -1,12 +1,24 @@
 """When the garbage collector may stop a load process's hub: young collections often and
 small, full ones only when memory asks for one.
 
+**By default** a load process that runs users (:func:`start`) only raises the youngest
+generation's threshold to :data:`YOUNG_ALLOCATIONS` (the interpreter's is 700). The threshold
+counts tracked objects made net of those freed, and a stream's objects are freed when it ends,
+so at 700 a young collection came every ~0.1 s of 500 streams and walked the objects of every
+stream begun since (requests, responses, parsers, timers: 1,000 to 7,000), each stream's
+objects twice before they died or reached the oldest generation, where full collections walk
+them again (65 ms each, every ~13 s). At 3,000 most of those objects die unwalked: with 100
+request classes the collections held the hub about 6 ms a second instead of 15-20 (and about
+5 more in full ones), the longest young one no longer (13 ms); at 10,000 the total was the
+same, the longest 46-57 ms (``benchmarks/truth.py --streams 500``, benchmarks/README.md).
+Cycles are still collected, a few thousand objects later.
+
 A full collection walks every object the collector tracks, with the hub held: about 0.1 ms of
 CPU per open stream by default, far past the saturation guard's 50 ms at a few thousand
 streams, wherever it falls (benchmarks/README.md, "garbage collection"). A stream's own objects
 form no cycles (its client, parser and sample are freed by their reference counts), so a load
-process makes almost no garbage that only a full collection can free. So, in a load process
-that runs users (:func:`start`, from the locustfile):
+process makes almost no garbage that only a full collection can free. So, under the steady
+policy (below), in a load process that runs users (:func:`start`, from the locustfile):
 
 * the oldest generation's threshold is raised out of reach: the interpreter never starts a full
   collection by itself;
@@ -28,11 +40,12 @@ that runs users (:func:`start`, from the locustfile):
   frozen objects are thawed first, so no cycle is kept for good): memory stays bounded, and the
   pause is measured like any other collection (``holds.py``, kind ``gc_full``).
 
-**Opt-in, for now** (``STREAMQUAKE_GC=steady`` in the load process's environment): in the
-suite's User-Mode Linux runs (one slow CPU for the target, the proxy, Locust and the runner) a
-load process under this policy sent its first request 20 s late and its hub lagged 1.3 s at
-p99, where the interpreter's own policy passed; until that is understood a load process keeps
-the interpreter's thresholds and reports every collection's pause (``holds.py``) either way.
+**The steady policy is opt-in, for now** (``STREAMQUAKE_GC=steady`` in the load process's
+environment): in the suite's User-Mode Linux runs (one slow CPU for the target, the proxy,
+Locust and the runner) a load process under it sent its first request 20 s late and its hub
+lagged 1.3 s at p99, where the interpreter's own policy passed; until that is understood a
+load process keeps the default above and reports every collection's pause (``holds.py``)
+either way.
 ``benchmarks/concurrency.py --gc`` A/Bs both in the product path.
 """
 
@@ -43,6 +56,7 @@ import itertools
 import os
 from typing import Any
 
+YOUNG_ALLOCATIONS = 3000       # the youngest generation's threshold, by default
 YOUNG_S = 0.05
 CHECK_S = 1.0
 GROWTH_SHARE = 0.25
@@ -101,21 +115,27 @@ def _collect() -> None:
 
 
 def start(runner: object, force: bool = False) -> None:
-    """Defer full collections in this load process (not a Locust master: it runs no users),
-    when ``STREAMQUAKE_GC=steady`` asks for it (or ``force``: the tests and benchmarks)."""
+    """This load process's collection policy (not a Locust master's: it runs no users): the
+    youngest generation's threshold raised (the module's "By default"), or, when
+    ``STREAMQUAKE_GC=steady`` asks for it (or ``force``: the tests and benchmarks), full
+    collections deferred."""
     global _saved, _greenlet, _rss_base_mb
     import gevent
 
-    if _saved is not None or not (force or os.environ.get(GC_ENV) == STEADY):
+    if _saved is not None:
         return
     if runner is not None:
         from locust.runners import MasterRunner
 
         if isinstance(runner, MasterRunner):
             return
+    _saved = gc.get_threshold()
+    if not (force or os.environ.get(GC_ENV) == STEADY):
+        gc.set_threshold(max(_saved[0], YOUNG_ALLOCATIONS), _saved[1], _saved[2])
+        return
+    if runner is not None:
         runner.environment.events.spawning_complete.add_listener(  # type: ignore[attr-defined]
             lambda **_: settle())
-    _saved = gc.get_threshold()
     gc.set_threshold(_saved[0], _saved[1], _OUT_OF_REACH)
     _rss_base_mb = rss_mb()
     _greenlet = gevent.spawn(_collect)

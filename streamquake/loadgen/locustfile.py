@@ -330,7 +330,7 @@ def _on_init(environment: Environment, runner: Runner | None = None, **_: Any) -
     if isinstance(runner, MasterRunner):
         _init_master(runner, plan)
     start_saturation_guard(runner)     # CPU, hub lag, kernel-to-seen: saturation-<pid>.jsonl
-    collector.start(runner)            # no full garbage collection unless memory asks
+    collector.start(runner)            # fewer young collections (collector.py)
 
 
 def _stop_worker(runner: WorkerRunner) -> None:
