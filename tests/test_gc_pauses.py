@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -23,6 +24,7 @@ import pytest
 
 from streamquake.jsontypes import JsonDict
 from streamquake.loadgen import self_measure
+from streamquake.loadgen.collector import GC_ENV
 from streamquake.loadgen.holds import GC_FULL, LIMIT_S
 from streamquake.loadgen.self_measure import FILE_PREFIX
 from streamquake.result import PhaseResult
@@ -173,3 +175,33 @@ def test_a_phase_says_its_load_process_own_collector_held_the_hub(tmp_path: Path
     assert client["gc_pause_max_ms"] == 110.0 and client["gc_full_collections"] == 1, client
     assert len(warnings) == 1 and "its own garbage collector held the hub up to 110 ms" in \
         warnings[0], warnings
+
+
+_DEFAULT_CHILD = textwrap.dedent("""
+import gc, json
+from streamquake.loadgen import collector
+
+before = list(gc.get_threshold())
+collector.start(None)
+raised = list(gc.get_threshold())
+young = [[] for _ in range(collector.YOUNG_ALLOCATIONS // 2)]
+collected = gc.get_stats()[0]["collections"]
+young += [[] for _ in range(collector.YOUNG_ALLOCATIONS)]
+collected = gc.get_stats()[0]["collections"] - collected
+collector.stop()
+print(json.dumps({"before": before, "raised": raised, "collected": collected,
+                  "restored": list(gc.get_threshold()), "greenlet": collector._greenlet is None}))
+""")
+
+
+@pytest.mark.timeout(60)
+def test_by_default_a_load_process_collects_its_youngest_generation_less_often() -> None:
+    env = {k: v for k, v in os.environ.items() if k != GC_ENV}
+    done = subprocess.run([sys.executable, "-c", _DEFAULT_CHILD], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=50)
+    assert done.returncode == 0, done.stderr[-3000:]
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    assert out["before"][0] < 3000, out          # the interpreter's own (700)
+    assert out["raised"] == [3000, *out["before"][1:]], out
+    assert out["collected"] >= 1, out            # past the raised threshold: collected still
+    assert out["restored"] == out["before"] and out["greenlet"], out

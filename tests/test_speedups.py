@@ -69,15 +69,35 @@ def test_counting_gaps_compiled_equals_python(values: list[float], sig_figs: int
 
 
 @needs_compiled
+@pytest.mark.parametrize("n", [64, 65, 128, 129, 2000])
+def test_counting_many_gaps_compiled_equals_python(n: int) -> None:
+    # Past 64 keys the compiled count sorts with qsort, past 128 into memory of its own; a
+    # steady pace and zero gaps repeat buckets, so runs longer than one are counted too.
+    assert speedups.compiled is not None
+    rng = random.Random(n)
+    values = [rng.choice([0.0, 20.0, rng.uniform(15, 40), rng.uniform(0, 5e3)])
+              for _ in range(n)]
+    for sig_figs, base in ((4, 0), (2, 3 << 16)):
+        constants = _index_constants(sig_figs)
+        python, compiled = {9: 2}, {9: 2}
+        assert speedups.compiled.count_ms(compiled, values, *constants, base) == n
+        _count_ms_py(python, values, *constants, base)
+        assert compiled == python
+        assert sum(compiled.values()) == n + 2
+
+
+@needs_compiled
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf])
 def test_counting_a_value_python_cannot_round_fails_as_python_does(bad: float) -> None:
     assert speedups.compiled is not None
     constants = _index_constants(4)
     with pytest.raises((ValueError, OverflowError)) as python:
         _count_ms_py({}, [1.0, bad], *constants, 0)
+    table: dict[int, int] = {}
     with pytest.raises((ValueError, OverflowError)) as compiled:
-        speedups.compiled.count_ms({}, [1.0, bad], *constants, 0)
+        speedups.compiled.count_ms(table, [1.0, bad], *constants, 0)
     assert type(compiled.value) is type(python.value)
+    assert table == {}          # every key is made before the table is touched
 
 
 @pytest.fixture(scope="module", autouse=True)
