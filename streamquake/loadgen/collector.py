@@ -8,9 +8,9 @@ so at 700 a young collection came every ~0.1 s of 500 streams and walked the obj
 stream begun since (requests, responses, parsers, timers: 1,000 to 7,000), each stream's
 objects twice before they died or reached the oldest generation, where full collections walk
 them again (65 ms each, every ~13 s). At 3,000 most of those objects die unwalked: with 100
-request classes the collections held the hub about 6 ms a second instead of 15-20 (and about
-5 more in full ones), the longest young one no longer (13 ms); at 10,000 the total was the
-same, the longest 46-57 ms (``benchmarks/truth.py --streams 500``, benchmarks/README.md).
+request classes the collections held the hub about 6 ms a second instead of 15-20 (full ones
+included), the longest young one no longer (13 ms); at 10,000 the total was the same, the
+longest 46-57 ms (``benchmarks/truth.py --streams 500``, benchmarks/README.md).
 Cycles are still collected, a few thousand objects later.
 
 A full collection walks every object the collector tracks, with the hub held: about 0.1 ms of
