@@ -38,14 +38,6 @@
 /* int(x).bit_length() for x > 0 */
 static inline int bit_length(uint64_t x) { return x ? 64 - __builtin_clzll(x) : 0; }
 
-/* count_ms(counts, values, mask, unit, half_magnitude, half, base) -> number counted
- *
- * for ms in values:
- *     value = round(ms * 1000.0), clamped to 0..HIGHEST
- *     bucket = (value | mask).bit_length() - unit - half_magnitude - 1
- *     key = base + ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half
- *     counts[key] = counts.get(key, 0) + 1
- */
 /* Ascending, in place: insertion sort (a stream's gaps: a few dozen keys). */
 static void sort_keys(long long *k, Py_ssize_t n) {
     for (Py_ssize_t i = 1; i < n; i++) {
@@ -62,7 +54,15 @@ static int cmp_keys(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Each value's key first (a value Python cannot round fails before ``counts`` is touched),
+/* count_ms(counts, values, mask, unit, half_magnitude, half, base) -> number counted
+ *
+ * for ms in values:
+ *     value = round(ms * 1000.0), clamped to 0..HIGHEST
+ *     bucket = (value | mask).bit_length() - unit - half_magnitude - 1
+ *     key = base + ((bucket + 1) << half_magnitude) + (value >> (bucket + unit)) - half
+ *     counts[key] = counts.get(key, 0) + 1
+ *
+ * Each value's key first (a value Python cannot round fails before ``counts`` is touched),
  * then the keys sorted and each distinct one looked up and set once, with its run's length:
  * the dict's work and its ints' allocations are the most of the count, and a stream's gaps
  * repeat buckets (its zero gaps, a steady pace at 2 digits). */

@@ -17,20 +17,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from streamquake.jsontypes import JsonDict
-from streamquake.loadgen.histogram import (
-    HIGHEST,
-    _count,
-    _index_constants,
-    bucket_index,
-    pack_pairs,
-    unpack_pairs,
-)
+from streamquake.loadgen.histogram import bucket_index, count_ms, pack_pairs, unpack_pairs
 from streamquake.loadgen.quantile_ci import BATCHES
 
 SIG_FIGS = 2
 _SHIFT = 16                 # key = batch << 16 | bucket (2 digits to an hour: < 3,328 buckets)
 _LOW = (1 << _SHIFT) - 1
-_MASK, _UNIT, _HALF_MAGNITUDE, _HALF = _index_constants(SIG_FIGS)
 
 
 @dataclass(frozen=True)
@@ -74,11 +66,7 @@ class TimeBatches:
         return self._base
 
     def record(self, metric: str, at: float, value: int) -> None:
-        # bucket_index(value, SIG_FIGS), inlined: several a request
-        value = HIGHEST if value > HIGHEST else (value if value > 0 else 0)
-        bucket = (value | _MASK).bit_length() - _UNIT - _HALF_MAGNITUDE - 1
-        key = (self._key_base(at) + ((bucket + 1) << _HALF_MAGNITUDE)
-               + (value >> (bucket + _UNIT)) - _HALF)
+        key = self._key_base(at) | bucket_index(value, SIG_FIGS)
         table = self.values.get(metric)
         if table is None:
             table = self.values[metric] = {}
@@ -88,7 +76,7 @@ class TimeBatches:
         table = self.values.get(metric)
         if table is None:
             table = self.values[metric] = {}
-        _count(table, values_ms, _MASK, _UNIT, _HALF_MAGNITUDE, _HALF, self._key_base(at))
+        count_ms(table, values_ms, SIG_FIGS, self._key_base(at))
 
     def count(self, metric: str, at: float, k: int, n: int) -> None:
         """``k`` of ``n`` more trials of a rate metric."""

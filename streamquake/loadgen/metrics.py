@@ -355,8 +355,7 @@ class Stats:
 
     def _put(self, metric: str, value: float, at: float | None = None) -> None:
         scaled = round(value * _SCALE)
-        hist = self.histograms.get(metric)
-        (self._hist_for(metric) if hist is None else hist).record(scaled)
+        self._hist_for(metric).record(scaled)
         if self.batches is not None and at is not None:
             self.batches.record(metric, at, scaled)
 
