@@ -153,8 +153,11 @@ def test_a_saturated_run_is_marked_so_and_an_unsaturated_one_not(tmp_path: Path)
     assert isinstance(client["hub_lag_p99_ms"], float)
     assert client["hub_lag_p99_ms"] < sat_client["hub_lag_p99_ms"] / 2, (client, sat_client)
     assert client["kernel_timed_reads"] == 1.0       # plain TCP: every event's time is the kernel's
+    # Lightly loaded, each event is read at once (loadgen/batching.py); the figure says so.
+    assert client["read_batched_s"] == 0 and client["read_batch_ms"] is None, client
     summary = (ok_out / "summary.md").read_text()
     assert "| client saturated | no | - | - |" in summary
+    assert "| client reads batched s | 0.0 |" in summary, summary
     assert "was saturated" not in summary
     assert 'name="client_saturated.baseline" value="saturated=no' in \
         (ok_out / "junit.xml").read_text()

@@ -8,6 +8,8 @@ its own, not the server's. Each load process that runs users measures, every sec
   each wake-up comes (a loop busy elsewhere, or a process waiting for a core, wakes it late);
 * per event, the gap between the kernel's receive timestamp and the moment our code saw the
   bytes (``client.py`` reports it for every read that carried a kernel timestamp);
+* whether its reads were batched (``batching.py``, which this guard engages and lets go once
+  a second): the interval in effect over the second, ``read_batch_ms``;
 * how long its own bookkeeping held the hub, per kind of work (``holds.py``): checkpoints,
   sealed seconds, sample lines, the relay, this guard's own lines; and how long the
   interpreter's garbage collector held it, the longest collection of the second apart
@@ -32,6 +34,7 @@ from collections import deque
 from pathlib import Path
 from typing import IO, Protocol
 
+from streamquake.loadgen.batching import Batching
 from streamquake.loadgen.holds import GC_KINDS, HOLDS, Hold, unwatch_gc, watch_gc
 
 PROBE_S = 0.05          # the hub-lag probe's sleep: 20 wake-ups a second
@@ -67,8 +70,9 @@ def _cpu_s() -> float:
 class Guard:
     """The measurements of one load process; :meth:`run` is its probe greenlet."""
 
-    def __init__(self, sink: IO[str]) -> None:
+    def __init__(self, sink: IO[str], batching: Batching | None = None) -> None:
         self._sink = sink
+        self._batching = batching
         self._lags_ms: list[float] = []
         self._seen: dict[int, int] = {}
         self._seen_max_s = 0.0
@@ -117,6 +121,8 @@ class Guard:
         return total
 
     def close(self) -> None:
+        if self._batching is not None:
+            self._batching.close()
         self._sink.close()
 
     def run(self) -> None:
@@ -145,6 +151,7 @@ class Guard:
     def _write(self, start: float, end: float, cpu_pct: float) -> None:
         hold = Hold()
         holds = HOLDS.take()
+        batching = self._batching
         record: dict[str, object] = {
             "pid": os.getpid(), "start": round(start, 3), "end": round(end, 3),
             "cpu_pct": round(cpu_pct, 1),
@@ -156,7 +163,11 @@ class Guard:
             # The longest the interpreter's garbage collector held the hub: its own figure.
             "gc_max_ms": max((h[1] for k, h in holds.items() if k in GC_KINDS), default=0.0),
             "in_flight": IN_FLIGHT[0],
+            # The read batching's interval over this second (0: each event read at once).
+            "read_batch_ms": 0.0 if batching is None else round(batching.interval_s * 1e3, 3),
         }
+        if batching is not None:
+            batching.update(cpu_pct, self._user_reads)     # for the next second
         self._lags_ms, self._seen, self._seen_max_s = [], {}, 0.0
         self._kernel_reads = self._user_reads = 0
         try:
@@ -193,7 +204,7 @@ def start(runner: object, directory: Path | None = None,
             directory = Path(os.environ[PLAN_ENV]).parent
         sink = open(directory / f"{FILE_PREFIX}{os.getpid()}.jsonl", "a",  # noqa: SIM115
                     encoding="utf-8")
-    _guard = Guard(sink)
+    _guard = Guard(sink, Batching.for_hub())
     _greenlet = gevent.spawn(_guard.run)
     watch_gc()
     return _guard

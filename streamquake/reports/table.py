@@ -55,6 +55,7 @@ _LAYOUT: tuple[str | tuple[str, str, str | None], ...] = (
     ("client own bookkeeping hold max ms", "client", "own_hold_max_ms"),
     ("client own GC pause max ms", "client", "gc_pause_max_ms"),
     ("client kernel-to-seen p99 ms", "client", "seen_gap_p99_ms"),
+    ("client reads batched s", "client", "read_batched_s"),      # loadgen/batching.py
 )
 
 

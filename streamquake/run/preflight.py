@@ -8,6 +8,7 @@ import os
 from streamquake.errors import ScenarioError
 from streamquake.faults.contract import Injector, Preflights
 from streamquake.journal import Journal, JournalRecord
+from streamquake.loadgen import batching
 from streamquake.loadgen.templates import expand_headers, expand_path
 from streamquake.scenario import Scenario
 
@@ -52,6 +53,15 @@ def header_problems(scenario: Scenario) -> list[str]:
             expand_path(scenario.target.path, os.environ)
     except ScenarioError as exc:
         return [f"target: {p}" for p in exc.problems]
+    return []
+
+
+def environment_problems() -> list[str]:
+    """Settings in this environment that the load processes would refuse (they inherit it)."""
+    try:
+        batching.setting(os.environ)
+    except ValueError as exc:
+        return [str(exc)]
     return []
 
 

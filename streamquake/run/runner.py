@@ -200,6 +200,7 @@ class Runner:
     def _preflight(self) -> None:
         problems, warnings = preflight.journal_problems(self.journal)
         problems += preflight.header_problems(self.scenario)
+        problems += preflight.environment_problems()
         short, sizing = stream_limits_check(self.scenario)
         problems += short
         if not short:

@@ -99,6 +99,7 @@ class LoadSecond:
     holds: dict[str, list[float]] = field(default_factory=dict)
     gc_max_ms: float = 0.0        # the longest garbage collection of the second, wall ms
     in_flight: int | None = None  # requests sent and not ended, at the second's end
+    read_batch_ms: float = 0.0    # the read batching's interval over the second (0: off)
 
     @classmethod
     def from_dict(cls, d: JsonDict) -> LoadSecond:
@@ -115,6 +116,7 @@ class LoadSecond:
                    if isinstance(v, list) and len(v) >= 5} if isinstance(holds, dict) else {},
             gc_max_ms=float(str(d.get("gc_max_ms", 0.0))),
             in_flight=int(str(d["in_flight"])) if d.get("in_flight") is not None else None,
+            read_batch_ms=float(str(d.get("read_batch_ms", 0.0))),
         )
 
     @property
@@ -203,6 +205,8 @@ class _Phase:
     frozen_share_max: float | None = None
     holds: dict[str, list[float]] = field(default_factory=dict)   # as LoadSecond.holds
     gc_max_ms: float | None = None
+    batched: int = 0                                      # seconds with reads batched
+    batch_ms: float = 0.0                                 # ... at this interval at most
     reasons: list[str] = field(default_factory=list)      # the first saturated second's
 
     def add(self, second: LoadSecond) -> None:
@@ -222,6 +226,9 @@ class _Phase:
         self.user_reads += second.user_reads
         self.frozen_share_max = max(self.frozen_share_max or 0.0, second.frozen_share)
         self.gc_max_ms = max(self.gc_max_ms or 0.0, second.gc_max_ms)
+        if second.read_batch_ms > 0:
+            self.batched += 1
+            self.batch_ms = max(self.batch_ms, second.read_batch_ms)
         for kind, (holds, wall, cpu, spent, over) in second.holds.items():
             k = self.holds.setdefault(kind, [0.0, 0.0, 0.0, 0.0, 0.0])
             k[0] += holds
@@ -378,6 +385,11 @@ def _figures(phase: _Phase, stats: Stats | None) -> JsonDict:
         "own_holds": {kind: {"holds": int(n), "max_ms": r(wall), "max_cpu_ms": r(cpu),
                              "total_ms": r(total), "over_10ms_cpu": int(over)}
                       for kind, (n, wall, cpu, total, over) in sorted(phase.holds.items())},
+        # Seconds (of all load processes) whose reads were batched (loadgen/batching.py),
+        # and the longest interval: times our code took at a socket wait's end (a connect,
+        # a read without a kernel stamp) may be that much late in them.
+        "read_batched_s": phase.batched,
+        "read_batch_ms": r(phase.batch_ms) if phase.batched else None,
         "client_stalls": 0 if stats is None else stats.client_stalls,
         "server_stalls": 0 if stats is None else stats.stalls,
     }
