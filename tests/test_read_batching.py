@@ -24,8 +24,10 @@ from tests.conftest import REPO, run_cli
 from tests.test_client import start_server
 from tests.test_shared_reader import run_streams
 
-GAP_MS = 40         # the server's gap between a stream's events
-STREAMS = 20
+STREAMS = 40
+GAPS_MS = [60 + i for i in range(STREAMS)]   # each stream's gap between its events: streams
+EVENTS = 10                                  # drift apart, arrivals spread over the interval
+INTERVAL_MS = 40    # the test's interval: far longer than in use (0.5 ms), under any gap
 
 
 @pytest.fixture(scope="module")
@@ -34,51 +36,55 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def _read(server: str, batch: Batching | None) -> tuple[float, list[float]]:
-    """STREAMS streams of 12 events GAP_MS apart, all at once: the reads per round of the
-    shared reader, and every inter-token gap the streams dated."""
+    """STREAMS streams of EVENTS events, GAPS_MS apart, all at once: the reads per round of the
+    shared reader, and how far each gap the streams dated is from the gap its server slept."""
     r = shared_reader.reader()
     assert r is not None
     rounds, reads = r.rounds, r.reads
     try:
-        samples = run_streams(server, [f"/s?n=12&gap_ms={GAP_MS}"] * STREAMS)
+        samples = run_streams(server, [f"/s?n={EVENTS}&gap_ms={gap}" for gap in GAPS_MS])
     finally:
         if batch is not None:
             batch.close()
     assert [s.error for s in samples] == [None] * STREAMS
-    assert {s.content_events for s in samples} == {12}
-    return (r.reads - reads) / max(1, r.rounds - rounds), [g for s in samples for g in s.itl_ms]
+    assert {s.content_events for s in samples} == {EVENTS}
+    off = [g - gap for s, gap in zip(samples, GAPS_MS, strict=True) for g in s.itl_ms]
+    return (r.reads - reads) / max(1, r.rounds - rounds), off
 
 
-def _p75_off(gaps: list[float], center: float) -> float:
-    """How far from ``center`` three quarters of the gaps are, at most (ms)."""
-    off = sorted(abs(g - center) for g in gaps)
-    return off[len(off) * 3 // 4]
+def _p75(off: list[float]) -> float:
+    """How far from their median three quarters of the values are, at most (ms)."""
+    center = statistics.median(off)
+    return sorted(abs(v - center) for v in off)[len(off) * 3 // 4]
 
 
 @pytest.mark.timeout(90)
 def test_batched_reads_come_many_a_round_and_keep_their_kernel_times(server: str) -> None:
     setter = loop_setter(gevent.get_hub().loop)
     assert setter is not None, "gevent's default loop here is libev's: the interval can be set"
-    at_once, gaps_at_once = _read(server, None)
-    # 20 ms: far longer than in use (0.5 ms), so that what it does cannot hide in this
-    # machine's noise; still half the server's gap, so no two events of one stream are read
-    # together.
-    batched, gaps_batched = _read(server, Batching(setter, mode="20"))
-    typical = statistics.median(gaps_at_once)
-    spread, spread_batched = _p75_off(gaps_at_once, typical), _p75_off(gaps_batched, typical)
-    print(f"\nreads a round: {at_once:.2f} at once, {batched:.2f} batched; ITL median "
-          f"{typical:.2f} / {statistics.median(gaps_batched):.2f} ms, three quarters within "
-          f"{spread:.2f} / {spread_batched:.2f} ms of it")
-    # 20 streams, an event each 40 ms: 500 reads/s, ~10 due in 20 ms. Read at once, one or two
-    # sockets are ready when the loop wakes (more only on a machine too busy to wake it soon).
-    assert batched >= 3 * at_once, (batched, at_once)
-    # The reads came up to 20 ms late, but an event's time is the kernel's receive stamp: the
-    # gaps are the server's 40 ms (and its own lateness) as they are when read at once. Dated
-    # when read, they would spread over 20-60 ms.
-    assert abs(typical - GAP_MS) < 5.0, typical
-    assert abs(statistics.median(gaps_batched) - typical) < 1.5, statistics.median(gaps_batched)
-    assert spread_batched < spread + 3.0, (spread_batched, spread)
-
+    at_once, off_at_once = _read(server, None)
+    # INTERVAL_MS, so that what it does cannot hide in this machine's noise; under every
+    # stream's gap, so no two events of one stream are read together.
+    batched, off_batched = _read(server, Batching(setter, mode=str(INTERVAL_MS)))
+    due = sum(INTERVAL_MS / gap for gap in GAPS_MS)
+    late, late_batched = statistics.median(off_at_once), statistics.median(off_batched)
+    spread, spread_batched = _p75(off_at_once), _p75(off_batched)
+    print(f"\nreads a round: {at_once:.2f} at once, {batched:.2f} batched ({due:.1f} due in an "
+          f"interval); dated gaps past the server's sleep: median {late:.2f} / "
+          f"{late_batched:.2f} ms, three quarters within {spread:.2f} / {spread_batched:.2f} ms "
+          "of it")
+    # ~20 reads due in an interval, and a batched round takes what came in its interval (and
+    # more, on a machine too busy to poll on time). Read at once, the loop wakes for the few
+    # sockets that are ready (2.5-5 here on an idle machine, 7.6 in CI with the machine busy
+    # with other tests: so not compared).
+    assert batched >= 0.4 * due, (batched, due, at_once)
+    # The reads came up to 40 ms late, each by its own delay (the streams' events fall all over
+    # the interval), but an event's time is the kernel's receive stamp: the gaps are the
+    # server's sleeps (and its own lateness, the median, which moves from run to run) as they
+    # are when read at once. Dated when read, each gap would be off by the difference of two
+    # delays of 0-40 ms: a quarter of them by 20 ms or more.
+    assert abs(late_batched - late) < 3.0, (late_batched, late)
+    assert spread_batched < spread + INTERVAL_MS / 4, (spread_batched, spread)
 
 def test_the_guard_engages_it_when_busy_and_lets_it_go_when_quiet_or_user_timed() -> None:
     """The rule itself, over a setter that keeps what it was told (libev cannot be asked)."""
