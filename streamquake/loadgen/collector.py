@@ -13,6 +13,16 @@ included), the longest young one no longer (13 ms); at 10,000 the total was the 
 longest 46-57 ms (``benchmarks/truth.py --streams 500``, benchmarks/README.md).
 Cycles are still collected, a few thousand objects later.
 
+Generation 1's threshold comes down with it (:func:`middle_threshold`: 2 young collections
+between two of generation 1's, not 10). A generation-1 collection walks every survivor of the
+young collections since the last one: the load process's own long-lived bookkeeping (each
+second's histograms per class, Locust's per-second response-time caches), 1,400 objects a young
+collection at 40 users with 100 classes. Ten young collections of 3,000 made that 14,000-30,000
+objects, 7-9.5 ms of CPU on a quiet core and 11.5-14 ms on a busy one (``tests/test_hub_holds.py``
+failed on it in CI), where the interpreter's 700 x 10 walked a quarter as many; at 3,000 x 2,
+2.7-4.2 ms. Each survivor is walked once in generation 1 either way, so the total is the same;
+only the longest hold shrinks.
+
 A full collection walks every object the collector tracks, with the hub held: about 0.1 ms of
 CPU per open stream by default, far past the saturation guard's 50 ms at a few thousand
 streams, wherever it falls (benchmarks/README.md, "garbage collection"). A stream's own objects
@@ -114,6 +124,14 @@ def _collect() -> None:
             gc.collect(1)
 
 
+def middle_threshold(saved: tuple[int, int, int], young: int) -> int:
+    """Generation 1's threshold (young collections between two of generation 1's) once the
+    youngest's is ``young``: a generation-1 collection then walks about as many objects as
+    under the interpreter's own thresholds (``saved``), not ``young / saved[0]`` times as
+    many (the module's "By default")."""
+    return max(1, saved[0] * saved[1] // young)
+
+
 def start(runner: object, force: bool = False) -> None:
     """This load process's collection policy (not a Locust master's: it runs no users): the
     youngest generation's threshold raised (the module's "By default"), or, when
@@ -131,7 +149,8 @@ def start(runner: object, force: bool = False) -> None:
             return
     _saved = gc.get_threshold()
     if not (force or os.environ.get(GC_ENV) == STEADY):
-        gc.set_threshold(max(_saved[0], YOUNG_ALLOCATIONS), _saved[1], _saved[2])
+        young = max(_saved[0], YOUNG_ALLOCATIONS)
+        gc.set_threshold(young, middle_threshold(_saved, young), _saved[2])
         return
     if runner is not None:
         runner.environment.events.spawning_complete.add_listener(  # type: ignore[attr-defined]

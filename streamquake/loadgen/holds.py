@@ -17,7 +17,10 @@ include network work that is not ours; a hold that recurs run after run is ours.
 hub for MS milliseconds every EVERY_S seconds, as bookkeeping of kind ``test_freeze``: the
 tests use it to show the guard catches a periodic freeze (tests/test_hub_holds.py).
 The interpreter's garbage collections are measured too (kinds ``gc``, young generations, and
-``gc_full``): they stop the hub alike (``collector.py`` says when a full one may run).
+``gc_full``): they stop the hub alike (``collector.py`` says when a full one may run). A
+collection that runs inside a hold (an allocation there set it off) is its own kind's, not the
+hold's: the hold is measured without it, so no stretch of the hub is counted twice and a
+sample line that set off a collection is not blamed for its length.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ FREEZE_ENV = "STREAMQUAKE_TEST_FREEZE"
 _clock = time.perf_counter
 _cpu = time.thread_time
 T = TypeVar("T")
+_collected = [0.0, 0.0]   # wall s, CPU s of this process's collections so far (watch_gc)
 
 
 class Holds:
@@ -70,16 +74,23 @@ HOLDS = Holds()
 
 
 class Hold:
-    """Measures one synchronous stretch of bookkeeping: ``h = Hold(); ...; h.done(kind)``."""
+    """Measures one synchronous stretch of bookkeeping: ``h = Hold(); ...; h.done(kind)``,
+    without the garbage collections that ran within it (they are holds of their own)."""
 
     __slots__ = ("wall", "cpu")
 
     def __init__(self) -> None:
-        self.wall = _clock()
-        self.cpu = _cpu()
+        # Each start less the collections' time so far: what collections run meanwhile add
+        # to both ends alike, so elapsed() leaves them out.
+        self.wall = _clock() - _collected[0]
+        self.cpu = _cpu() - _collected[1]
+
+    def elapsed(self) -> tuple[float, float]:
+        """(wall s, CPU s) since this hold began, less the collections within it."""
+        return _clock() - _collected[0] - self.wall, _cpu() - _collected[1] - self.cpu
 
     def done(self, kind: str) -> None:
-        HOLDS.add(kind, _clock() - self.wall, _cpu() - self.cpu)
+        HOLDS.add(kind, *self.elapsed())
 
 
 def sliced(kind: str, steps: Generator[None, None, T]) -> T:
@@ -102,7 +113,7 @@ def sliced(kind: str, steps: Generator[None, None, T]) -> T:
     try:
         while True:
             hold = Hold()
-            until = hold.wall + SLICE_S
+            until = _clock() + SLICE_S
             try:
                 while True:
                     next(steps)
@@ -114,8 +125,9 @@ def sliced(kind: str, steps: Generator[None, None, T]) -> T:
                 if polls[0] != seen and wall:
                     HOLDS.add(kind, wall, cpu)      # the slices since the last poll
                     wall = cpu = 0.0
-                wall += _clock() - hold.wall
-                cpu += _cpu() - hold.cpu
+                hold_wall, hold_cpu = hold.elapsed()
+                wall += hold_wall
+                cpu += hold_cpu
                 seen = polls[0]
             # Not sleep(0): that resumes this greenlet before the loop polls its sockets (up to
             # 50 callbacks in a row), so the slices would add up to one long hold.
@@ -147,7 +159,10 @@ def _on_gc(phase: str, info: dict[str, int]) -> None:
     if phase == "start":
         _gc_started = Hold()
     elif _gc_started is not None:
-        _gc_started.done(GC_FULL if info.get("generation") == 2 else GC_YOUNG)
+        wall, cpu = _gc_started.elapsed()
+        HOLDS.add(GC_FULL if info.get("generation") == 2 else GC_YOUNG, wall, cpu)
+        _collected[0] += wall
+        _collected[1] += cpu
         _gc_started = None
 
 
@@ -187,7 +202,7 @@ def test_freezes(hold_s: float, every_s: float) -> None:
     while True:
         gevent.sleep(every_s)
         hold = Hold()
-        until = hold.wall + hold_s
+        until = _clock() + hold_s
         while _clock() < until:
             pass
         hold.done("test_freeze")
