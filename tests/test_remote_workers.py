@@ -97,7 +97,10 @@ def test_two_remote_workers_lose_nothing_and_merge_exactly(tmp_path: Path,
                                                           env: dict[str, str]) -> None:
     port = free_port()
     scenario = tmp_path / "s.yaml"
-    scenario.write_text(SCENARIO.format(target=EMBEDDED, baseline=4))
+    # 10 s: a second is relayed as a line only once a checkpoint (every 2 s) finds it 3 s past
+    # (loadgen/scorecard.py); at 4 s, with busy loops on every core, the workers' first
+    # requests came 2 s in and the run ended before any second was that old.
+    scenario.write_text(SCENARIO.format(target=EMBEDDED, baseline=10))
     out = tmp_path / "out"
     run = _run([str(scenario), "--out", str(out), "--remote-workers", "2",
                 "--master-bind", f"127.0.0.1:{port}"], env)
