@@ -173,6 +173,7 @@ def test_the_guard_decides_each_second_from_the_one_before(tmp_path: Path) -> No
         expected.append(rule.update(line["cpu_pct"], line["user_reads"]) * 1000.0)
     print("\n" + ", ".join(f"{line['cpu_pct']}% -> {line['read_batch_ms']}" for line in lines))
     assert [line["read_batch_ms"] for line in lines] == expected
-    # The spin's seconds used most of a core unless this machine kept it from one.
+    # The spin's seconds used most of a core unless this machine kept it from one. Only a
+    # line with a line after it decides anything (in CI the last line alone reached 56.6%).
     assert any(line["read_batch_ms"] > 0 for line in lines) or \
-        max(line["cpu_pct"] for line in lines) < batching.ENGAGE_CPU_PCT, lines
+        max(line["cpu_pct"] for line in lines[:-1]) < batching.ENGAGE_CPU_PCT, lines
